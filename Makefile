@@ -1,0 +1,49 @@
+# PipeFill operator: developer and CI entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Tests run on 2 cores; this keeps torch from oversubscribing them.
+export OMP_NUM_THREADS ?= 1
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements/lock.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements/lock.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP) ## create .venv with the pinned dependencies (CPU torch 2.13.0)
+
+lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs up to date
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pipefill crds --check crds/
+
+test: lint ## lint, then the whole test suite
+	$(BIN)/pytest -q
+
+crds: $(STAMP) ## regenerate crds/ from the spec models
+	$(BIN)/pipefill crds --write crds/
+
+fmt: $(STAMP) ## format the code
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+lock: ## re-resolve requirements/lock.txt in a scratch venv
+	rm -rf /tmp/pipefill-lock && $(PYTHON) -m venv /tmp/pipefill-lock
+	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 -e '.[operator,trainer,fill,local,dev]'
+	/tmp/pipefill-lock/bin/pip freeze --exclude-editable | grep -v '^torch==' | sed '1i torch==2.13.0' > requirements/lock.txt
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
+
+.PHONY: help venv lint test crds fmt lock clean

@@ -1,0 +1,5 @@
+import sys
+
+from pipefill.cli import main
+
+sys.exit(main())
