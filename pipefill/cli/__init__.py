@@ -17,6 +17,8 @@ __all__ = ["main"]
 # name -> (module, one-line help). Keep sorted by name.
 _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pipefill.cli.bench", "run a benchmark and print JSON"),
+    "crds": ("pipefill.cli.crds", "write or check the CRDs and docs/api.md generated from the spec models"),
+    "validate": ("pipefill.cli.validate", "validate manifests exactly as admission would"),
 }
 
 

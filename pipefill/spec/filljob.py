@@ -1,0 +1,194 @@
+"""``FillJob``: independent work (batch inference, small training) that runs inside training jobs' bubbles."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipefill.spec._schema import Rule, field
+from pipefill.spec.common import NAME_RULE, Condition, LabelSelector, Location
+
+__all__ = [
+    "BUILTIN_WORKLOADS",
+    "Assignment",
+    "Estimates",
+    "FillJob",
+    "FillJobPhase",
+    "FillJobSpec",
+    "FillJobStatus",
+    "WorkKind",
+    "Workload",
+]
+
+
+class WorkKind(enum.StrEnum):
+    INFERENCE = "inference"
+    TRAINING = "training"
+
+
+# Builtin workloads and the kind each one is.
+BUILTIN_WORKLOADS: dict[str, WorkKind] = {
+    "encoder-inference": WorkKind.INFERENCE,
+    "train-classifier": WorkKind.TRAINING,
+}
+
+_BUILTIN_KIND_CEL = "{" + ", ".join(f"'{k}': '{v.value}'" for k, v in BUILTIN_WORKLOADS.items()) + "}"
+
+
+class FillJobPhase(enum.StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+@dataclass
+class Workload:
+    """What to run: a builtin workload or a user class implementing the workload protocol (docs/fill.md)."""
+
+    kind: WorkKind = field(doc="inference (outputs per sample) or training (checkpoints and a final model).")
+    builtin: str | None = field(
+        doc="Builtin workload: " + ", ".join(BUILTIN_WORKLOADS) + ".",
+        pattern="^(" + "|".join(BUILTIN_WORKLOADS) + ")$",
+        default=None,
+    )
+    import_path: str | None = field(
+        doc="A user workload class as package.module:Class, importable in the fill image.",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=512,
+        default=None,
+    )
+    parameters: dict[str, Any] = field(
+        doc="Free-form parameters passed to the workload.", free_form=True, default_factory=dict
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="has(self.builtin) != has(self.importPath)",
+            message="spec.workload: set exactly one of builtin and importPath",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule=f"!has(self.builtin) || {_BUILTIN_KIND_CEL}[self.builtin] == self.kind",
+            message="spec.workload.kind does not match the builtin workload's kind",
+            message_expression=f"'spec.workload.kind is ' + self.kind + ' but builtin ' + self.builtin + ' is of kind ' + {_BUILTIN_KIND_CEL}[self.builtin]"
+            f" + '; set kind: ' + {_BUILTIN_KIND_CEL}[self.builtin]",
+            field_path=".kind",
+        ),
+    )
+
+
+@dataclass
+class Estimates:
+    """Optional hints for placement before the fill executor has profiled the workload."""
+
+    memory: int | str | None = field(
+        doc="Peak device memory at the smallest batch (quantity).", quantity=True, default=None
+    )
+    step_milliseconds: float | None = field(
+        doc="Time of one step at the smallest batch.",
+        unit="ms",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=3.6e6,
+        default=None,
+    )
+
+
+@dataclass
+class FillJobSpec:
+    """Desired state of a FillJob."""
+
+    workload: Workload = field(doc="What to run.")
+    output: Location = field(doc="Where outputs (inference) or checkpoints and the final model (training) go.")
+    input: Location | None = field(
+        doc="Dataset file the workload reads; builtins generate a synthetic one when absent.", default=None
+    )
+    total_samples: int | None = field(
+        doc="Samples to process (inference) or to train on.", minimum=1, maximum=10**12, default=None
+    )
+    total_steps: int | None = field(
+        doc="Optimizer steps to train (training only).", minimum=1, maximum=10**12, default=None
+    )
+    priority: int = field(doc="Higher runs first among queued fill jobs.", minimum=-1000, maximum=1000, default=0)
+    deadline: str | None = field(
+        doc="Finish by this time (RFC 3339); earliest deadline first among equal priorities.",
+        fmt="date-time",
+        default=None,
+    )
+    estimates: Estimates = field(doc="Memory and time hints.", default_factory=lambda: Estimates())
+    host_selector: LabelSelector = field(
+        doc="Which PipelineTrainingJobs (by label) may host this work; empty: any.",
+        default_factory=lambda: LabelSelector(),
+    )
+    max_parallel_ranks: int = field(doc="Ranks that may work on this job at once.", minimum=1, maximum=65536, default=1)
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="has(self.totalSamples) != has(self.totalSteps)",
+            message="spec: set exactly one of totalSamples and totalSteps",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="self.workload.kind != 'inference' || has(self.totalSamples)",
+            message="spec.totalSamples is required for inference workloads (totalSteps is for training)",
+            field_path=".totalSamples",
+            reason="FieldValueRequired",
+        ),
+    )
+
+    @property
+    def total(self) -> int:
+        """Units of work to do: samples or steps."""
+        total = self.total_samples if self.total_samples is not None else self.total_steps
+        if total is None:
+            raise ValueError("spec: set exactly one of totalSamples and totalSteps")
+        return total
+
+
+@dataclass
+class Assignment:
+    """A slice of the job given to one rank of one training job."""
+
+    training_job: str = field(doc="PipelineTrainingJob name.", max_length=253)
+    rank: int = field(doc="Pipeline rank (pod) doing the work.", minimum=0)
+    start: int = field(doc="First sample (or step) of the slice.", minimum=0)
+    end: int = field(doc="One past the last sample (or step) of the slice.", minimum=0)
+
+
+@dataclass
+class FillJobStatus:
+    """Observed state, written by the operator (or by `pipefill local`)."""
+
+    phase: FillJobPhase = field(doc="Queued, Running, Succeeded, Failed or Cancelled.", default=FillJobPhase.QUEUED)
+    conditions: list[Condition] = field(doc="Standard conditions.", max_items=16, default_factory=list)
+    assignments: list[Assignment] = field(doc="Where the work runs.", max_items=4096, default_factory=list)
+    samples_done: int = field(doc="Committed samples (or steps).", minimum=0, default=0)
+    progress: float = field(doc="samplesDone ÷ total, in percent.", minimum=0, maximum=100, default=0.0)
+    throughput: float | None = field(
+        doc="Committed samples (or steps) per second, recent average.", unit="1/s", minimum=0, default=None
+    )
+    estimated_completion_time: str | None = field(
+        doc="When the job will finish at the current throughput.", fmt="date-time", default=None
+    )
+    start_time: str | None = field(doc="When work first started.", fmt="date-time", default=None)
+    completion_time: str | None = field(doc="When the job finished.", fmt="date-time", default=None)
+
+
+@dataclass
+class FillJob:
+    """Work that runs inside pipeline bubbles (pipefill.io/v1alpha1)."""
+
+    metadata: dict[str, Any] = field(doc="Standard object metadata.", free_form=True)
+    spec: FillJobSpec = field(doc="Desired state.")
+    api_version: str = field(doc="pipefill.io/v1alpha1", default="pipefill.io/v1alpha1")
+    kind: str = field(doc="FillJob", default="FillJob")
+    status: FillJobStatus | None = field(doc="Observed state.", default=None)
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (NAME_RULE,)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
