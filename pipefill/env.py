@@ -1,0 +1,64 @@
+"""The environment contract between the operator (or ``pipefill local``) and the two containers of a rank's pod.
+
+One place names every variable, so the pod builder, the local runner, the trainer and the fill executor agree.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "CHANNEL_DIR",
+    "CPU_AFFINITY",
+    "DEFAULT_CHANNEL_DIR",
+    "DEVICE",
+    "EXIT_INVALID_CONFIG",
+    "EXIT_OK",
+    "EXIT_PEER_FAILED",
+    "EXIT_RETRYABLE",
+    "FILL_GUARD_MS",
+    "FILL_MIN_BUBBLE_MS",
+    "FILL_RESERVED_BYTES",
+    "JOB_NAME",
+    "METRICS_PORT",
+    "OUT_DIR",
+    "SPEC_FILE",
+    "WORK_SOURCE",
+    "env_int",
+]
+
+DEFAULT_CHANNEL_DIR = "/run/pipefill"
+
+# Both containers
+CHANNEL_DIR = "PIPEFILL_CHANNEL_DIR"  # directory of the bubble channel (memory-backed emptyDir); default /run/pipefill
+JOB_NAME = "PIPEFILL_JOB_NAME"  # the PipelineTrainingJob's name
+METRICS_PORT = "PIPEFILL_METRICS_PORT"  # Prometheus port of this container; 0 disables the endpoint
+CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
+DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
+OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace (local runs and debugging)
+
+# Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
+
+# Fill-executor container only
+WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kubernetes" (FillJobs assigned to this pod)
+FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill may use, bytes (spec.fill.reservedMemory)
+FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
+FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
+
+# Trainer exit codes; the operator restarts the job on the retryable ones (spec.runPolicy.restartOnExitCodes).
+EXIT_OK = 0
+EXIT_INVALID_CONFIG = 2  # permanent: the spec or the environment can never work
+EXIT_RETRYABLE = 75  # EX_TEMPFAIL: transient (a peer died, a rendezvous timed out); restart from the checkpoint
+EXIT_PEER_FAILED = EXIT_RETRYABLE
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer environment variable, with an error naming it when it is not an integer."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
