@@ -125,6 +125,8 @@ def _schema_error(err: Any) -> FieldError:
         )
     if kw in ("minimum", "maximum", "exclusiveMinimum"):
         rel = {"minimum": "greater than or equal to", "maximum": "less than or equal to"}.get(kw, "greater than")
+        if kw == "minimum" and schema.get("exclusiveMinimum"):  # draft 4 reports exclusive bounds as "minimum"
+            rel = "greater than"
         bound = schema["maximum"] if kw == "maximum" else schema["minimum"]
         return FieldError(path, f"{head}: should be {rel} {bound}; {_range_fix(schema)} ({doc})")
     if kw == "enum":

@@ -1,0 +1,302 @@
+"""Malformed manifests are rejected by the CRD's schema and CEL rules and by the Python loader, with one message.
+
+Each case is checked twice: against the CRD YAML committed in crds/ (the schema the API server gets, CEL rules run
+by a CEL library) and through ``pipefill.spec.parse`` (what ``pipefill local`` and the operator use).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipefill.spec import SpecError, parse, parse_yaml
+from pipefill.spec.validation import check_object
+
+ROOT = Path(__file__).resolve().parents[2]
+DELETE = object()
+
+
+def _crd_schema(kind: str) -> dict[str, Any]:
+    plural = {"PipelineTrainingJob": "pipelinetrainingjobs", "FillJob": "filljobs"}[kind]
+    crd = yaml.safe_load((ROOT / "crds" / f"pipefill.io_{plural}.yaml").read_text())
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+PTJ: dict[str, Any] = {
+    "apiVersion": "pipefill.io/v1alpha1",
+    "kind": "PipelineTrainingJob",
+    "metadata": {"name": "job"},
+    "spec": {
+        "pipeline": {"stages": 2, "microbatches": 4, "globalBatch": 8},
+        "model": {"layers": 4, "hiddenSize": 64, "heads": 4},
+    },
+}
+FJ: dict[str, Any] = {
+    "apiVersion": "pipefill.io/v1alpha1",
+    "kind": "FillJob",
+    "metadata": {"name": "fill"},
+    "spec": {
+        "workload": {"kind": "inference", "builtin": "encoder-inference"},
+        "output": {"path": "/out"},
+        "totalSamples": 100,
+    },
+}
+
+
+def _with(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of ``base`` with dotted paths (``spec__pipeline__stages``) set or deleted."""
+    obj = copy.deepcopy(base)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return obj
+
+
+# (id, manifest, field the message must name, words of the rule the message must contain)
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("zero-stages", _with(PTJ, spec__pipeline__stages=0), "spec.pipeline.stages", "greater than or equal to 1"),
+    ("string-stages", _with(PTJ, spec__pipeline__stages="two"), "spec.pipeline.stages", "must be of type integer"),
+    (
+        "negative-microbatches",
+        _with(PTJ, spec__pipeline__microbatches=-1),
+        "spec.pipeline.microbatches",
+        "greater than or equal to 1",
+    ),
+    (
+        "batch-not-divisible",
+        _with(PTJ, spec__pipeline__globalBatch=10),
+        "spec.pipeline.globalBatch",
+        "must be divisible by microbatches × dataParallel = 4",
+    ),
+    (
+        "batch-not-divisible-dp",
+        _with(PTJ, spec__pipeline__dataParallel=3),
+        "spec.pipeline.globalBatch",
+        "divisible by microbatches × dataParallel = 12",
+    ),
+    (
+        "unknown-schedule",
+        _with(PTJ, spec__pipeline__schedule="pipedream"),
+        "spec.pipeline.schedule",
+        'supported values: "gpipe"',
+    ),
+    (
+        "virtual-with-1f1b",
+        _with(PTJ, spec__pipeline__virtualStages=2),
+        "spec.pipeline.virtualStages",
+        "not allowed with schedule 1f1b",
+    ),
+    (
+        "zbv-needs-two",
+        _with(PTJ, spec__pipeline__schedule="zbv", spec__pipeline__virtualStages=1),
+        "spec.pipeline.virtualStages",
+        "must be 2 for schedule zbv",
+    ),
+    (
+        "custom-without-csv",
+        _with(PTJ, spec__pipeline__schedule="custom"),
+        "spec.pipeline.customSchedule",
+        "required with schedule custom",
+    ),
+    (
+        "csv-without-custom",
+        _with(PTJ, spec__pipeline__customSchedule={"name": "s"}),
+        "spec.pipeline.customSchedule",
+        "not allowed otherwise",
+    ),
+    (
+        "more-stages-than-layers",
+        _with(PTJ, spec__pipeline__stages=8),
+        "spec.pipeline.stages",
+        "exceeds the model's 4 layers",
+    ),
+    (
+        "virtual-stages-exceed-layers",
+        _with(PTJ, spec__pipeline__schedule="interleaved-1f1b", spec__pipeline__virtualStages=3),
+        "spec.pipeline.stages",
+        "stages × virtualStages = 6",
+    ),
+    ("preset-and-layers", _with(PTJ, spec__model__preset="gpt-tiny"), "spec.model", "either preset, or all of layers"),
+    ("missing-heads", _with(PTJ, spec__model__heads=DELETE), "spec.model", "either preset, or all of layers"),
+    (
+        "hidden-not-multiple",
+        _with(PTJ, spec__model__hiddenSize=100, spec__model__heads=3),
+        "spec.model.hiddenSize",
+        "must be a multiple of heads (3)",
+    ),
+    ("unknown-preset", _with(PTJ, spec__model={"preset": "gpt-5"}), "spec.model.preset", "should match"),
+    ("misspelled-field", _with(PTJ, spec__pipeline__stagez=2), "spec.pipeline.stagez", 'did you mean "stages"'),
+    ("unknown-spec-field", _with(PTJ, spec__replicas=2), "spec.replicas", "Unknown field"),
+    ("missing-pipeline", _with(PTJ, spec__pipeline=DELETE), "spec.pipeline", "Required value"),
+    (
+        "missing-microbatches",
+        _with(PTJ, spec__pipeline__microbatches=DELETE),
+        "spec.pipeline.microbatches",
+        "Required value",
+    ),
+    ("absurd-stages", _with(PTJ, spec__pipeline__stages=100000), "spec.pipeline.stages", "less than or equal to 1024"),
+    (
+        "absurd-batch",
+        _with(PTJ, spec__pipeline__globalBatch=10**12),
+        "spec.pipeline.globalBatch",
+        "less than or equal to 16777216",
+    ),
+    (
+        "text-without-path",
+        _with(PTJ, spec__data={"source": "text"}),
+        "spec.data.path",
+        "required for source tokenFile and text",
+    ),
+    ("synthetic-with-path", _with(PTJ, spec__data={"path": "/x"}), "spec.data.path", "not allowed for synthetic"),
+    ("bad-quantity", _with(PTJ, spec__resources={"memory": "lots"}), "spec.resources.memory", "Kubernetes quantity"),
+    (
+        "dra-without-gpu",
+        _with(PTJ, spec__resources={"gpus": 0}),
+        "spec.gpuSharing.mode",
+        "needs spec.resources.gpus >= 1",
+    ),
+    (
+        "mps-without-gpu",
+        _with(PTJ, spec__resources={"gpus": 0}, spec__gpuSharing={"mode": "none", "mps": {"enabled": True}}),
+        "spec.gpuSharing.mps.enabled",
+        "needs a shared GPU",
+    ),
+    (
+        "exit-code-zero",
+        _with(PTJ, spec__runPolicy={"restartOnExitCodes": [0, 75]}),
+        "spec.runPolicy.restartOnExitCodes",
+        "exit codes 1–255",
+    ),
+    (
+        "negative-min-bubble",
+        _with(PTJ, spec__fill={"minBubbleMilliseconds": -5}),
+        "spec.fill.minBubbleMilliseconds",
+        "greater than or equal to 0",
+    ),
+    (
+        "zero-learning-rate",
+        _with(PTJ, spec__optimizer={"learningRate": 0}),
+        "spec.optimizer.learningRate",
+        "should be greater than 0",
+    ),
+    (
+        "layers-per-stage-count",
+        _with(PTJ, spec__pipeline__layersPerStage=[1, 1, 2]),
+        "spec.pipeline.layersPerStage",
+        "has 3 entries, needs stages × virtualStages = 2",
+    ),
+    (
+        "gang-too-large",
+        _with(PTJ, spec__scheduling={"gangMinMembers": 5}),
+        "spec.scheduling.gangMinMembers",
+        "cannot exceed",
+    ),
+    ("bad-name", _with(PTJ, metadata__name="Bad_Name"), "metadata.name", "lower-case letters"),
+    ("long-name", _with(PTJ, metadata__name="a" * 49), "metadata.name", "at most 48 characters"),
+    ("bool-steps", _with(PTJ, spec__steps=True), "spec.steps", "must be of type integer"),
+    (
+        "both-builtin-and-import",
+        _with(FJ, spec__workload__importPath="my.mod:Work"),
+        "spec.workload",
+        "exactly one of builtin and importPath",
+    ),
+    (
+        "neither-builtin-nor-import",
+        _with(FJ, spec__workload__builtin=DELETE),
+        "spec.workload",
+        "exactly one of builtin and importPath",
+    ),
+    (
+        "bad-import-path",
+        _with(FJ, spec__workload={"kind": "training", "importPath": "not a path"}),
+        "spec.workload.importPath",
+        "should match",
+    ),
+    ("builtin-kind-mismatch", _with(FJ, spec__workload__kind="training"), "spec.workload.kind", "set kind: inference"),
+    ("samples-and-steps", _with(FJ, spec__totalSteps=5), "spec", "exactly one of totalSamples and totalSteps"),
+    (
+        "inference-with-steps",
+        _with(FJ, spec__totalSamples=DELETE, spec__totalSteps=5),
+        "spec.totalSamples",
+        "required for inference",
+    ),
+    ("missing-output", _with(FJ, spec__output=DELETE), "spec.output", "Required value"),
+    ("bad-deadline", _with(FJ, spec__deadline="tomorrow"), "spec.deadline", "RFC 3339"),
+    (
+        "selector-in-without-values",
+        _with(FJ, spec__hostSelector={"matchExpressions": [{"key": "a", "operator": "In"}]}),
+        "spec.hostSelector.matchExpressions[0].values",
+        "must be non-empty",
+    ),
+    ("absurd-priority", _with(FJ, spec__priority=5000), "spec.priority", "less than or equal to 1000"),
+    (
+        "unknown-work-kind",
+        _with(FJ, spec__workload__kind="batch"),
+        "spec.workload.kind",
+        'supported values: "inference", "training"',
+    ),
+]
+
+
+@pytest.mark.parametrize(("manifest", "field", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rejected_by_crd_schema_and_loader_with_the_same_message(
+    manifest: dict[str, Any], field: str, rule: str
+) -> None:
+    obj = copy.deepcopy(manifest)
+    crd_errors = check_object(_crd_schema(obj["kind"]), obj)
+    assert any(e.path == field and rule in e.text for e in crd_errors), crd_errors
+
+    with pytest.raises(SpecError) as caught:
+        parse(manifest, source="case.yaml")
+    loader_texts = [e.text for e in caught.value.errors]
+    assert [e.text for e in crd_errors] == loader_texts
+    assert f'{manifest["kind"]} "{manifest["metadata"]["name"]}" is invalid (case.yaml)' in str(caught.value)
+
+
+def test_there_are_at_least_25_cases() -> None:
+    assert len(CASES) >= 25
+
+
+def test_the_unmodified_bases_are_valid() -> None:
+    assert parse(PTJ).spec.pipeline.stages == 2
+    assert parse(FJ).spec.total == 100
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("spec: [unclosed", "not valid YAML at line"),
+        ("just a string", "document 1 is a str, expected a manifest"),
+        ("a: 1\na: 2\n", "duplicate key 'a' (line 2)"),
+        ("- 1\n- 2\n", "document 1 is a list"),
+    ],
+)
+def test_non_yaml_input_gets_a_clear_error(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=r"manifest\.yaml") as caught:
+        parse_yaml(text, source="manifest.yaml")
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"apiVersion": "pipefill.io/v1"}, "this release serves pipefill.io/v1alpha1"),
+        ({"kind": "TrainingJob"}, 'supported values: "PipelineTrainingJob", "FillJob"'),
+        ({"metadata": {}}, "metadata.name: Required value"),
+    ],
+)
+def test_envelope_errors(change: dict[str, Any], words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse({**PTJ, **change})
+    assert words in str(caught.value)
