@@ -22,6 +22,7 @@ __all__ = [
     "JOB_NAME",
     "METRICS_PORT",
     "OUT_DIR",
+    "RANK",
     "SPEC_FILE",
     "WORK_SOURCE",
     "env_int",
@@ -32,6 +33,7 @@ DEFAULT_CHANNEL_DIR = "/run/pipefill"
 # Both containers
 CHANNEL_DIR = "PIPEFILL_CHANNEL_DIR"  # directory of the bubble channel (memory-backed emptyDir); default /run/pipefill
 JOB_NAME = "PIPEFILL_JOB_NAME"  # the PipelineTrainingJob's name
+RANK = "PIPEFILL_RANK"  # this pod's global rank (replica × stages + stage): the fill executor's identity
 METRICS_PORT = "PIPEFILL_METRICS_PORT"  # Prometheus port of this container; 0 disables the endpoint
 CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
 DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
