@@ -18,6 +18,7 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pipefill.cli.bench", "run a benchmark and print JSON"),
     "crds": ("pipefill.cli.crds", "write or check the CRDs and docs/api.md generated from the spec models"),
+    "plan": ("pipefill.cli.plan", "show the execution plan of a fill workload for given bubbles"),
     "validate": ("pipefill.cli.validate", "validate manifests exactly as admission would"),
 }
 
