@@ -121,7 +121,7 @@ def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, 
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "spec", "configMap": {"name": f"{job.name}-spec"}},
     ]
-    mounts = {
+    mounts: dict[str, dict[str, Any]] = {
         "channel": {"name": "channel", "mountPath": CHANNEL_MOUNT},
         "dshm": {"name": "dshm", "mountPath": "/dev/shm"},
         "spec": {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
