@@ -1,0 +1,143 @@
+"""Local processes for a rank's containers, derived from the same description the operator turns into a Pod.
+
+``pipefill.pods.rank_containers`` gives every container's module and environment; this module only remaps what
+differs on one machine: the channel directory (a per-rank directory on tmpfs instead of an emptyDir), the spec file,
+the rendezvous address, metrics ports, the fill's work source, output directories, and CPU pinning (one core plays
+one GPU: a stage's trainer and its fill executor share that core).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pipefill import env
+from pipefill.pods import rank_containers
+from pipefill.spec import PipelineTrainingJob
+
+__all__ = ["LocalProcess", "free_port", "local_processes", "stop_all"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class LocalProcess:
+    """One container of one rank, run as a local process."""
+
+    rank: int
+    container: str  # "trainer" or "fill-executor"
+    argv: list[str]
+    env: dict[str, str]
+    out_dir: Path
+    metrics_port: int
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"rank{self.rank}/{self.container}"
+
+    def start(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out_dir / "output.log", "ab")  # noqa: SIM115 (kept open while the process runs)
+        self.popen = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the runner only; it stops the children in order
+        )
+
+    def poll(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def signal(self, signum: int) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signum)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def _cpu_for(rank: int, stages: int) -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    return str(cpus[(rank % stages) % len(cpus)])
+
+
+def local_processes(
+    job: PipelineTrainingJob,
+    *,
+    spec_file: Path,
+    out_dir: Path,
+    work_dir: Path,
+    channel_root: Path,
+    master_port: int,
+    device: str = "cpu",
+    pin: bool = True,
+) -> list[LocalProcess]:
+    """Every container of every rank, fill executors first (as native sidecars start first)."""
+    procs: list[LocalProcess] = []
+    for rank in range(job.world_size):
+        channel = channel_root / f"rank{rank}"
+        channel.mkdir(parents=True, exist_ok=True)
+        for plan in rank_containers(job, rank):
+            child = dict(os.environ)
+            child.update(plan.env)
+            port = free_port()
+            rank_out = out_dir / "ranks" / str(rank) / plan.name
+            child.update(
+                {
+                    env.CHANNEL_DIR: str(channel),
+                    env.METRICS_PORT: str(port),
+                    env.OUT_DIR: str(rank_out),
+                    env.DEVICE: device,
+                    "PYTHONUNBUFFERED": "1",
+                    "OMP_NUM_THREADS": "1",
+                }
+            )
+            if pin and device == "cpu":
+                child[env.CPU_AFFINITY] = _cpu_for(rank, job.spec.pipeline.stages)
+            if plan.name == "trainer":
+                child.update(
+                    {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), env.SPEC_FILE: str(spec_file)}
+                )
+            else:
+                child[env.WORK_SOURCE] = f"files:{work_dir}"
+            argv = [sys.executable, *plan.argv[1:]]
+            procs.append(LocalProcess(rank, plan.name, argv, child, rank_out, port))
+    procs.sort(key=lambda p: (p.container != "fill-executor", p.rank))
+    return procs
+
+
+def stop_all(procs: list[LocalProcess], *, grace_s: float = 10.0) -> None:
+    """SIGTERM trainers first (they checkpoint), then fill executors; SIGKILL what is left after ``grace_s``."""
+    for container in ("trainer", "fill-executor"):
+        group = [p for p in procs if p.container == container]
+        for p in group:
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for p in group:
+            p.signal(signal.SIGKILL)
+            if p.popen is not None:
+                p.popen.wait()
+            p.close()

@@ -1,0 +1,181 @@
+"""``pipefill local``: run a PipelineTrainingJob and its FillJobs on this machine, as a cluster would, without one.
+
+The runner plays the operator and the kubelet: it validates the manifests with admission's rules, starts every
+rank's fill executor (first, as a native sidecar starts first) and trainer as local processes, restarts a crashed
+fill executor on its own (training goes on), restarts the whole job from its checkpoints when a trainer fails with
+a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everything cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
+from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to_obj
+
+__all__ = ["LocalRun", "RunOutcome", "load_manifests", "prepare"]
+
+_POLL_S = 0.2
+_FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class RunOutcome:
+    """How a local run ended."""
+
+    code: int  # 0 succeeded, 1 failed, 2 invalid input, 130 interrupted
+    reason: str
+    job_restarts: int = 0
+    fill_restarts: int = 0
+    events: list[str] = field(default_factory=list)
+
+
+def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob], list[str]]:
+    """The one training job, the fill jobs it may host, and warnings; raises SpecError/ValueError on bad input."""
+    manifests = [m for p in paths for m in load_file(p)]
+    jobs = [m for m in manifests if isinstance(m, PipelineTrainingJob)]
+    if len(jobs) != 1:
+        names = ", ".join(j.name for j in jobs) or "none"
+        raise ValueError(
+            f"pipefill local runs exactly one PipelineTrainingJob per invocation; the files hold {len(jobs)} ({names})"
+        )
+    job = jobs[0]
+    labels = {str(k): str(v) for k, v in (job.metadata.get("labels") or {}).items()}
+    fills, warnings = [], []
+    for fill in (m for m in manifests if isinstance(m, FillJob)):
+        if fill.spec.host_selector.matches(labels):
+            fills.append(fill)
+        else:
+            warnings.append(
+                f"FillJob {fill.name!r} does not select PipelineTrainingJob {job.name!r} (spec.hostSelector vs its labels); it stays queued"
+            )
+    if not job.spec.fill.enabled and fills:
+        warnings.append(f"spec.fill.enabled is false on {job.name!r}: no fill executor runs, the FillJobs stay queued")
+    return job, fills, warnings
+
+
+def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tuple[Path, Path]:
+    """Write the job (as the spec ConfigMap would hold it) and the fill queue; returns (spec file, work dir)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_file = out_dir / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
+    work_dir = out_dir / "filljobs"
+    work_dir.mkdir(exist_ok=True)
+    for fill in fills:
+        target = work_dir / f"{fill.name}.yaml"
+        if not target.exists():  # keep progress of an earlier, interrupted run
+            target.write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
+    return spec_file, work_dir
+
+
+class LocalRun:
+    """One local run; ``on_tick`` is called about 5 times a second with the processes (the live view hooks in)."""
+
+    def __init__(
+        self,
+        job: PipelineTrainingJob,
+        fills: list[FillJob],
+        *,
+        out_dir: Path,
+        device: str = "cpu",
+        pin: bool = True,
+        on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
+    ) -> None:
+        self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
+        self.on_tick = on_tick
+        self.outcome = RunOutcome(code=1, reason="not started")
+        self.procs: list[LocalProcess] = []
+
+    def _spawn(self, spec_file: Path, work_dir: Path, channel_root: Path) -> None:
+        self.procs = local_processes(
+            self.job,
+            spec_file=spec_file,
+            out_dir=self.out_dir,
+            work_dir=work_dir,
+            channel_root=channel_root,
+            master_port=free_port(),
+            device=self.device,
+            pin=self.pin,
+        )
+        for proc in self.procs:
+            proc.start()
+
+    def _note(self, text: str) -> None:
+        self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def run(self) -> RunOutcome:
+        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir)
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
+        policy = self.job.spec.run_policy
+        fill_restart_at: dict[int, float] = {}
+        try:
+            self._spawn(spec_file, work_dir, channel_root)
+            while True:
+                trainers = [p for p in self.procs if p.container == "trainer"]
+                codes = [p.poll() for p in trainers]
+                failed = [(p, c) for p, c in zip(trainers, codes, strict=True) if c not in (None, 0)]
+                if failed:
+                    proc, code = failed[0][0], int(failed[0][1] or 0)
+                    tail = _tail(proc.out_dir / "output.log")
+                    if code in policy.restart_on_exit_codes and self.outcome.job_restarts < policy.backoff_limit:
+                        self.outcome.job_restarts += 1
+                        self._note(
+                            f"{proc.name} exited {code} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
+                        )
+                        stop_all(self.procs)
+                        self._spawn(spec_file, work_dir, channel_root)
+                        continue
+                    self.outcome.code, self.outcome.reason = 1, f"{proc.name} exited with code {code}: {tail}"
+                    self._note(self.outcome.reason)
+                    return self.outcome
+                if all(c == 0 for c in codes):
+                    self.outcome.code, self.outcome.reason = 0, "training finished"
+                    self._note("all trainers finished")
+                    return self.outcome
+                for i, proc in enumerate(self.procs):
+                    if proc.container != "fill-executor" or proc.poll() is None:
+                        continue
+                    due = fill_restart_at.setdefault(
+                        i, time.monotonic() + _FILL_RESTART_BACKOFF_S[min(proc.restarts, 4)]
+                    )
+                    if time.monotonic() >= due:
+                        self._note(f"{proc.name} exited {proc.poll()}: restarted (training goes on)")
+                        proc.close()
+                        proc.restarts += 1
+                        self.outcome.fill_restarts += 1
+                        proc.start()
+                        del fill_restart_at[i]
+                if self.on_tick is not None:
+                    self.on_tick(self.procs, self.outcome)
+                time.sleep(_POLL_S)
+        except KeyboardInterrupt:
+            self.outcome.code, self.outcome.reason = (
+                130,
+                "interrupted (Ctrl-C): every process stopped, checkpoints kept",
+            )
+            self._note(self.outcome.reason)
+            return self.outcome
+        finally:
+            stop_all(self.procs)
+            shutil.rmtree(channel_root, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "(no output)"
+    return " | ".join(text[-lines:]) if text else "(no output)"
+
+
+def describe_error(exc: Exception) -> str:
+    """The message for bad input, as admission would phrase it."""
+    return str(exc) if isinstance(exc, SpecError | ValueError) else f"{type(exc).__name__}: {exc}"
