@@ -1,0 +1,215 @@
+"""Run one rank's action list of a pipeline schedule: F, B, I, W with explicit point-to-point transfers.
+
+Every schedule — GPipe, 1F1B, interleaved, zero bubble, ZB-V, custom CSVs — is just a per-rank list of actions plus a
+stage → rank placement, so one loop runs them all. Before an action that needs a peer's tensor the rank waits on a
+receive posted ahead of time; that wait is the only place the rank idles inside a step, and the :class:`StepHooks`
+are told right before it blocks and right after it resumes (where bubbles open and close).
+
+Tensors between stages: activations (B, T, C) forward, their gradients backward, float32. Tags keep the streams apart:
+``tag = (2·producer_stage + is_grad)·m + mb_idx``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from pipefill.schedules.model import Action, Kind, Schedule
+from pipefill_trainer.comm import RecvHandle, Transport
+from pipefill_trainer.model import StageModule, WeightGradStore
+
+__all__ = ["NoHooks", "PipelineExecutor", "StepHooks", "StepTiming"]
+
+
+class StepHooks(Protocol):
+    def wait_begin(self, action_idx: int) -> None:
+        """The rank is about to block before action ``action_idx`` (``len(actions)``: the step end)."""
+
+    def wait_end(self, action_idx: int) -> None:
+        """The wait before ``action_idx`` returned; must be cheap (no syscall)."""
+
+
+class NoHooks:
+    def wait_begin(self, action_idx: int) -> None:
+        pass
+
+    def wait_end(self, action_idx: int) -> None:
+        pass
+
+
+@dataclass
+class StepTiming:
+    """Monotonic ns of the last step: per action its compute span, and the blocked wait before it (0 if none)."""
+
+    step_start_ns: int
+    start_ns: list[int]
+    end_ns: list[int]
+    wait_ns: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    recv_src: int | None  # global rank to receive the action's input (F) or output gradient (B/I) from
+    recv_tag: int
+    send_dst: int | None  # global rank to send the output (F) or input gradient (B/I) to
+    send_tag: int
+
+
+class PipelineExecutor:
+    """Executes rank ``pp_rank``'s actions of ``schedule`` over ``stages`` (the stage modules this rank holds).
+
+    ``pipeline_ranks[i]``: global rank of pipeline rank ``i`` in this data-parallel replica. ``mb_shape``: (B, T) of a
+    microbatch; ``hidden``: C. ``prefetch``: receives kept posted ahead of use.
+    """
+
+    def __init__(
+        self,
+        *,
+        schedule: Schedule,
+        pp_rank: int,
+        stages: dict[int, StageModule],
+        pipeline_ranks: Sequence[int],
+        transport: Transport,
+        mb_shape: tuple[int, int],
+        hidden: int,
+        device: torch.device,
+        autocast_dtype: torch.dtype | None = None,
+        prefetch: int = 4,
+    ) -> None:
+        self.schedule, self.pp_rank, self.stages = schedule, pp_rank, stages
+        self.actions: tuple[Action, ...] = schedule.ranks[pp_rank]
+        self.transport, self.device = transport, device
+        self.act_shape = (*mb_shape, hidden)
+        self.autocast_dtype, self.prefetch = autocast_dtype, prefetch
+        self.num_stages, self.m = schedule.num_stages, schedule.num_microbatches
+        self.store = WeightGradStore()
+        for module in stages.values():
+            module.set_grad_store(self.store)
+        place = schedule.placement
+        self._plan = [self._plan_of(a, place, pipeline_ranks) for a in self.actions]
+        self._recv_idxs = [i for i, p in enumerate(self._plan) if p.recv_src is not None]
+        self.hooks: StepHooks = NoHooks()
+        self.timing: StepTiming | None = None
+
+    def _tag(self, producer_stage: int, is_grad: bool, mb_idx: int) -> int:
+        return (2 * producer_stage + int(is_grad)) * self.m + mb_idx
+
+    def _plan_of(self, a: Action, place: Sequence[int], ranks: Sequence[int]) -> _Plan:
+        me, s = self.pp_rank, a.stage_idx
+        src = dst = None
+        rtag = stag = 0
+        if a.kind == Kind.F:
+            if s > 0 and place[s - 1] != me:
+                src, rtag = ranks[place[s - 1]], self._tag(s - 1, False, a.mb_idx)
+            if s < self.num_stages - 1 and place[s + 1] != me:
+                dst, stag = ranks[place[s + 1]], self._tag(s, False, a.mb_idx)
+        elif a.kind in (Kind.B, Kind.I):
+            if s < self.num_stages - 1 and place[s + 1] != me:
+                src, rtag = ranks[place[s + 1]], self._tag(s + 1, True, a.mb_idx)
+            if s > 0 and place[s - 1] != me:
+                dst, stag = ranks[place[s - 1]], self._tag(s, True, a.mb_idx)
+        return _Plan(src, rtag, dst, stag)
+
+    def recv_source(self, action_idx: int) -> int | None:
+        """Global rank the action waits for, if any (for error messages)."""
+        return self._plan[action_idx].recv_src
+
+    def run_step(self, tokens: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> float:
+        """One step's actions. ``tokens``/``targets``: per-microbatch (B, T) on the ranks holding the first/last stage.
+
+        Gradients accumulate into the stages' ``.grad`` (the caller zeroes them); returns the summed loss
+        (mean over the step's tokens) on the rank holding the last stage, else 0.
+        """
+        n = len(self.actions)
+        start_ns, end_ns, wait_ns = [0] * n, [0] * n, [0] * n
+        step_start = time.monotonic_ns()
+        self.transport.step_begin(step_start)
+        handles: dict[int, RecvHandle] = {}
+        next_recv = 0
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        local_act: dict[tuple[int, int], torch.Tensor] = {}
+        local_grad: dict[tuple[int, int], torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        hooks, last = self.hooks, self.num_stages - 1
+
+        for idx, a in enumerate(self.actions):
+            plan = self._plan[idx]
+            while next_recv < len(self._recv_idxs) and self._recv_idxs[next_recv] <= idx + self.prefetch * 2:
+                ridx = self._recv_idxs[next_recv]
+                rp = self._plan[ridx]
+                assert rp.recv_src is not None
+                handles[ridx] = self.transport.recv(
+                    action_idx=ridx, shape=self.act_shape, dtype=torch.float32, src=rp.recv_src, tag=rp.recv_tag
+                )
+                next_recv += 1
+            received = None
+            if plan.recv_src is not None:
+                handle = handles.pop(idx)
+                if not handle.done():
+                    t0 = time.monotonic_ns()
+                    hooks.wait_begin(idx)
+                    received = handle.wait()
+                    hooks.wait_end(idx)
+                    wait_ns[idx] = time.monotonic_ns() - t0
+                else:
+                    received = handle.wait()
+            start_ns[idx] = time.monotonic_ns()
+            s, mb = a.stage_idx, a.mb_idx
+            stage = self.stages[s]
+            if a.kind == Kind.F:
+                if s == 0:
+                    x = None
+                    inp = tokens[mb] if tokens is not None else None
+                    assert inp is not None, "the rank holding stage 0 needs tokens"
+                else:
+                    x = (received if received is not None else local_act.pop((s, mb))).detach().requires_grad_()
+                    inp = x
+                with self._autocast():
+                    out = stage(inp)
+                    if s == last:
+                        assert targets is not None, "the rank holding the last stage needs targets"
+                        out = F.cross_entropy(out.flatten(0, 1).float(), targets[mb].flatten()) / self.m
+                        loss_sum += out.detach()
+                saved[(s, mb)] = (x, out)
+                if s < last:
+                    if plan.send_dst is not None:
+                        self.transport.send(out.detach(), dst=plan.send_dst, tag=plan.send_tag)
+                    else:
+                        local_act[(s + 1, mb)] = out.detach()
+            elif a.kind in (Kind.B, Kind.I):
+                x, out = saved.pop((s, mb))
+                grad = None if s == last else (received if received is not None else local_grad.pop((s, mb)))
+                self.store.key = (s, mb) if a.kind == Kind.I else None
+                try:
+                    torch.autograd.backward(out, grad_tensors=grad)
+                finally:
+                    self.store.key = None
+                if s > 0:
+                    assert x is not None and x.grad is not None
+                    if plan.send_dst is not None:
+                        self.transport.send(x.grad, dst=plan.send_dst, tag=plan.send_tag)
+                    else:
+                        local_grad[(s - 1, mb)] = x.grad
+            else:  # W
+                self.store.apply((s, mb))
+            end_ns[idx] = time.monotonic_ns()
+        self.timing = StepTiming(step_start, start_ns, end_ns, wait_ns)
+        if saved or local_act or local_grad or len(self.store):
+            raise RuntimeError(
+                f"schedule {self.schedule.name!r} left work undone on rank {self.pp_rank}: "
+                f"forwards without backward {sorted(saved)}, deferred weight grads {len(self.store)}"
+            )
+        return float(loss_sum)
+
+    def flush_sends(self) -> None:
+        self.transport.flush()
+
+    def _autocast(self) -> torch.autocast:
+        if self.autocast_dtype is None:
+            return torch.autocast(device_type=self.device.type, enabled=False)
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
