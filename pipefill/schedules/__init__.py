@@ -1,0 +1,41 @@
+"""Pipeline schedules and the timeline simulator (torch-free).
+
+- :func:`build_schedule` makes a :class:`Schedule` (per-rank ordered :class:`Action` s plus the stage → rank
+  placement) for ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zero-bubble-h1``, ``zbv``, or ``custom`` (torch's
+  compute-only CSV); :meth:`Schedule.validate` rejects schedules that cannot run, naming the first stuck action.
+- :func:`simulate` turns a schedule and :class:`Costs` (plus an optional :class:`MemoryModel`) into a
+  :class:`Timeline`: start and end of every action, and every rank's bubbles (:class:`BubbleSpan`).
+- :func:`project_fill` estimates how much of a fill workload (:class:`FillProfile`) the bubbles hold.
+- ``pipefill.schedules.plot.plot_timeline`` draws a timeline (needs matplotlib).
+"""
+
+from pipefill.schedules.costs import Costs
+from pipefill.schedules.fill import FillProfile, FillProjection, project_fill
+from pipefill.schedules.generators import SCHEDULE_NAMES, build_schedule, canonical_name
+from pipefill.schedules.memory import MemoryModel
+from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError, looped_placement, v_placement
+from pipefill.schedules.simulate import simulate
+from pipefill.schedules.timeline import BUBBLE_KINDS, ActionSpan, BubbleSpan, RankTimeline, Timeline
+
+__all__ = [
+    "BUBBLE_KINDS",
+    "SCHEDULE_NAMES",
+    "Action",
+    "ActionSpan",
+    "BubbleSpan",
+    "Costs",
+    "FillProfile",
+    "FillProjection",
+    "Kind",
+    "MemoryModel",
+    "RankTimeline",
+    "Schedule",
+    "ScheduleError",
+    "Timeline",
+    "build_schedule",
+    "canonical_name",
+    "looped_placement",
+    "project_fill",
+    "simulate",
+    "v_placement",
+]
