@@ -9,6 +9,7 @@ import os
 
 __all__ = [
     "CHANNEL_DIR",
+    "COMM_TIMEOUT_S",
     "CPU_AFFINITY",
     "DEFAULT_CHANNEL_DIR",
     "DEVICE",
@@ -23,6 +24,7 @@ __all__ = [
     "METRICS_PORT",
     "OUT_DIR",
     "RANK",
+    "SCHEDULE_FILE",
     "SPEC_FILE",
     "WORK_SOURCE",
     "env_int",
@@ -41,6 +43,8 @@ OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
+SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
+COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
 
 # Fill-executor container only
 WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kubernetes" (FillJobs assigned to this pod)
