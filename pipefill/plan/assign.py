@@ -34,7 +34,7 @@ class JobProfile:
     @property
     def best_throughput(self) -> float:
         """Samples per second at the fastest batch size, memory ignored: the job on a dedicated device."""
-        return max((p.batch_size / p.step_s for p in self.profile), default=0.0)
+        return max((p.items / p.step_s for p in self.profile), default=0.0)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,15 @@ class ProfilePoint:
     batch_size: int
     step_s: float
     peak_bytes: int
+    items_per_step: int | None = None  # units of work one step does; None: batch_size (training by steps: 1)
+
+    @property
+    def items(self) -> int:
+        return self.batch_size if self.items_per_step is None else self.items_per_step
 
     def __post_init__(self) -> None:
+        if self.items_per_step is not None and self.items_per_step < 1:
+            raise ValueError(f"ProfilePoint.items_per_step: {self.items_per_step!r} must be ≥ 1 (or None: batch_size)")
         if self.batch_size < 1:
             raise ValueError(f"ProfilePoint.batch_size: {self.batch_size!r} must be ≥ 1")
         if not self.step_s > 0:
@@ -73,6 +80,7 @@ class ClassPlan:
     peak_bytes: int
     usable_s: float
     reason: str = ""
+    items_per_step: int = 0
 
     @property
     def usable(self) -> bool:
@@ -80,7 +88,8 @@ class ClassPlan:
 
     @property
     def samples_per_bubble(self) -> int:
-        return (self.batch_size or 0) * self.steps_per_bubble
+        """Units of work per bubble: samples, or steps for a training job counted in steps."""
+        return self.items_per_step * self.steps_per_bubble
 
     @property
     def busy_s(self) -> float:
@@ -179,7 +188,7 @@ def plan_class(
         steps = math.floor(usable_s / point.step_s + _EPS) if usable_s > 0 else 0
         if steps < 1:
             continue
-        cand = ClassPlan(bubble, point.batch_size, steps, point.step_s, point.peak_bytes, usable_s)
+        cand = ClassPlan(bubble, point.batch_size, steps, point.step_s, point.peak_bytes, usable_s, "", point.items)
         if best is None or _better(cand, best):
             best = cand
     if best is None:

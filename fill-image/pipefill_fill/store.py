@@ -1,0 +1,233 @@
+"""Exactly-once progress: output chunks and workload state committed atomically, reconciled after any crash.
+
+Layout of a job's output directory::
+
+    chunks/chunk-<start>-<end>.npy     outputs of samples [start, end): structured array (sample_id int64, value)
+    checkpoints/state-<end>.pt         the workload's state() after ``end`` units of work (torch.save)
+    progress.json                      {"committed": end, "state_file": ..., "done": ...}: the commit pointer
+    outputs.npy                        all chunks in sample order, written once the job is done (inference)
+
+A commit writes, each atomically (temp + fsync + rename): first the state file, then the chunk, then progress.json.
+Invariant after :meth:`ProgressStore.recover`: the chunks tile ``[0, committed)`` exactly, with no gap and no overlap,
+and ``state-<committed>.pt`` exists (unless committed is 0). Recovery adopts work that was complete but not yet
+recorded (a chunk starting at ``committed`` whose state file exists; for training, a newer complete state file) and
+removes the rest (temporary files, a state file without its chunk, chunks beyond the pointer). So a sample is never lost
+(its chunk is committed or it is redone from the state before it) and never written twice (a chunk is adopted or
+removed, and redone outputs are byte-identical because the workload is deterministic from its state).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipefill_fill.atomic import TMP_SUFFIX, atomic_write, atomic_write_bytes
+
+__all__ = ["Committed", "ProgressStore", "read_outputs"]
+
+_CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.npy$")
+_STATE = re.compile(r"^state-(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The commit point: units of work done, the workload state there (None at 0), whether the job finished."""
+
+    end: int
+    state: dict[str, Any] | None
+    done: bool = False
+    adopted: int = 0  # commits recovery adopted
+    removed: int = 0  # files recovery removed
+
+
+class ProgressStore:
+    """The commit protocol of one job's output directory (see the module docstring)."""
+
+    def __init__(self, output_dir: Path, *, job: str, with_outputs: bool, keep_states: int = 2) -> None:
+        self.dir = output_dir
+        self.job = job
+        self.with_outputs = with_outputs
+        self.keep_states = max(1, keep_states)
+        self.chunks_dir = output_dir / "chunks"
+        self.states_dir = output_dir / "checkpoints"
+        self.committed = 0
+        self.done = False
+        self._ids: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+
+    # -- recovery -------------------------------------------------------------------------------------------------
+    def recover(self) -> Committed:
+        """Reconcile the directory with the commit pointer; returns the point to resume from."""
+        for d in (self.dir, self.chunks_dir, self.states_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        removed = sum(
+            _unlink(p) for d in (self.dir, self.chunks_dir, self.states_dir) for p in d.glob(f".*{TMP_SUFFIX}")
+        )
+        record = self._read_record()
+        end, done = int(record.get("committed", 0)), bool(record.get("done", False))
+        states = self._states()
+        chunks = self._chunks()
+        adopted = 0
+        if self.with_outputs:
+            by_start = {s: (s, e) for s, e in chunks}
+            while end in by_start and by_start[end][1] in states and by_start[end][1] > end:
+                end = by_start[end][1]
+                adopted += 1
+        else:
+            newer = [n for n in states if n > end]
+            if newer:
+                end, adopted = max(newer), 1
+        removed += sum(_unlink(self._chunk_path(s, e)) for s, e in chunks if s >= end)
+        removed += sum(_unlink(self._state_path(n)) for n in states if n > end)
+        kept = sorted((s, e) for s, e in chunks if s < end)
+        if self.with_outputs:
+            _check_tiling(kept, end, self.chunks_dir)
+        if end > 0 and not self._state_path(end).exists():
+            raise RuntimeError(
+                f"{self.dir}: progress.json commits {end} units but {self._state_path(end).name} is missing; the output "
+                "directory was changed by hand. Restore the file or remove the directory to start the job again"
+            )
+        self.committed, self.done = end, done
+        if adopted or removed:
+            self._write_record()
+        self._prune_states()
+        state = self._load_state(end) if end > 0 else None
+        return Committed(end, state, done, adopted, removed)
+
+    # -- committing -----------------------------------------------------------------------------------------------
+    def add(self, sample_ids: np.ndarray, values: np.ndarray) -> None:
+        """Buffer outputs until the next commit; ids must continue exactly where the buffered ones end."""
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        expect = self.committed + self.pending
+        if ids.ndim != 1 or len(ids) != len(values) or not np.array_equal(ids, np.arange(expect, expect + len(ids))):
+            raise ValueError(
+                f"emit: sample ids must be consecutive from {expect} with one value row each; got ids "
+                f"{ids[:3].tolist()}… ({len(ids)}) and {len(values)} values. Emit each batch's outputs in sample order"
+            )
+        self._ids.append(ids)
+        self._values.append(np.ascontiguousarray(values))
+
+    @property
+    def pending(self) -> int:
+        return sum(len(i) for i in self._ids)
+
+    def commit(self, *, end: int, state: dict[str, Any]) -> int:
+        """Commit work up to ``end`` with the workload ``state`` there; returns the bytes written."""
+        if end < self.committed:
+            raise ValueError(f"commit: end {end} is before the committed {self.committed}")
+        if self.with_outputs and end != self.committed + self.pending:
+            raise ValueError(
+                f"commit: end {end} does not match the outputs emitted ({self.committed} + {self.pending}); "
+                "an inference workload must emit one output per sample it counts"
+            )
+        if end == self.committed:
+            return 0
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        written = buf.tell()
+        atomic_write_bytes(self._state_path(end), buf.getvalue())
+        if self.with_outputs:
+            values = np.concatenate(self._values)
+            rows = np.empty(len(values), dtype=[("sample_id", "<i8"), ("value", values.dtype, values.shape[1:])])
+            rows["sample_id"] = np.concatenate(self._ids)
+            rows["value"] = values
+            atomic_write(self._chunk_path(self.committed, end), lambda f: np.save(f, rows, allow_pickle=False))
+            written += rows.nbytes
+            self._ids.clear()
+            self._values.clear()
+        self.committed = end
+        self._write_record()
+        self._prune_states()
+        return written
+
+    def mark_done(self) -> None:
+        """Record that the job finished (after the last commit and the workload's finalize); writes outputs.npy."""
+        if self.with_outputs:
+            rows = read_outputs(self.dir)
+            atomic_write(self.dir / "outputs.npy", lambda f: np.save(f, rows, allow_pickle=False))
+        self.done = True
+        self._write_record()
+
+    # -- helpers --------------------------------------------------------------------------------------------------
+    def _read_record(self) -> dict[str, Any]:
+        path = self.dir / "progress.json"
+        if not path.exists():
+            return {}
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
+
+    def _write_record(self) -> None:
+        record = {
+            "job": self.job,
+            "committed": self.committed,
+            "state_file": f"checkpoints/{self._state_path(self.committed).name}" if self.committed else None,
+            "chunks": len(self._chunks()) if self.with_outputs else 0,
+            "done": self.done,
+            "updated_unix_s": round(time.time(), 3),
+        }
+        atomic_write_bytes(self.dir / "progress.json", (json.dumps(record, indent=2) + "\n").encode())
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        out = []
+        for p in self.chunks_dir.iterdir() if self.chunks_dir.exists() else []:
+            m = _CHUNK.match(p.name)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2))))
+        return sorted(out)
+
+    def _states(self) -> list[int]:
+        found = (_STATE.match(p.name) for p in self.states_dir.iterdir()) if self.states_dir.exists() else iter(())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def _chunk_path(self, start: int, end: int) -> Path:
+        return self.chunks_dir / f"chunk-{start:012d}-{end:012d}.npy"
+
+    def _state_path(self, end: int) -> Path:
+        return self.states_dir / f"state-{end:012d}.pt"
+
+    def _load_state(self, end: int) -> dict[str, Any]:
+        state: dict[str, Any] = torch.load(self._state_path(end), map_location="cpu", weights_only=False)
+        return state
+
+    def _prune_states(self) -> None:
+        for n in [n for n in self._states() if n <= self.committed][: -self.keep_states]:
+            _unlink(self._state_path(n))
+
+
+def read_outputs(output_dir: Path) -> np.ndarray:
+    """All committed outputs of a job in sample order (one structured array: sample_id, value)."""
+    chunks_dir = output_dir / "chunks"
+    names = sorted(p.name for p in chunks_dir.iterdir() if _CHUNK.match(p.name)) if chunks_dir.exists() else []
+    parts = [np.load(chunks_dir / n, allow_pickle=False) for n in names]
+    if not parts:
+        return np.empty(0, dtype=[("sample_id", "<i8"), ("value", "<f4")])
+    return np.concatenate(parts)
+
+
+def _check_tiling(chunks: list[tuple[int, int]], end: int, where: Path) -> None:
+    pos = 0
+    for s, e in chunks:
+        if s != pos or e <= s:
+            raise RuntimeError(
+                f"{where}: chunk-{s}-{e} does not continue at sample {pos}; the chunks must tile [0, {end}) exactly. "
+                "The directory was changed by hand or by two executors at once; remove it to start the job again"
+            )
+        pos = e
+    if pos != end:
+        raise RuntimeError(f"{where}: the chunks end at sample {pos}, but progress.json commits {end}")
+
+
+def _unlink(path: Path) -> int:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return 1

@@ -1,0 +1,174 @@
+"""The workload SDK: what a fill job's code implements so the executor can run it inside bubbles.
+
+A workload is a class named by import path (``package.module:Class``) or a builtin name. The executor constructs it
+with a :class:`WorkloadContext`, then calls ``setup(device, memory_budget_bytes)`` once, ``step(batch_size)`` as long as
+a bubble has time for it, ``state()`` at every commit and ``restore(state)`` after a restart. See docs/fill.md.
+
+Rules a workload must keep for the exactly-once guarantee:
+
+* ``step`` does a bounded amount of work (one batch) and returns the units of work it completed (samples, or 1 for a
+  training job counted in steps); inference workloads pass their outputs to ``context.emit(sample_ids, values)``.
+* ``state()`` returns a snapshot (tensors, numbers, lists) that later steps do not change; ``restore(state)`` puts the
+  workload back exactly there, so that the same steps afterwards give byte-identical outputs.
+* ``done()`` says whether all work is done.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "BUILTINS",
+    "Workload",
+    "WorkloadContext",
+    "WorkloadProtocol",
+    "load_workload_class",
+]
+
+# builtin name -> import path
+BUILTINS: dict[str, str] = {
+    "encoder-inference": "pipefill_fill.builtins.encoder:EncoderInference",
+    "train-classifier": "pipefill_fill.builtins.classifier:TrainClassifier",
+}
+
+Emit = Callable[[np.ndarray, np.ndarray], None]
+
+
+def _drop(sample_ids: np.ndarray, values: np.ndarray) -> None:
+    del sample_ids, values
+
+
+@dataclass
+class WorkloadContext:
+    """What the executor tells a workload: its parameters, data and where it may write.
+
+    ``total``: units of work the job asks for (spec.totalSamples or spec.totalSteps); ``input_path``: the dataset file
+    (None: a builtin makes a synthetic one); ``output_dir``: the job's output directory (the executor owns ``chunks/``,
+    ``checkpoints/`` and ``progress.json`` in it; a workload may write other files there, atomically);
+    ``counts_steps``: True when ``total`` is in optimizer steps (spec.totalSteps).
+    """
+
+    name: str
+    parameters: dict[str, Any]
+    total: int
+    output_dir: Path
+    input_path: Path | None = None
+    counts_steps: bool = False
+    emit_fn: Emit = field(default=_drop, repr=False)
+
+    def emit(self, sample_ids: np.ndarray, values: np.ndarray) -> None:
+        """Hand outputs to the executor: ``sample_ids`` (N,) int64 consecutive from the last one, ``values`` (N, ...)."""
+        self.emit_fn(sample_ids, values)
+
+    def param(self, name: str, default: Any, kind: type) -> Any:
+        """A parameter from spec.workload.parameters, with an error naming it when it has the wrong type."""
+        value = self.parameters.get(name, default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
+            raise ValueError(
+                f"spec.workload.parameters.{name}: {value!r} must be of type {kind.__name__} (default {default!r})"
+            )
+        return value
+
+
+@runtime_checkable
+class WorkloadProtocol(Protocol):
+    """The methods the executor calls. Subclass :class:`Workload` or implement these (with ``kind``) directly."""
+
+    kind: ClassVar[str]
+
+    def setup(self, device: torch.device, memory_budget_bytes: int) -> None: ...
+
+    def step(self, batch_size: int) -> int: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+    def done(self) -> bool: ...
+
+
+class Workload:
+    """Base class with the optional parts filled in; override the five protocol methods and set ``kind``.
+
+    Optional hooks: ``batch_sizes()`` (candidates the profiler measures), ``commit_every`` (units of work between
+    commits for training: checkpoint cadence; None commits at every bubble), ``modules()`` (the modules and optimizers
+    whose state offload mode moves to host memory between bubbles), ``finalize()`` (called once after the last commit;
+    must be idempotent, e.g. write the final model atomically).
+    """
+
+    kind: ClassVar[str] = "inference"
+    commit_every: int | None = None
+
+    def __init__(self, context: WorkloadContext) -> None:
+        self.context = context
+
+    def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
+        raise NotImplementedError
+
+    def step(self, batch_size: int) -> int:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def restore(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def batch_sizes(self) -> list[int]:
+        sizes = self.context.param("batchSizes", [1, 2, 4, 8, 16, 32, 64], list)
+        if not sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes):
+            raise ValueError(f"spec.workload.parameters.batchSizes: {sizes!r} must be a non-empty list of integers ≥ 1")
+        return sorted(set(sizes))
+
+    def modules(self) -> list[torch.nn.Module | torch.optim.Optimizer]:
+        return []
+
+    def finalize(self) -> None:
+        return None
+
+
+def load_workload_class(*, builtin: str | None, import_path: str | None, kind: str) -> type:
+    """The workload class of a FillJob; errors name the field, the value and what to fix."""
+    if (builtin is None) == (import_path is None):
+        raise ValueError("spec.workload: set exactly one of builtin and importPath")
+    field_name = "builtin" if builtin is not None else "importPath"
+    if builtin is not None:
+        if builtin not in BUILTINS:
+            raise ValueError(f"spec.workload.builtin: {builtin!r} is not a builtin; use one of {sorted(BUILTINS)}")
+        import_path = BUILTINS[builtin]
+    assert import_path is not None  # for mypy: set just above
+    module_name, sep, attr = import_path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"spec.workload.importPath: {import_path!r} must look like package.module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"spec.workload.{field_name}: cannot import module {module_name!r} ({exc}); install it in the fill image"
+        ) from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"spec.workload.{field_name}: {import_path!r}: module {module_name!r} has no class {attr!r}")
+    missing = [m for m in ("setup", "step", "state", "restore", "done") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(
+            f"spec.workload.{field_name}: {import_path!r} lacks {missing}; see the workload SDK in docs/fill.md"
+        )
+    declared = getattr(cls, "kind", None)
+    if str(declared) != kind:
+        raise ValueError(
+            f"spec.workload.kind: {kind!r} but {import_path!r} declares kind {declared!r}; set kind: {declared}"
+        )
+    return cls
