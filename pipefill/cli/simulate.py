@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from pipefill.schedules.plot import plot_timeline
 
-        plot_timeline(timeline, args.plot)
+        plot_timeline(timeline, args.plot, time_unit="units" if source == "uniform" else "s")
     return 0
 
 

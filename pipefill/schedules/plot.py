@@ -17,8 +17,13 @@ _COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868", "ste
 _BUBBLE = {"warm-up": "#f2d0a4", "steady": "#e5e5e5", "cool-down": "#b9d7ea", "end-of-step": "#d9d2e9"}
 
 
-def plot_timeline(timeline: Timeline, path: str | Path, *, title: str | None = None, dpi: int = 120) -> Path:
-    """Draw ``timeline`` into a PNG (or any format matplotlib infers from the suffix) at ``path``; returns the path."""
+def plot_timeline(
+    timeline: Timeline, path: str | Path, *, title: str | None = None, time_unit: str = "s", dpi: int = 120
+) -> Path:
+    """Draw ``timeline`` into a PNG (or any format matplotlib infers from the suffix) at ``path``; returns the path.
+
+    ``time_unit`` labels the time axis (``"s"``, or e.g. ``"units"`` for uniform costs).
+    """
     try:
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
@@ -65,7 +70,7 @@ def plot_timeline(timeline: Timeline, path: str | Path, *, title: str | None = N
     ax.set_yticks(range(n_ranks), [f"rank {r}" for r in range(n_ranks)])
     ax.invert_yaxis()
     ax.set_xlim(0, step)
-    ax.set_xlabel("time in the step (s)")
+    ax.set_xlabel(f"time in the step ({time_unit})")
     frac = timeline.bubble_fraction()
     ax.set_title(title or f"{s.name}: p={n_ranks}, m={s.num_microbatches}, v={s.virtual_stages} — bubbles {frac:.1%}")
     kinds = sorted({sp.action.kind.value for rt in timeline.ranks for sp in rt.actions}, key="FBIW".index)
