@@ -1,13 +1,14 @@
 """The execution planner (torch-free): which batch size, how many steps per bubble, and which job in which bubble."""
 
 from pipefill.plan.assign import Assignment, JobProfile, assign_jobs
-from pipefill.plan.classes import ObservedBubble, classes_from_bubbles
+from pipefill.plan.classes import BubbleLike, ObservedBubble, classes_from_bubbles
 from pipefill.plan.planner import BubbleClass, ClassPlan, JobPlan, ProfilePoint, plan_class, plan_job
 from pipefill.plan.units import parse_duration_s, parse_size_bytes
 
 __all__ = [
     "Assignment",
     "BubbleClass",
+    "BubbleLike",
     "ClassPlan",
     "JobPlan",
     "JobProfile",

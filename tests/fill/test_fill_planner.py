@@ -153,3 +153,17 @@ def test_cli_entry_point_table() -> None:
         check=True,
     )
     assert "250ms:6GiB" in proc.stdout and "16" in proc.stdout
+
+
+def test_classes_from_the_timeline_simulator() -> None:
+    from pipefill.schedules import Costs, build_schedule, simulate
+
+    schedule = build_schedule("1f1b", ranks=4, microbatches=8)
+    costs = Costs(f_s=(0.010,), b_s=(0.020,), i_s=(0.010,), w_s=(0.010,))
+    timeline = simulate(schedule, costs)
+    classes = classes_from_bubbles(timeline.bubbles(0), default_free_bytes=GiB)
+    assert classes and all(c.free_bytes == GiB for c in classes)
+    offered = sum(c.count_per_step * c.duration_s for c in classes)
+    assert offered == pytest.approx(timeline.idle_s(0), rel=0.2)  # planned lengths are low quantiles of the members
+    plan = plan_job(classes, PROFILE[:1], total_samples=100, guard_s=0.0)
+    assert len(plan.classes) == len(classes)

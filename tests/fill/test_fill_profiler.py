@@ -1,0 +1,57 @@
+"""The profiler: real measurements per batch size, no work done while profiling, cache per (workload, device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from conftest import write_job
+from pipefill_fill.profiler import profile_task
+from pipefill_fill.store import read_outputs
+from pipefill_fill.task import FillTask, TaskSpec
+
+from pipefill.spec import load_file
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
+
+
+def _task(manifest: Path) -> FillTask:
+    (job,) = load_file(manifest)
+    task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
+    task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+    return task
+
+
+def test_profile_measures_each_batch_and_does_no_work(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "p", total=100, parameters=PARAMS))
+    profile = profile_task(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=3)
+    assert [p.batch_size for p in profile.points] == [1, 4, 16] and not profile.cached
+    assert all(p.step_s > 0 and p.peak_bytes >= 0 for p in profile.points)
+    assert profile.points[-1].step_s > profile.points[0].step_s  # generous: 16 samples take longer than 1
+    assert task.workload.state() == {"next_sample": 0} and task.store.pending == 0
+    task.step(3)
+    task.commit()
+    assert read_outputs(task.spec.output_dir)["sample_id"].tolist() == [0, 1, 2]
+
+
+def test_profile_cache_per_workload_and_device(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "p", total=100, parameters=PARAMS))
+    first = profile_task(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=1)
+    again = profile_task(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=1)
+    assert again.cached and again.points == first.points
+    changed = _task(write_job(jobs_dir, "p", total=100, parameters={**PARAMS, "hiddenSize": 16}))
+    assert not profile_task(changed, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=1).cached
+
+
+def test_profile_stops_at_remaining_samples_and_budget(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "small", total=3, parameters=PARAMS))
+    profile = profile_task(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=0, repeats=1)
+    assert [(p.batch_size, p.items) for p in profile.points] == [(1, 1), (4, 3)]
+    train = {"features": 8, "hidden": 16, "classes": 3, "batchSize": 8}
+    clf = _task(write_job(jobs_dir, "clf", builtin="train-classifier", kind="training", total=5, parameters=train))
+    before = clf.workload.state()
+    (point,) = profile_task(clf, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=2).points
+    assert (point.batch_size, point.items) == (8, 1)  # counted in steps
+    after = clf.workload.state()
+    assert after["steps"] == before["steps"] == 0
+    assert all(torch.equal(after["model"][k], before["model"][k]) for k in before["model"])
