@@ -32,7 +32,7 @@ def plot_timeline(
 
     s = timeline.schedule
     n_ranks = s.num_ranks
-    width = max(8.0, min(24.0, 0.25 * max(len(r.actions) for r in timeline.ranks)))
+    width = max(8.0, min(24.0, 0.4 * max(len(r.actions) for r in timeline.ranks)))
     fig = Figure(figsize=(width, 0.55 * n_ranks + 1.6))  # no pyplot: no global backend state
     ax = fig.subplots()
     step = timeline.step_s or 1.0
@@ -60,8 +60,8 @@ def plot_timeline(
                 edgecolor="white",
                 linewidth=0.5,
             )
-            if span.duration_s > step / 90:
-                label = f"{a.mb_idx}" if s.virtual_stages == 1 else f"{a.stage_idx}:{a.mb_idx}"
+            label = f"{a.mb_idx}" if s.virtual_stages == 1 else f"{a.stage_idx}:{a.mb_idx}"
+            if span.duration_s / step * width * 0.85 >= len(label) * 0.06:  # inches available vs needed at 6 pt
                 ax.text(
                     span.start_s + span.duration_s / 2, y, label, ha="center", va="center", fontsize=6, color="white"
                 )
