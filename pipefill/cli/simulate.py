@@ -1,8 +1,8 @@
 """Predict a pipeline training job's bubbles from its schedule and action costs, and the fill capacity they offer.
 
-Input: a PipelineTrainingJob manifest (-f) or flags; flags override the manifest. Costs: ``uniform`` (F = I = W = 1
-time unit, B = 2, free communication: for checking formulas), ``analytic`` (6·N·T flops on a device of given TFLOP/s;
-the default with a manifest or --params), or ``profile`` (the JSON the trainer writes; the default with --profile).
+Input: a PipelineTrainingJob manifest (-f) or flags; flags override the manifest. Costs: uniform (F = I = W = 1
+time unit, B = 2, free communication: for checking formulas), analytic (6·N·T flops on a device of given TFLOP/s;
+the default with a manifest or --params), or profile (the JSON the trainer writes; the default with --profile).
 Output: a table per rank (bubbles by kind, their durations and free memory), or --json, or --order; --trace and
 --plot write a Chrome/Perfetto trace and a picture of the timeline.
 """
