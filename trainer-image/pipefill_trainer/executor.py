@@ -94,6 +94,8 @@ class PipelineExecutor:
         self._plan = [self._plan_of(a, place, pipeline_ranks) for a in self.actions]
         self._recv_idxs = [i for i, p in enumerate(self._plan) if p.recv_src is not None]
         self.hooks: StepHooks = NoHooks()
+        self.waiting_on: int | None = None  # global rank this rank waits for right now (for failure messages)
+        self.waiting_what: str | None = None
         self.timing: StepTiming | None = None
 
     def _tag(self, producer_stage: int, is_grad: bool, mb_idx: int) -> int:
@@ -150,6 +152,7 @@ class PipelineExecutor:
             received = None
             if plan.recv_src is not None:
                 handle = handles.pop(idx)
+                self.waiting_on, self.waiting_what = plan.recv_src, f"waiting for the input of action {a}"
                 if not handle.done():
                     t0 = time.monotonic_ns()
                     hooks.wait_begin(idx)
@@ -158,6 +161,7 @@ class PipelineExecutor:
                     wait_ns[idx] = time.monotonic_ns() - t0
                 else:
                     received = handle.wait()
+                self.waiting_on = self.waiting_what = None
             start_ns[idx] = time.monotonic_ns()
             s, mb = a.stage_idx, a.mb_idx
             stage = self.stages[s]

@@ -1,0 +1,148 @@
+"""The trainer entry point as real processes on gloo: resume equality, replay mode, a killed peer, bad config."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import launch, wait_all
+
+from pipefill import env
+from pipefill.schedules.costs import Costs
+from pipefill.schedules.generators import build_schedule
+from pipefill.schedules.simulate import simulate
+
+pytestmark = pytest.mark.slow
+
+SPEC = """\
+apiVersion: pipefill.io/v1alpha1
+kind: PipelineTrainingJob
+metadata: {{name: tiny}}
+spec:
+  model: {{layers: 4, hiddenSize: 32, heads: 2, seqLen: 16, vocabSize: 64}}
+  data: {{source: synthetic, seed: 3}}
+  pipeline: {{stages: {stages}, microbatches: {m}, globalBatch: {batch}, schedule: {schedule}}}
+  optimizer: {{learningRate: 0.01, warmupSteps: 2}}
+  steps: {steps}
+  checkpoint: {{path: {ckpt}, intervalSteps: {interval}}}
+  resources: {{gpus: 0, cpu: "1", memory: 1Gi}}
+  gpuSharing: {{mode: none}}
+  fill: {{reservedMemory: 64Mi, minBubbleMilliseconds: 0.5, guardMilliseconds: 0.1}}
+"""
+
+
+def write_spec(tmp: Path, name: str, **kw: object) -> Path:
+    values = {
+        "stages": 2,
+        "m": 4,
+        "batch": 8,
+        "schedule": "1f1b",
+        "steps": 6,
+        "interval": 3,
+        "ckpt": tmp / f"{name}-ckpt",
+    }
+    values.update(kw)
+    path = tmp / f"{name}.yaml"
+    path.write_text(SPEC.format(**values))
+    return path
+
+
+def run_job(spec: Path, out: Path, *, world: int = 2, args: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+    procs = launch(
+        ["-m", "pipefill_trainer", *args],
+        world=world,
+        env={env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), env.COMM_TIMEOUT_S: "60"},
+    )
+    results = wait_all(procs, timeout_s=100)
+    for rank, (code, output) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{output[-3000:]}"
+    return results
+
+
+def losses(events: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in events.read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in recs if r["type"] == "step"}
+
+
+def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> None:
+    whole = write_spec(tmp_path, "whole", steps=6)
+    run_job(whole, tmp_path / "whole-out")
+    part = write_spec(tmp_path, "part", steps=6)
+    run_job(part, tmp_path / "part-out", args=("--steps", "3"))  # stops after step 2, checkpoint at 3
+    assert (tmp_path / "part-ckpt" / "latest").read_text().strip() == "3"
+    run_job(part, tmp_path / "part-out2")  # resumes at step 3
+    expected, resumed = losses(tmp_path / "whole-out" / "events.jsonl"), losses(tmp_path / "part-out2" / "events.jsonl")
+    assert sorted(resumed) == [3, 4, 5]
+    for step, loss in resumed.items():
+        assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
+
+
+def test_replay_reproduces_the_simulated_bubbles(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipefill_trainer", "--replay-stage", "1"],
+        env={**__import__("os").environ, env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "REPLAY MODE" in proc.stdout
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["replay"] is True
+    timeline = simulate(build_schedule("1f1b", ranks=4, microbatches=4), Costs.from_profile(profile))
+    predicted = timeline.bubbles(1)
+    recs = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    last = [r for r in recs if r["type"] == "bubble" and r["step"] == 7]
+    measured = {r["idx"]: (r["kind"], (r["end_ns"] - r["start_ns"]) / 1e9) for r in last}
+    for b in predicted:
+        assert b.before_action_idx in measured, f"bubble {b} not reproduced; measured {measured}"
+        kind, got_s = measured[b.before_action_idx]
+        assert kind == b.kind
+        assert got_s == pytest.approx(b.duration_s, rel=0.5, abs=0.01), (b, got_s)
+
+
+def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "kill", steps=100000, interval=0)
+    out = tmp_path / "out"
+    procs = launch(
+        ["-m", "pipefill_trainer"],
+        world=2,
+        env={env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), env.COMM_TIMEOUT_S: "60"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        events = out / "events.jsonl"
+        while time.monotonic() < deadline and (not events.exists() or events.read_text().count('"type":"step"') < 3):
+            assert procs[0].poll() is None, procs[0].communicate()[0]
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        output, _ = procs[0].communicate(timeout=30)
+        assert time.monotonic() - killed_at < 30
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[0].returncode == env.EXIT_RETRYABLE, output[-3000:]
+    assert "peer rank 1" in output, output[-3000:]
+
+
+def test_invalid_world_size_is_a_permanent_error(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "bad")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipefill_trainer"],
+        env={**__import__("os").environ, env.SPEC_FILE: str(spec), "WORLD_SIZE": "3", "RANK": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == env.EXIT_INVALID_CONFIG
+    assert "WORLD_SIZE=3" in proc.stderr

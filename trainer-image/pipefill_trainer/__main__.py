@@ -1,0 +1,79 @@
+"""``python -m pipefill_trainer``: the trainer container's entry point (the same in a pod and locally).
+
+Reads the environment of :mod:`pipefill.env` plus torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+Options override for benchmarks and tests; ``--replay-stage S`` runs pipeline rank S of the job alone, its peers
+replaced by the modeled timeline (see ``docs/trainer.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipefill import env
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipefill_trainer", description=__doc__.splitlines()[0])
+    p.add_argument("--spec", help=f"PipelineTrainingJob manifest (default: ${env.SPEC_FILE})")
+    p.add_argument("--steps", type=int, help="optimizer steps to run (default: spec.steps)")
+    p.add_argument("--replay-stage", type=int, metavar="S", help="replay pipeline rank S alone, peers modeled")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps before announcing bubbles (first is warm-up)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # imported late: --help answers without loading torch
+    import torch.distributed as dist
+
+    from pipefill_trainer.config import ConfigError, TrainerConfig
+    from pipefill_trainer.failure import peer_failure_message
+
+    try:
+        cfg = TrainerConfig.from_env(
+            spec_path=args.spec,
+            steps=args.steps,
+            replay_stage=args.replay_stage,
+            profile_steps=max(2, args.profile_steps),
+        )
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr, flush=True)
+        return env.EXIT_INVALID_CONFIG
+    from pipefill_trainer.train import Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(cfg)
+        if cfg.replay_stage is not None:
+            print(
+                f"[replay] REPLAY MODE: pipeline rank {cfg.replay_stage} of {cfg.pp} runs its real compute; its peers "
+                "are replaced by the modeled timeline — results are a replay, not a multi-device run",
+                flush=True,
+            )
+        trainer.resume()
+        return trainer.train()
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr, flush=True)
+        return env.EXIT_INVALID_CONFIG
+    except (RuntimeError, dist.DistError, ConnectionError, TimeoutError) as exc:
+        where = "starting up (rendezvous)"
+        if trainer is not None:
+            where = trainer.pr.executor.waiting_what or ""
+            if not where and not isinstance(exc, dist.DistError | ConnectionError | TimeoutError):
+                raise  # not a communication failure: a bug, reported as such (exit 1)
+        peers: list[int] = []
+        if trainer is not None and trainer.monitor is not None:
+            peers = trainer.monitor.dead_peers()
+        message = peer_failure_message(rank=cfg.rank, peers=peers, where=where or "communicating", error=exc)
+        print(message, file=sys.stderr, flush=True)
+        return env.EXIT_RETRYABLE
+    finally:
+        if trainer is not None:
+            trainer.events.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

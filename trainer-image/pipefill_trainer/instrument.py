@@ -1,0 +1,171 @@
+"""Bubble instrumentation: profile the actions, predict every bubble with the timeline simulator, announce them.
+
+1. *Profile*: the first steps run without announcements; step 0 is warm-up, the next ones are measured. Each rank's
+   median seconds per (stage, action kind) are gathered over the pipeline into one profile JSON (the schema of
+   ``Costs.from_profile``, written to ``$PIPEFILL_OUT_DIR/profile.json``).
+2. *Predict*: :func:`pipefill.schedules.simulate` turns the profile into this rank's bubble slots: for every bubble, the
+   index of the action that ends it (``before_action_idx``; ``len(actions)`` is the end-of-step bubble), its kind and
+   its predicted length.
+3. *Announce*: the executor calls :meth:`BubbleAnnouncer.wait_begin` right before it blocks; a slot predicted at
+   least ``spec.fill.minBubbleMilliseconds`` long is opened on the channel with its predicted duration and the free
+   device memory, and closed in :meth:`wait_end` when the wait returns.
+4. *Learn*: after each step every slot's prediction moves toward the measured idle time (EWMA, weight ``alpha``); a
+   wait where no bubble was predicted becomes a new slot.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipefill.schedules.costs import Costs
+from pipefill.schedules.model import Action, Kind, Schedule
+from pipefill.schedules.simulate import simulate
+
+__all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "slots_from_profile", "stage_medians"]
+
+
+class BubbleProducer(Protocol):
+    """The producer side of the bubble channel; every call is bounded and never blocks."""
+
+    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb: int) -> int: ...
+
+    def close_bubble(self, bubble_id: int) -> None: ...
+
+
+@dataclass
+class Slot:
+    """One bubble position of this rank: idle time before action ``action_idx`` of every step."""
+
+    action_idx: int
+    kind: str
+    predicted_s: float
+    mb_idx: int = -1
+
+
+@dataclass
+class _Record:
+    action_idx: int
+    kind: str
+    predicted_s: float
+    start_ns: int
+    end_ns: int = 0
+    announced: bool = False
+
+
+def stage_medians(actions: Sequence[Action], durations_s: Sequence[Sequence[float]]) -> dict[int, dict[str, float]]:
+    """Median seconds per stage per action kind over profiled steps (``durations_s[step][action_idx]``)."""
+    samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for step in durations_s:
+        for a, d in zip(actions, step, strict=True):
+            samples[a.stage_idx][a.kind.value].append(d)
+    return {s: {k: statistics.median(v) for k, v in kinds.items()} for s, kinds in samples.items()}
+
+
+def build_profile(
+    per_stage: dict[int, dict[str, float]], *, num_stages: int, extra: dict[int, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The profile JSON: one entry per stage in order, ``median_s`` per action kind (plus ``extra`` per stage)."""
+    stages = []
+    for s in range(num_stages):
+        med = dict(per_stage.get(s, {}))
+        if "B" not in med and not ("I" in med and "W" in med):
+            med.setdefault("B", med.get("I", 0.0) + med.get("W", 0.0))
+        med.setdefault("F", 0.0)
+        stages.append({"stage_idx": s, "median_s": med, **(extra or {}).get(s, {})})
+    return {"stages": stages, "p2p": {"latency_s": 0.0}, "step_end_s": 0.0}
+
+
+def _kinds(actions: Sequence[Action]) -> Callable[[int], str]:
+    first_grad = next((k for k, a in enumerate(actions) if a.kind in (Kind.B, Kind.I)), len(actions))
+    last_fwd = max((k for k, a in enumerate(actions) if a.kind is Kind.F), default=-1)
+
+    def kind(idx: int) -> str:
+        if idx >= len(actions):
+            return "end-of-step"
+        if idx <= first_grad:
+            return "warm-up"
+        return "cool-down" if idx - 1 >= last_fwd else "steady"
+
+    return kind
+
+
+def slots_from_profile(schedule: Schedule, pp_rank: int, profile: dict[str, Any]) -> dict[int, Slot]:
+    """This rank's predicted bubbles, keyed by the index of the action that ends each."""
+    timeline = simulate(schedule, Costs.from_profile(profile), validate=False)
+    actions = schedule.ranks[pp_rank]
+    slots = {}
+    for b in timeline.bubbles(pp_rank):
+        mb = actions[b.before_action_idx].mb_idx if b.before_action_idx < len(actions) else -1
+        slots[b.before_action_idx] = Slot(b.before_action_idx, b.kind, b.duration_s, mb)
+    return slots
+
+
+@dataclass
+class BubbleAnnouncer:
+    """The executor's :class:`~pipefill_trainer.executor.StepHooks` once the slots are known."""
+
+    actions: Sequence[Action]
+    slots: dict[int, Slot]
+    producer: BubbleProducer | None
+    min_bubble_s: float
+    free_bytes: Callable[[], int]
+    alpha: float = 0.5
+    """weight of the newest measurement in a slot's prediction"""
+    step: int = 0
+    records: list[_Record] = field(default_factory=list)
+    _open: tuple[int, _Record] | None = None
+    _kind_of: Callable[[int], str] | None = None
+
+    def __post_init__(self) -> None:
+        self._kind_of = _kinds(self.actions)
+
+    def begin_step(self, step: int) -> None:
+        self.step, self.records = step, []
+
+    def wait_begin(self, action_idx: int) -> None:
+        slot = self.slots.get(action_idx)
+        now = time.monotonic_ns()
+        if slot is None:
+            assert self._kind_of is not None
+            self.records.append(_Record(action_idx, self._kind_of(action_idx), 0.0, now))
+            return
+        rec = _Record(action_idx, slot.kind, slot.predicted_s, now)
+        self.records.append(rec)
+        if self.producer is not None and slot.predicted_s >= self.min_bubble_s:
+            bubble_id = self.producer.open_bubble(
+                expected_duration_s=slot.predicted_s,
+                free_bytes=self.free_bytes(),
+                kind=slot.kind,
+                step=self.step,
+                mb=slot.mb_idx,
+            )
+            rec.announced = True
+            self._open = (bubble_id, rec)
+
+    def wait_end(self, action_idx: int) -> None:
+        end = time.monotonic_ns()
+        if self._open is not None:
+            bubble_id, rec = self._open
+            self._open = None
+            assert self.producer is not None
+            self.producer.close_bubble(bubble_id)
+            rec.end_ns = end
+        elif self.records:
+            self.records[-1].end_ns = end
+
+    def end_step(self) -> list[_Record]:
+        """Update every slot from this step's measured waits; returns the step's bubble records."""
+        measured = {r.action_idx: (r.end_ns - r.start_ns) / 1e9 for r in self.records}
+        for idx, slot in self.slots.items():
+            got = measured.pop(idx, 0.0)
+            slot.predicted_s += self.alpha * (got - slot.predicted_s)
+        assert self._kind_of is not None
+        for idx, got in measured.items():  # waits the timeline did not predict become slots
+            mb = self.actions[idx].mb_idx if idx < len(self.actions) else -1
+            self.slots[idx] = Slot(idx, self._kind_of(idx), self.alpha * got, mb)
+        return self.records
