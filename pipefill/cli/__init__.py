@@ -18,6 +18,7 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pipefill.cli.bench", "run a benchmark and print JSON"),
     "crds": ("pipefill.cli.crds", "write or check the CRDs and docs/api.md generated from the spec models"),
+    "local": ("pipefill.cli.local", "run a PipelineTrainingJob and its FillJobs on this machine, no cluster needed"),
     "plan": ("pipefill.cli.plan", "show the execution plan of a fill workload for given bubbles"),
     "simulate": ("pipefill.cli.simulate", "predict a training job's bubbles and the fill capacity they offer"),
     "validate": ("pipefill.cli.validate", "validate manifests exactly as admission would"),
