@@ -13,7 +13,9 @@ import importlib
 __all__ = ["add_arguments", "run"]
 
 # benchmark name -> module with ``main(argv: list[str]) -> int``
-_BENCHMARKS: dict[str, str] = {}
+_BENCHMARKS: dict[str, str] = {
+    "trainer": "pipefill_trainer.bench",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

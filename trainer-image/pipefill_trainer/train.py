@@ -209,45 +209,10 @@ class Trainer:
     def train(self) -> int:
         """Run the remaining steps; returns the exit code (0 done, 143 stopped by SIGTERM after a checkpoint)."""
         signal.signal(signal.SIGTERM, self.request_stop)
-        spec, cfg = self.cfg.job.spec, self.cfg
-        tokens_per_step = spec.pipeline.global_batch * spec.model.seq_len
-        flops_per_step = tokens_per_step * self.model_cfg.flops_per_token()
-        first, last = self.pr.has_first_stage(), self.pr.has_last_stage()
+        cfg, interval = self.cfg, self.cfg.job.spec.checkpoint.interval_steps
         self.watchdog.start()
-        interval = spec.checkpoint.interval_steps
         for step in range(self.start_step, cfg.steps):
-            self.pr.zero_grad()
-            tokens = targets = None
-            if first or last or self.replay:
-                tokens, targets = self.data.microbatches(step, dp_rank=self.topo.dp_rank, m=self.m)
-            if self.announcer is not None:
-                self.announcer.begin_step(step)
-            t0 = time.monotonic_ns()
-            loss_local = self.pr.executor.run_step(tokens if first else None, targets if last else None)
-            end_idx = len(self.pr.executor.actions)
-            hooks = self.pr.executor.hooks
-            hooks.wait_begin(end_idx)
-            wait0 = time.monotonic_ns()
-            sq_norm, loss, stop = self._step_end(loss_local, t0)
-            hooks.wait_end(end_idx)
-            end_wait_ns = time.monotonic_ns() - wait0
-            self._clip_and_step(step, sq_norm)
-            step_s = (time.monotonic_ns() - t0) / 1e9
-            self.losses[step] = loss
-            self.watchdog.beat()
-            self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops_per_step)
-            self._after_step(step, end_wait_ns)
-            self.events.write(
-                {
-                    "type": "step",
-                    "step": step,
-                    "loss": loss,
-                    "step_s": step_s,
-                    "tokens_per_s": tokens_per_step / step_s,
-                    "t_ns": t0,
-                }
-            )
-            self.events.flush()
+            loss, step_s, stop = self.step(step)
             if cfg.rank == 0 and (step % 10 == 0 or step == cfg.steps - 1):
                 self._log(f"step {step} loss {loss:.4f} step_s {step_s:.4f}")
             done = step + 1
@@ -257,6 +222,44 @@ class Trainer:
                 self._log(f"stopped by SIGTERM after step {step}; checkpoint saved")
                 return EXIT_SIGTERM
         return 0
+
+    def step(self, step: int) -> tuple[float, float, bool]:
+        """One optimizer step: (loss, step seconds, stop requested by any rank)."""
+        spec = self.cfg.job.spec
+        tokens_per_step = spec.pipeline.global_batch * spec.model.seq_len
+        first, last = self.pr.has_first_stage(), self.pr.has_last_stage()
+        self.pr.zero_grad()
+        tokens = targets = None
+        if first or last or self.replay:
+            tokens, targets = self.data.microbatches(step, dp_rank=self.topo.dp_rank, m=self.m)
+        if self.announcer is not None:
+            self.announcer.begin_step(step)
+        t0 = time.monotonic_ns()
+        loss_local = self.pr.executor.run_step(tokens if first else None, targets if last else None)
+        end_idx = len(self.pr.executor.actions)
+        hooks = self.pr.executor.hooks
+        hooks.wait_begin(end_idx)  # the end-of-step bubble: this rank is done, the slowest is not
+        sq_norm, loss, stop = self._step_end(loss_local, t0)
+        hooks.wait_end(end_idx)
+        self._clip_and_step(step, sq_norm)
+        step_s = (time.monotonic_ns() - t0) / 1e9
+        self.losses[step] = loss
+        self.watchdog.beat()
+        flops = tokens_per_step * self.model_cfg.flops_per_token()
+        self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
+        self._after_step(step)
+        self.events.write(
+            {
+                "type": "step",
+                "step": step,
+                "loss": loss,
+                "step_s": step_s,
+                "tokens_per_s": tokens_per_step / step_s,
+                "t_ns": t0,
+            }
+        )
+        self.events.flush()
+        return loss, step_s, stop
 
     def _step_end(self, loss_local: float, t0: int) -> tuple[float, float, bool]:
         if self.replay:
@@ -294,7 +297,7 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
 
-    def _after_step(self, step: int, end_wait_ns: int) -> None:
+    def _after_step(self, step: int) -> None:
         timing = self.pr.executor.timing
         assert timing is not None
         actions = self.pr.executor.actions

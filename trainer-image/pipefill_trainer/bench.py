@@ -1,0 +1,188 @@
+"""``pipefill bench trainer``: our trainer's step time (bubble instrumentation on) against torch.distributed.pipelining.
+
+Two CPU processes, each pinned to its own core, one gloo process group. Both engines train the *same* stage modules
+(the model, schedule and microbatches are identical); runs alternate in blocks (ours, torch, ours, …) so drift in
+the machine's speed hits both, and medians are reported:
+``{"ours_step_s", "torch_step_s", "ratio", "bubble_prediction_error_median", ...}``.
+Our step is the full optimizer step (actions, step-end all-reduce, AdamW); torch's is ``schedule.step()`` plus the same
+AdamW step. The prediction error is |predicted − measured| ÷ measured over the bubbles measured in our blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+_SPEC = """\
+apiVersion: pipefill.io/v1alpha1
+kind: PipelineTrainingJob
+metadata: {{name: bench-trainer}}
+spec:
+  model: {{layers: {layers}, hiddenSize: {hidden}, heads: {heads}, seqLen: {seq}, vocabSize: 256}}
+  data: {{source: synthetic}}
+  pipeline: {{stages: 2, microbatches: {m}, globalBatch: {batch}, schedule: {schedule}}}
+  steps: 1000000
+  checkpoint: {{path: {ckpt}, intervalSteps: 0}}
+  resources: {{gpus: 0, cpu: "1", memory: 2Gi}}
+  gpuSharing: {{mode: none}}
+  fill: {{reservedMemory: 256Mi, minBubbleMilliseconds: 0.5, guardMilliseconds: 0.1}}
+"""
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pipefill bench trainer", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print only the JSON result")
+    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"], help="schedule (one stage per rank)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--batch", type=int, default=16, help="global batch (samples)")
+    p.add_argument("--blocks", type=int, default=6, help="alternating blocks per engine")
+    p.add_argument("--steps-per-block", type=int, default=8)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _args(argv)
+    if args.worker:
+        return _worker(args)
+    with tempfile.TemporaryDirectory(prefix="pipefill-bench-") as tmp:
+        spec = Path(tmp) / "job.yaml"
+        spec.write_text(
+            _SPEC.format(
+                layers=args.layers,
+                hidden=args.hidden,
+                heads=args.heads,
+                seq=args.seq,
+                m=args.microbatches,
+                batch=args.batch,
+                schedule=args.schedule,
+                ckpt=Path(tmp) / "ckpt",
+            )
+        )
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        procs = []
+        for rank in range(2):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "PIPEFILL_SPEC_FILE": str(spec),
+                "PIPEFILL_CPU_AFFINITY": str(rank % (os.cpu_count() or 1)),
+                "OMP_NUM_THREADS": "1",
+                "PIPEFILL_OUT_DIR": str(Path(tmp) / f"rank{rank}"),
+            }
+            cmd = [
+                sys.executable,
+                "-m",
+                "pipefill_trainer.bench",
+                "--worker",
+                str(Path(tmp) / f"result{rank}.json"),
+                *argv,
+            ]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=1800)[0] for p in procs]
+        if any(p.returncode for p in procs):
+            for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+                print(f"rank {rank} exited {p.returncode}:\n{out[-3000:]}", file=sys.stderr)
+            return 1
+        result = json.loads((Path(tmp) / "result0.json").read_text())
+        other = json.loads((Path(tmp) / "result1.json").read_text())
+    errors = result.pop("errors") + other.pop("errors")
+    result["bubble_prediction_error_median"] = statistics.median(errors) if errors else None
+    result["bubbles_measured"] = len(errors)
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("worker", "json")}
+    result["machine"] = f"{os.cpu_count()} CPU, gloo, 2 processes pinned one per core"
+    print(json.dumps(result, indent=None if args.json else 1))
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from pipefill_trainer.config import TrainerConfig
+    from pipefill_trainer.train import Trainer
+
+    trainer = Trainer(TrainerConfig.from_env(profile_steps=3))
+    stage_idx = trainer.pr.stage_ids[0]
+    module = trainer.pr.stages[stage_idx]
+    stage = PipelineStage(module, stage_idx, trainer.schedule.num_stages, trainer.device)
+    cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.flatten(0, 1).float(), target.flatten())
+
+    schedule = cls(stage, n_microbatches=trainer.m, loss_fn=loss_fn)
+    step = 0
+    for _ in range(trainer.cfg.profile_steps + 2):  # profile, then settle the predictions
+        trainer.step(step)
+        step += 1
+
+    def torch_step(k: int) -> float:
+        tokens, targets = trainer.data.batch(k, dp_rank=0)
+        trainer.pr.zero_grad()
+        t0 = time.perf_counter()
+        if trainer.pr.has_first_stage():
+            schedule.step(tokens)
+        else:
+            schedule.step(target=targets, losses=[])
+        trainer._clip_and_step(k, 0.0)
+        return time.perf_counter() - t0
+
+    torch_step(0)  # torch's first step infers shapes
+    ours: list[float] = []
+    theirs: list[float] = []
+    errors: list[float] = []
+    for _ in range(args.blocks):
+        dist.barrier()
+        for _ in range(args.steps_per_block):
+            _, step_s, _ = trainer.step(step)
+            ours.append(step_s)
+            assert trainer.announcer is not None
+            for rec in trainer.announcer.records:
+                measured = (rec.end_ns - rec.start_ns) / 1e9
+                if rec.predicted_s > 0 and measured > 0:
+                    errors.append(abs(rec.predicted_s - measured) / measured)
+            step += 1
+        dist.barrier()
+        for _ in range(args.steps_per_block):
+            theirs.append(torch_step(step))
+            step += 1
+    ours_s, torch_s = statistics.median(ours), statistics.median(theirs)
+    result: dict[str, Any] = {
+        "ours_step_s": ours_s,
+        "torch_step_s": torch_s,
+        "ratio": ours_s / torch_s,
+        "steps_per_engine": len(ours),
+        "errors": errors,
+    }
+    Path(args.worker).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
