@@ -26,13 +26,13 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs up to 
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pipefill crds --check crds/ --docs docs/api.md
+	$(BIN)/pipefill crds --check crds/ charts/pipefill/crds/ --docs docs/api.md
 
 test: lint ## lint, then the whole test suite
 	$(BIN)/pytest -q
 
 crds: $(STAMP) ## regenerate crds/ from the spec models
-	$(BIN)/pipefill crds --write crds/ --docs docs/api.md
+	$(BIN)/pipefill crds --write crds/ charts/pipefill/crds/ --docs docs/api.md
 
 fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format .

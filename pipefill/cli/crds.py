@@ -25,15 +25,17 @@ def render() -> dict[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", metavar="DIR", type=Path, help="write the CRDs into DIR")
-    mode.add_argument("--check", metavar="DIR", type=Path, help="fail if DIR's CRDs differ from the models")
+    mode.add_argument("--write", metavar="DIR", type=Path, nargs="+", help="write the CRDs into each DIR")
+    mode.add_argument(
+        "--check", metavar="DIR", type=Path, nargs="+", help="fail if a DIR's CRDs differ from the models"
+    )
     parser.add_argument(
         "--docs", metavar="FILE", type=Path, default=None, help="also write or check this API reference"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    wanted = {(args.write or args.check) / name: text for name, text in render().items()}
+    wanted = {folder / name: text for folder in (args.write or args.check) for name, text in render().items()}
     if args.docs is not None:
         wanted[args.docs] = api_reference()
     if args.write:

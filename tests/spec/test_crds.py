@@ -117,3 +117,19 @@ def test_examples_cover_the_promised_cases() -> None:
 def test_crd_yaml_files_parse_as_yaml() -> None:
     for path in (ROOT / "crds").glob("*.yaml"):
         assert yaml.safe_load(path.read_text())["kind"] == "CustomResourceDefinition"
+
+
+def test_crds_check_fails_on_stale_or_missing_files_and_passes_after_write(tmp_path: Path) -> None:
+    from pipefill.cli import main
+
+    assert main(["crds", "--check", str(tmp_path)]) == 1
+    assert main(["crds", "--write", str(tmp_path), "--docs", str(tmp_path / "api.md")]) == 0
+    assert main(["crds", "--check", str(tmp_path), "--docs", str(tmp_path / "api.md")]) == 0
+    stale = tmp_path / "pipefill.io_filljobs.yaml"
+    stale.write_text(stale.read_text().replace("maxParallelRanks", "maxParallel"))
+    assert main(["crds", "--check", str(tmp_path)]) == 1
+
+
+def test_chart_ships_the_generated_crds() -> None:
+    for name, text in render().items():
+        assert (ROOT / "charts" / "pipefill" / "crds" / name).read_text(encoding="utf-8") == text
