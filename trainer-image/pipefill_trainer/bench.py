@@ -148,7 +148,10 @@ def _worker(args: argparse.Namespace) -> int:
             schedule.step(tokens)
         else:
             schedule.step(target=targets, losses=[])
-        trainer._clip_and_step(k, 0.0)
+        # the same step end as ours: grad-norm all-reduce, clipping, AdamW
+        stats = torch.stack([trainer.pr.grad_sq_norm(), torch.zeros(()), torch.zeros(())])
+        dist.all_reduce(stats)
+        trainer._clip_and_step(k, float(stats[0]))
         return time.perf_counter() - t0
 
     torch_step(0)  # torch's first step infers shapes
@@ -161,9 +164,9 @@ def _worker(args: argparse.Namespace) -> int:
             _, step_s, _ = trainer.step(step)
             ours.append(step_s)
             assert trainer.announcer is not None
-            for rec in trainer.announcer.records:
+            for rec in trainer.announcer.records:  # the bubbles big enough to announce
                 measured = (rec.end_ns - rec.start_ns) / 1e9
-                if rec.predicted_s > 0 and measured > 0:
+                if rec.predicted_s >= trainer.announcer.min_bubble_s and measured > 0:
                     errors.append(abs(rec.predicted_s - measured) / measured)
             step += 1
         dist.barrier()

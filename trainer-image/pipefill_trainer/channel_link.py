@@ -32,9 +32,11 @@ def connect_producer(cfg: TrainerConfig, *, device: torch.device) -> Any:
         return None
     try:
         from pipefill import channel
-    except ImportError:
+
+        producer_cls = channel.Producer  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):
         print(f"rank {cfg.rank}: pipefill.channel is not available; bubbles are measured but not announced", flush=True)
         return None
-    producer = channel.Producer(cfg.channel_dir)  # adapted when the channel lands
+    producer = producer_cls(cfg.channel_dir)
     producer.publish_device(uuids=device_uuids(device), device=str(device))
     return producer

@@ -9,24 +9,25 @@
 3. *Announce*: the executor calls :meth:`BubbleAnnouncer.wait_begin` right before it blocks; a slot predicted at
    least ``spec.fill.minBubbleMilliseconds`` long is opened on the channel with its predicted duration and the free
    device memory, and closed in :meth:`wait_end` when the wait returns.
-4. *Learn*: after each step every slot's prediction moves toward the measured idle time (EWMA, weight ``alpha``); a
-   wait where no bubble was predicted becomes a new slot.
+4. *Learn*: after each step every slot's prediction becomes the median of its last measured idle times (seeded by
+   the simulator's value); a wait where no bubble was predicted becomes a new slot.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipefill.schedules.costs import Costs
-from pipefill.schedules.model import Action, Kind, Schedule
-from pipefill.schedules.simulate import simulate
+from pipefill.schedules.model import Action, Kind
 
-__all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "slots_from_profile", "stage_medians"]
+HISTORY = 5
+"""measurements per bubble slot that its prediction is the median of"""
+
+__all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "stage_medians"]
 
 
 class BubbleProducer(Protocol):
@@ -45,6 +46,15 @@ class Slot:
     kind: str
     predicted_s: float
     mb_idx: int = -1
+    history_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    def learn(self, measured_s: float) -> None:
+        """Prediction = median of the last :data:`HISTORY` measurements (the simulator's value seeds it): a median
+        shrugs off the odd descheduled wait that would drag a mean."""
+        if not self.history_s:
+            self.history_s.append(self.predicted_s)
+        self.history_s.append(measured_s)
+        self.predicted_s = statistics.median(self.history_s)
 
 
 @dataclass
@@ -94,17 +104,6 @@ def _kinds(actions: Sequence[Action]) -> Callable[[int], str]:
     return kind
 
 
-def slots_from_profile(schedule: Schedule, pp_rank: int, profile: dict[str, Any]) -> dict[int, Slot]:
-    """This rank's predicted bubbles, keyed by the index of the action that ends each."""
-    timeline = simulate(schedule, Costs.from_profile(profile), validate=False)
-    actions = schedule.ranks[pp_rank]
-    slots = {}
-    for b in timeline.bubbles(pp_rank):
-        mb = actions[b.before_action_idx].mb_idx if b.before_action_idx < len(actions) else -1
-        slots[b.before_action_idx] = Slot(b.before_action_idx, b.kind, b.duration_s, mb)
-    return slots
-
-
 @dataclass
 class BubbleAnnouncer:
     """The executor's :class:`~pipefill_trainer.executor.StepHooks` once the slots are known."""
@@ -114,8 +113,6 @@ class BubbleAnnouncer:
     producer: BubbleProducer | None
     min_bubble_s: float
     free_bytes: Callable[[], int]
-    alpha: float = 0.5
-    """weight of the newest measurement in a slot's prediction"""
     step: int = 0
     records: list[_Record] = field(default_factory=list)
     _open: tuple[int, _Record] | None = None
@@ -162,10 +159,10 @@ class BubbleAnnouncer:
         """Update every slot from this step's measured waits; returns the step's bubble records."""
         measured = {r.action_idx: (r.end_ns - r.start_ns) / 1e9 for r in self.records}
         for idx, slot in self.slots.items():
-            got = measured.pop(idx, 0.0)
-            slot.predicted_s += self.alpha * (got - slot.predicted_s)
+            slot.learn(measured.pop(idx, 0.0))
         assert self._kind_of is not None
-        for idx, got in measured.items():  # waits the timeline did not predict become slots
+        for idx, got in measured.items():  # waits the timeline did not predict become slots, predicted 0 so far
             mb = self.actions[idx].mb_idx if idx < len(self.actions) else -1
-            self.slots[idx] = Slot(idx, self._kind_of(idx), self.alpha * got, mb)
+            slot = self.slots[idx] = Slot(idx, self._kind_of(idx), 0.0, mb)
+            slot.learn(got)
         return self.records

@@ -1,0 +1,101 @@
+"""Fast single-process checks: partition, metrics, data, checkpoint atomicity, announcer slots."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from pipefill_trainer import checkpoint as ckpt
+from pipefill_trainer.data import TokenSource, decode, encode
+from pipefill_trainer.instrument import BubbleAnnouncer, Slot
+from pipefill_trainer.metrics import TrainerMetrics
+from pipefill_trainer.partition import LayerCosts, partition_layers
+from prometheus_client import CollectorRegistry
+
+from pipefill.schedules.model import Action, Kind
+from pipefill.spec.training import Data, DataSource
+
+
+def test_partition_gives_end_stages_fewer_blocks_when_embedding_and_head_cost() -> None:
+    ranges = partition_layers(10, 4, costs=LayerCosts(block=1.0, embed=1.0, head=2.0))
+    counts = [len(r) for r in ranges]
+    assert sum(counts) == 10 and min(counts) >= 1
+    assert max(counts[0] + 1, counts[1], counts[2], counts[3] + 2) == 4  # the optimum: 13 units over 4 stages
+    assert counts[3] < max(counts[1], counts[2])
+    assert all(a.stop == b.start for a, b in itertools.pairwise(ranges))
+
+
+def test_partition_override_is_checked() -> None:
+    assert [len(r) for r in partition_layers(6, 2, costs=LayerCosts(1, 0, 0), layers_per_stage=[1, 5])] == [1, 5]
+    with pytest.raises(ValueError, match="layersPerStage"):
+        partition_layers(6, 2, costs=LayerCosts(1, 0, 0), layers_per_stage=[3, 4])
+
+
+def test_metrics_use_the_given_registry_and_no_gpu_metrics_on_cpu() -> None:
+    registry = CollectorRegistry()
+    m = TrainerMetrics(registry)
+    m.observe_step(step_s=0.5, tokens=1000, loss=2.5, flops=1e9)
+    m.observe_bubble(kind="warm-up", measured_s=0.01, predicted_s=0.012, announced=True)
+    assert registry.get_sample_value("pipefill_trainer_loss") == 2.5
+    assert registry.get_sample_value("pipefill_trainer_tokens_per_second") == 2000
+    assert registry.get_sample_value("pipefill_trainer_bubbles_announced_total", {"kind": "warm-up"}) == 1
+    assert registry.get_sample_value("pipefill_trainer_bubble_seconds_total", {"kind": "warm-up"}) == 0.01
+    assert registry.get_sample_value("pipefill_trainer_gpu_utilization_ratio") is None
+
+
+def test_text_and_token_file_data_are_memory_mapped_and_deterministic(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, " * 100)
+    src = TokenSource(
+        Data(source=DataSource.TEXT, path=str(text)), vocab_size=256, seq_len=8, global_batch=4, data_parallel=2
+    )
+    a, b = src.batch(3, dp_rank=1), src.batch(3, dp_rank=1)
+    assert torch.equal(a[0], b[0]) and a[0].shape == (2, 8) and torch.equal(a[0][:, 1:], a[1][:, :-1])
+    assert decode(encode("héllo")) == "héllo"
+    tokens = tmp_path / "tok.bin"
+    (torch.arange(1000, dtype=torch.int16) % 50).numpy().astype("uint16").tofile(tokens)
+    src = TokenSource(
+        Data(source=DataSource.TOKEN_FILE, path=str(tokens)), vocab_size=50, seq_len=8, global_batch=2, data_parallel=1
+    )
+    x, y = src.batch(0, dp_rank=0)
+    assert int(x.max()) < 50 and torch.equal((x[:, 1:]), y[:, :-1])
+
+
+def test_checkpoint_latest_names_only_completed_steps(tmp_path: Path) -> None:
+    assert ckpt.latest_step(tmp_path) is None
+    ckpt.save_rank(tmp_path, step=4, rank=0, state={"x": 1})
+    assert ckpt.latest_step(tmp_path) is None
+    ckpt.write_latest(tmp_path, 4)
+    assert ckpt.latest_step(tmp_path) == 4
+    assert ckpt.load_rank(tmp_path, step=4, rank=0, map_location=torch.device("cpu"))["x"] == 1
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.opened: list[tuple[float, str]] = []
+        self.closed: list[int] = []
+
+    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb: int) -> int:
+        self.opened.append((expected_duration_s, kind))
+        return len(self.opened)
+
+    def close_bubble(self, bubble_id: int) -> None:
+        self.closed.append(bubble_id)
+
+
+def test_announcer_skips_short_bubbles_and_learns_from_measurements() -> None:
+    actions = [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]
+    slots = {1: Slot(1, "warm-up", 0.010, 0), 2: Slot(2, "end-of-step", 0.0001, -1)}
+    producer = _Producer()
+    ann = BubbleAnnouncer(actions=actions, slots=slots, producer=producer, min_bubble_s=0.001, free_bytes=lambda: 7)
+    ann.begin_step(5)
+    for idx in (1, 2):
+        ann.wait_begin(idx)
+        ann.wait_end(idx)
+    records = ann.end_step()
+    assert producer.opened == [(0.010, "warm-up")] and producer.closed == [1]
+    assert [r.announced for r in records] == [True, False]
+    assert slots[1].predicted_s < 0.010  # moved toward the (near-zero) measured wait
