@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_RETRYABLE",
     "FILL_GUARD_MS",
     "FILL_MIN_BUBBLE_MS",
+    "FILL_OFFLOAD",
     "FILL_RESERVED_BYTES",
     "JOB_NAME",
     "METRICS_PORT",
@@ -51,6 +52,7 @@ WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kuber
 FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill may use, bytes (spec.fill.reservedMemory)
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
+FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
 
 # Trainer exit codes; the operator restarts the job on the retryable ones (spec.runPolicy.restartOnExitCodes).
 EXIT_OK = 0
