@@ -133,6 +133,7 @@ class Trainer:
         self.registry = registry if registry is not None else CollectorRegistry()
         gpu_index = self.device.index or 0 if self.device.type == "cuda" else None
         self.metrics = TrainerMetrics(self.registry, device_index=gpu_index)
+        TrainerMetrics.serve(cfg.metrics_port, self.registry)
         self.events = EventLog(cfg.out_dir / "events.jsonl" if cfg.out_dir else None)
         self.producer: Any = None
         self.announcer: BubbleAnnouncer | None = None
