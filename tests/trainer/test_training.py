@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from conftest import launch, wait_all
 
 from pipefill import env
+from pipefill.channel import Bubble, BubbleRecord, Consumer
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.simulate import simulate
@@ -24,7 +27,7 @@ apiVersion: pipefill.io/v1alpha1
 kind: PipelineTrainingJob
 metadata: {{name: tiny}}
 spec:
-  model: {{layers: 4, hiddenSize: 32, heads: 2, seqLen: 16, vocabSize: 64}}
+  model: {{layers: 4, hiddenSize: {hidden}, heads: 2, seqLen: {seq}, vocabSize: 64}}
   data: {{source: synthetic, seed: 3}}
   pipeline: {{stages: {stages}, microbatches: {m}, globalBatch: {batch}, schedule: {schedule}}}
   optimizer: {{learningRate: 0.01, warmupSteps: 2}}
@@ -32,19 +35,22 @@ spec:
   checkpoint: {{path: {ckpt}, intervalSteps: {interval}}}
   resources: {{gpus: 0, cpu: "1", memory: 1Gi}}
   gpuSharing: {{mode: none}}
-  fill: {{reservedMemory: 64Mi, minBubbleMilliseconds: 0.5, guardMilliseconds: 0.1}}
+  fill: {{enabled: {fill}, reservedMemory: 64Mi, minBubbleMilliseconds: 0.5, guardMilliseconds: 0.1}}
 """
 
 
 def write_spec(tmp: Path, name: str, **kw: object) -> Path:
     values = {
         "stages": 2,
+        "hidden": 32,
+        "seq": 16,
         "m": 4,
         "batch": 8,
         "schedule": "1f1b",
         "steps": 6,
         "interval": 3,
         "ckpt": tmp / f"{name}-ckpt",
+        "fill": "false",
     }
     values.update(kw)
     path = tmp / f"{name}.yaml"
@@ -82,18 +88,35 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
         assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
 
-def test_replay_reproduces_the_simulated_bubbles(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0)
-    out = tmp_path / "out"
+def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0, fill="true")
+    out, channel = tmp_path / "out", tmp_path / "channel"
+    received: list[Bubble] = []
+    history: list[BubbleRecord] = []
+
+    def consume() -> None:
+        with Consumer.attach(channel_dir=channel, timeout_s=60) as ch:
+            while True:
+                bubble = ch.wait_bubble(timeout_s=0.5)
+                if bubble is not None:
+                    received.append(bubble)
+                    ch.acknowledge(bubble.id, used_s=0.0)
+                elif not ch.trainer_alive():
+                    history.extend(ch.history())
+                    return
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
     proc = subprocess.run(
         [sys.executable, "-m", "pipefill_trainer", "--replay-stage", "1"],
-        env={**__import__("os").environ, env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), "OMP_NUM_THREADS": "1"},
+        env={**os.environ, env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), env.CHANNEL_DIR: str(channel)},
         capture_output=True,
         text=True,
         timeout=100,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "REPLAY MODE" in proc.stdout
+    consumer.join(timeout=10)
     profile = json.loads((out / "profile.json").read_text())
     assert profile["replay"] is True
     timeline = simulate(build_schedule("1f1b", ranks=4, microbatches=4), Costs.from_profile(profile))
@@ -106,6 +129,17 @@ def test_replay_reproduces_the_simulated_bubbles(tmp_path: Path) -> None:
         kind, got_s = measured[b.before_action_idx]
         assert kind == b.kind
         assert got_s == pytest.approx(b.duration_s, rel=0.5, abs=0.01), (b, got_s)
+    # the consumer saw exactly the announced bubbles, with their kinds, steps and predicted durations
+    announced = [r for r in recs if r["type"] == "bubble" and r["announced"]]
+    assert announced, "no bubble was announced"
+    assert [(str(h.kind), h.step) for h in history] == [(r["kind"], r["step"]) for r in announced]
+    for h, r in zip(history, announced, strict=True):
+        assert h.predicted_s == pytest.approx(r["predicted_s"], abs=1e-6)
+        assert h.actual_s == pytest.approx((r["end_ns"] - r["start_ns"]) / 1e9, abs=1e-3)
+    step7 = {str(h.kind) for h in history if h.step == 7}
+    assert step7 >= {b.kind for b in predicted if b.duration_s >= 0.0005}  # plus slots learned from measured waits
+    # live: a woken consumer sees most bubbles while they are open (a short one may close before it looks)
+    assert received and {b.id for b in received} <= {h.id for h in history}
 
 
 def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Path) -> None:
@@ -139,7 +173,7 @@ def test_invalid_world_size_is_a_permanent_error(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "bad")
     proc = subprocess.run(
         [sys.executable, "-m", "pipefill_trainer"],
-        env={**__import__("os").environ, env.SPEC_FILE: str(spec), "WORLD_SIZE": "3", "RANK": "0"},
+        env={**os.environ, env.SPEC_FILE: str(spec), "WORLD_SIZE": "3", "RANK": "0"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -78,7 +78,7 @@ class _Producer:
         self.opened: list[tuple[float, str]] = []
         self.closed: list[int] = []
 
-    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb: int) -> int:
+    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb_idx: int) -> int:
         self.opened.append((expected_duration_s, kind))
         return len(self.opened)
 

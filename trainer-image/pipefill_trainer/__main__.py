@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if trainer is not None:
             trainer.events.close()
+            if trainer.producer is not None:
+                trainer.producer.close()
 
 
 if __name__ == "__main__":

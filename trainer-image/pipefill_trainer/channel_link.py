@@ -1,7 +1,8 @@
 """Connect the trainer to the bubble channel (``pipefill.channel``) as its producer.
 
 Kept apart so the rest of the trainer depends only on the small :class:`~pipefill_trainer.instrument.BubbleProducer`
-protocol. Without a channel directory (fill disabled) bubbles are measured and logged but not announced.
+protocol. The channel is created at startup, before the first step, so the fill executor can attach while the trainer
+profiles. Without a channel directory (fill disabled) bubbles are measured and logged but not announced.
 """
 
 from __future__ import annotations
@@ -20,23 +21,23 @@ def device_uuids(device: torch.device) -> list[str]:
     if device.type != "cuda":
         return []
     try:
-        props = torch.cuda.get_device_properties(device)
-        return [f"GPU-{props.uuid}"]
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
     except (AttributeError, RuntimeError):
         return []
+    return [uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
 
 
-def connect_producer(cfg: TrainerConfig, *, device: torch.device) -> Any:
+def connect_producer(cfg: TrainerConfig, *, device: torch.device, stage_idx: int, num_stages: int) -> Any:
     """The channel producer for this rank, or ``None`` when bubbles are not to be announced."""
     if cfg.channel_dir is None:
         return None
-    try:
-        from pipefill import channel
+    from pipefill.channel import Producer
 
-        producer_cls = channel.Producer  # type: ignore[attr-defined]
-    except (ImportError, AttributeError):
-        print(f"rank {cfg.rank}: pipefill.channel is not available; bubbles are measured but not announced", flush=True)
-        return None
-    producer = producer_cls(cfg.channel_dir)
-    producer.publish_device(uuids=device_uuids(device), device=str(device))
-    return producer
+    return Producer.create(
+        channel_dir=cfg.channel_dir,
+        job_name=cfg.job.name,
+        rank=cfg.rank,
+        stage_idx=stage_idx,
+        num_stages=num_stages,
+        gpu_uuids=device_uuids(device),
+    )

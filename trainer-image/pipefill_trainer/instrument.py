@@ -33,7 +33,7 @@ __all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "stage_
 class BubbleProducer(Protocol):
     """The producer side of the bubble channel; every call is bounded and never blocks."""
 
-    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb: int) -> int: ...
+    def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb_idx: int) -> int: ...
 
     def close_bubble(self, bubble_id: int) -> None: ...
 
@@ -139,7 +139,7 @@ class BubbleAnnouncer:
                 free_bytes=self.free_bytes(),
                 kind=slot.kind,
                 step=self.step,
-                mb=slot.mb_idx,
+                mb_idx=slot.mb_idx,
             )
             rec.announced = True
             self._open = (bubble_id, rec)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.simulate import simulate
-from pipefill_trainer.channel_link import connect_producer
 from pipefill_trainer.instrument import BubbleAnnouncer, Slot, build_profile
 
 if TYPE_CHECKING:
@@ -80,8 +79,7 @@ def finish_profile(trainer: Trainer, medians: dict[int, dict[str, float]]) -> Bu
         spans = timeline.ranks[pp_rank].actions
         trainer.transport.release_s = {i: spans[i].start_s for i in range(len(spans))}
         trainer.replay_step_s = timeline.step_s
-    producer = connect_producer(trainer.cfg, device=trainer.device)
-    trainer.producer = producer
+    producer = trainer.producer
     announcer = BubbleAnnouncer(
         actions=actions,
         slots=slots,

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.model import Schedule
 from pipefill_trainer import checkpoint as ckpt
+from pipefill_trainer.channel_link import connect_producer
 from pipefill_trainer.comm import DistTransport, ReplayTransport
 from pipefill_trainer.config import ConfigError, TrainerConfig
 from pipefill_trainer.data import TokenSource
@@ -135,7 +136,9 @@ class Trainer:
         self.metrics = TrainerMetrics(self.registry, device_index=gpu_index)
         TrainerMetrics.serve(cfg.metrics_port, self.registry)
         self.events = EventLog(cfg.out_dir / "events.jsonl" if cfg.out_dir else None)
-        self.producer: Any = None
+        self.producer: Any = connect_producer(
+            cfg, device=self.device, stage_idx=self.pr.stage_ids[0], num_stages=self.schedule.num_stages
+        )
         self.announcer: BubbleAnnouncer | None = None
         self._durations: list[list[float]] = []
         self._stop = False
@@ -246,6 +249,8 @@ class Trainer:
         step_s = (time.monotonic_ns() - t0) / 1e9
         self.losses[step] = loss
         self.watchdog.beat()
+        if self.producer is not None:
+            self.producer.heartbeat()
         flops = tokens_per_step * self.model_cfg.flops_per_token()
         self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
         self._after_step(step)
