@@ -7,10 +7,13 @@ give their containers; on CPU one core plays one GPU (a stage's trainer and its 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from pipefill.local.report import write_report
 from pipefill.local.runner import LocalRun, describe_error, load_manifests
 from pipefill.spec import SpecError
 
@@ -52,5 +55,31 @@ def run(args: argparse.Namespace) -> int:
     outcome = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin).run()
     for line in outcome.events:
         print(line)
+    files = write_report(
+        job,
+        out_dir,
+        outcome={
+            "code": outcome.code,
+            "reason": outcome.reason,
+            "job_restarts": outcome.job_restarts,
+            "fill_restarts": outcome.fill_restarts,
+        },
+    )
+    report = json.loads(Path(files["report.json"]).read_text(encoding="utf-8"))
     print(f"{outcome.reason}; outputs in {out_dir}")
+    print(_summary(report))
+    for name, path in files.items():
+        print(f"  {name}: {path}")
     return outcome.code
+
+
+def _summary(report: dict[str, Any]) -> str:
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+
+    fills = ", ".join(f"{n} {r['committed']}/{r['total']}" for n, r in report["fill_jobs"].items()) or "none"
+    return (
+        f"steps {report['steps']}, loss {report['loss_first']} -> {report['loss_last']}, "
+        f"step {report['step_s_median']} s (median), bubble fraction {pct(report['bubble_fraction'])}, "
+        f"bubble recovery {pct(report['bubble_recovery'])}, fill jobs: {fills}"
+    )

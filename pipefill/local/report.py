@@ -1,0 +1,231 @@
+"""The report of a local run, built from the event logs the trainers and fill executors write.
+
+``report.json`` (configuration, step times, bubbles per rank and kind, fill work, recovery), ``report.md``,
+``trace.json`` (Chrome/Perfetto: one process per rank with tracks for the trainer's actions, the announced bubbles and
+the fill work inside them) and ``timeline.png`` (the same, for the last steps; needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pipefill.spec import PipelineTrainingJob, to_obj
+
+__all__ = ["build_report", "read_jsonl", "write_report"]
+
+_TRAINER_LOG = "events.jsonl"
+_FILL_LOG = "fill-events.jsonl"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSONL log; a torn last line (a crash mid-write) is skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _logs(out_dir: Path, rank: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    base = out_dir / "ranks" / str(rank)
+    return read_jsonl(base / "trainer" / _TRAINER_LOG), read_jsonl(base / "fill-executor" / _FILL_LOG)
+
+
+def _fill_spans(fill: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(start_ns, end_ns) of the fill's work inside each bubble it used."""
+    return [(int(e["woke_ns"]), int(e["yielded_ns"])) for e in fill if e.get("event") == "bubble" and e.get("steps")]
+
+
+def _rank_stats(trainer: list[dict[str, Any]], fill: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = [e for e in trainer if e.get("type") == "step"]
+    bubbles = [e for e in trainer if e.get("type") == "bubble"]
+    measured_steps = {e["step"] for e in bubbles}
+    step_s = sum(e["step_s"] for e in steps if e["step"] in measured_steps)
+    by_kind: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "total_s": 0.0, "announced_s": 0.0})
+    for b in bubbles:
+        d = (b["end_ns"] - b["start_ns"]) / 1e9
+        row = by_kind[b["kind"]]
+        row["count"] += 1
+        row["total_s"] += d
+        row["announced_s"] += d if b.get("announced") else 0.0
+    bubble_s = sum(r["total_s"] for r in by_kind.values())
+    announced_s = sum(r["announced_s"] for r in by_kind.values())
+    busy_s = sum(e - s for s, e in _fill_spans(fill)) / 1e9
+    overruns = [float(e.get("overrun_s") or 0.0) for e in fill if e.get("event") == "bubble" and e.get("steps")]
+    return {
+        "steps_measured": len(measured_steps),
+        "bubble_fraction": bubble_s / step_s if step_s else None,
+        "bubble_s": bubble_s,
+        "announced_bubble_s": announced_s,
+        "by_kind": dict(by_kind),
+        "fill_busy_s": busy_s,
+        "bubble_recovery": busy_s / announced_s if announced_s else None,
+        "fill_bubbles_used": len(overruns),
+        "fill_overrun_max_s": max(overruns, default=0.0),
+    }
+
+
+def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, Any]:
+    """Everything ``report.json`` holds."""
+    ranks = []
+    fill_jobs: dict[str, dict[str, Any]] = {}
+    for rank in range(job.world_size):
+        trainer, fill = _logs(out_dir, rank)
+        ranks.append({"rank": rank, **_rank_stats(trainer, fill)})
+        for e in fill:
+            if e.get("event") in ("commit", "job") and e.get("job"):
+                row = fill_jobs.setdefault(e["job"], {"committed": 0, "total": None, "phase": "Running"})
+                row["committed"] = max(row["committed"], int(e.get("end", e.get("committed", 0)) or 0))
+                row["total"] = e.get("total", row["total"])
+                row["phase"] = e.get("phase", row["phase"])
+    trainer0, _ = _logs(out_dir, 0)
+    steps = [e for e in trainer0 if e.get("type") == "step"]
+    later = [e["step_s"] for e in steps[len(steps) // 3 :]] or [e["step_s"] for e in steps]
+    announced = sum(r["announced_bubble_s"] for r in ranks)
+    busy = sum(r["fill_busy_s"] for r in ranks)
+    fractions = [r["bubble_fraction"] for r in ranks if r["bubble_fraction"] is not None]
+    return {
+        "job": to_obj(job),
+        "outcome": outcome,
+        "emulation": "CPU: one core plays one GPU; a stage's trainer and fill executor share it",
+        "steps": len(steps),
+        "loss_first": steps[0]["loss"] if steps else None,
+        "loss_last": steps[-1]["loss"] if steps else None,
+        "step_s_median": statistics.median(later) if later else None,
+        "tokens_per_s_median": statistics.median(e["tokens_per_s"] for e in steps) if steps else None,
+        "bubble_fraction": statistics.fmean(fractions) if fractions else None,
+        "bubble_recovery": busy / announced if announced else None,
+        "fill_busy_s": busy,
+        "ranks": ranks,
+        "fill_jobs": fill_jobs,
+    }
+
+
+def _trace(job: PipelineTrainingJob, out_dir: Path) -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    logs = [_logs(out_dir, r) for r in range(job.world_size)]
+    starts = [e["start_ns"] for t, _ in logs for e in t if "start_ns" in e]
+    t0 = min(starts, default=0)
+    for rank, (trainer, fill) in enumerate(logs):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        for tid, name in ((1, "trainer actions"), (2, "bubbles"), (3, "fill work")):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+        for e in trainer:
+            if e.get("type") in ("action", "bubble"):
+                tid = 1 if e["type"] == "action" else 2
+                name = e["action"] if tid == 1 else e["kind"]
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": rank,
+                        "tid": tid,
+                        "name": name,
+                        "ts": (e["start_ns"] - t0) / 1e3,
+                        "dur": (e["end_ns"] - e["start_ns"]) / 1e3,
+                        "args": {"step": e["step"]},
+                    }
+                )
+        for s, end in _fill_spans(fill):
+            events.append(
+                {"ph": "X", "pid": rank, "tid": 3, "name": "fill", "ts": (s - t0) / 1e3, "dur": (end - s) / 1e3}
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: int = 2) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    logs = [_logs(out_dir, r) for r in range(job.world_size)]
+    final = max((e["step"] for t, _ in logs for e in t if e.get("type") == "action"), default=-1)
+    keep = set(range(final - last_steps + 1, final + 1))
+    # A restarted job appends to the same logs: take the newest occurrence of the kept steps (the clock only grows).
+    firsts = [e["start_ns"] for t, _ in logs for e in t if e.get("type") == "action" and e["step"] == min(keep)]
+    begin = max(firsts, default=0) - 1
+    spans = [e for t, _ in logs for e in t if e.get("type") in ("action", "bubble") and e["step"] in keep and e["start_ns"] >= begin - 10**9]
+    if not spans:
+        return False
+    t0 = min(e["start_ns"] for e in spans)
+    t1 = max(e["end_ns"] for e in spans)
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * job.world_size))
+    colors = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#8172b3"}
+    for rank, (trainer, fill) in enumerate(logs):
+        y = job.world_size - 1 - rank
+        for e in trainer:
+            if e.get("step") not in keep or e.get("type") not in ("action", "bubble") or e["start_ns"] < t0:
+                continue
+            x, w = (e["start_ns"] - t0) / 1e6, (e["end_ns"] - e["start_ns"]) / 1e6
+            if e["type"] == "action":
+                kind = next((c for c in e["action"] if c in colors), "F")
+                ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors=colors[kind])
+            else:
+                ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors="none", edgecolors="grey", hatch="//")
+        for s, end in _fill_spans(fill):
+            if t0 <= s <= t1:
+                ax.broken_barh([((s - t0) / 1e6, (end - s) / 1e6)], (y + 0.35, 0.3), facecolors="#55a868")
+    ax.set_yticks(
+        [job.world_size - 1 - r + 0.5 for r in range(job.world_size)], [f"rank {r}" for r in range(job.world_size)]
+    )
+    ax.set_xlabel("ms (last steps)")
+    ax.set_title(f"{job.name}: actions (F blue, B orange), bubbles hatched, fill work green")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{100 * v:.1f}%"
+
+    lines = [
+        f"# Local run of {report['job']['metadata']['name']}",
+        "",
+        f"- outcome: {report['outcome']['reason']} (exit {report['outcome']['code']})",
+        f"- {report['emulation']}",
+        f"- steps: {report['steps']}; loss {report['loss_first']} → {report['loss_last']}",
+        f"- step time (median, later steps): {report['step_s_median']} s; tokens/s: {report['tokens_per_s_median']}",
+        f"- bubble fraction: {pct(report['bubble_fraction'])}; bubble recovery (fill busy ÷ announced bubble time): {pct(report['bubble_recovery'])}",
+        "",
+        "| rank | bubble fraction | bubble s | announced s | fill busy s | recovery |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["ranks"]:
+        lines.append(
+            f"| {r['rank']} | {pct(r['bubble_fraction'])} | {r['bubble_s']:.3f} | {r['announced_bubble_s']:.3f} | {r['fill_busy_s']:.3f} | {pct(r['bubble_recovery'])} |"
+        )
+    lines += ["", "| fill job | committed | total | phase |", "|---|---|---|---|"]
+    for name, row in report["fill_jobs"].items():
+        lines.append(f"| {name} | {row['committed']} | {row['total']} | {row['phase']} |")
+    lines += ["", *(f"- {k}: `{v}`" for k, v in files.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, str]:
+    """Write every report file into ``out_dir``; returns name -> path of what was written."""
+    report = build_report(job, out_dir, outcome=outcome)
+    files = {
+        "report.json": str(out_dir / "report.json"),
+        "report.md": str(out_dir / "report.md"),
+        "trace": str(out_dir / "trace.json"),
+    }
+    (out_dir / "trace.json").write_text(json.dumps(_trace(job, out_dir)), encoding="utf-8")
+    if _plot(job, out_dir, out_dir / "timeline.png"):
+        files["timeline"] = str(out_dir / "timeline.png")
+    (out_dir / "report.json").write_text(
+        json.dumps({**report, "files": files}, indent=2, default=str), encoding="utf-8"
+    )
+    (out_dir / "report.md").write_text(_markdown(report, files), encoding="utf-8")
+    return files

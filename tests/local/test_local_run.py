@@ -1,0 +1,100 @@
+"""`pipefill local` end to end on a tiny job: real trainer and fill-executor processes, report files that agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipefill.local.report import read_jsonl
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(tmp: Path, *, steps: int, fill: bool) -> Path:
+    job = yaml.safe_load((ROOT / "examples" / "cpu-demo.yaml").read_text())
+    job["spec"]["model"] = {"layers": 2, "hiddenSize": 32, "heads": 2, "seqLen": 16, "vocabSize": 256}
+    job["spec"]["data"] = {"source": "synthetic"}
+    job["spec"]["steps"] = steps
+    job["spec"]["checkpoint"] = {"path": str(tmp / "ckpt"), "intervalSteps": 5}
+    job["spec"]["fill"]["enabled"] = fill
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _local(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipefill", "local", *args], capture_output=True, text=True, timeout=110, **kw
+    )  # type: ignore[call-overload, no-any-return]
+
+
+def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = _local("-f", str(_job(tmp_path, steps=8, fill=False)), "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "training finished" in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    steps = [e for e in read_jsonl(out / "ranks" / "0" / "trainer" / "events.jsonl") if e["type"] == "step"]
+    assert report["steps"] == len(steps) == 8
+    assert report["loss_last"] == steps[-1]["loss"]
+    assert 0 < report["bubble_fraction"] < 1
+    trace = json.loads((out / "trace.json").read_text())
+    actions = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["tid"] == 1]
+    logged = sum(
+        1
+        for r in (0, 1)
+        for e in read_jsonl(out / "ranks" / str(r) / "trainer" / "events.jsonl")
+        if e["type"] == "action"
+    )
+    assert len(actions) == logged
+    assert (out / "report.md").read_text().count("| 0 |") == 1
+    assert (out / "timeline.png").stat().st_size > 1000
+
+
+def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) -> None:
+    bad = yaml.safe_load((ROOT / "examples" / "cpu-demo.yaml").read_text())
+    bad["spec"]["pipeline"]["globalBatch"] = 10
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    done = _local("-f", str(path))
+    assert done.returncode == 2
+    assert "spec.pipeline.globalBatch: Invalid value: 10" in done.stderr
+
+
+def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipefill",
+            "local",
+            "-f",
+            str(_job(tmp_path, steps=100000, fill=False)),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and sum(1 for e in read_jsonl(events) if e.get("type") == "step") < 6:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    assert (tmp_path / "ckpt").exists()
+    children = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert [c for c in children if int(c) != os.getpid()] == []
