@@ -1,0 +1,79 @@
+"""Paths in the channel directory and the two ownership locks.
+
+Ownership uses open-file-description locks (``F_OFD_SETLK``) on two lock files: the kernel drops them when the
+holder dies, and the *other* side can test them without taking them (``F_OFD_GETLK``), which is how each side
+learns that its peer died, at once and across the containers' separate PID namespaces (pids are not comparable
+there, and a heartbeat cannot tell a dead trainer from one inside a long step). Nobody ever waits on these locks.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+from pathlib import Path
+
+from pipefill.channel.errors import ChannelBusyError, ChannelError
+
+__all__ = ["CHANNEL_FILE", "DEFAULT_CHANNEL_DIR", "FILL_LOCK", "TRAINER_LOCK", "OwnerLock", "resolve_dir"]
+
+DEFAULT_CHANNEL_DIR = "/run/pipefill"
+"""Where both containers mount the memory-backed emptyDir; ``PIPEFILL_CHANNEL_DIR`` overrides it."""
+CHANNEL_ENV = "PIPEFILL_CHANNEL_DIR"
+CHANNEL_FILE = "channel"
+TRAINER_LOCK = "trainer.lock"
+FILL_LOCK = "fill.lock"
+FILE_MODE = 0o666  # the two containers may run as different users; the emptyDir is private to the pod
+
+# struct flock on 64-bit Linux (x86-64 and arm64 share it): l_type, l_whence, l_start, l_len, l_pid, padding.
+_FLOCK = struct.Struct("@hhqqi4x")
+_F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+_F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", None)
+
+
+def resolve_dir(channel_dir: str | os.PathLike[str] | None) -> Path:
+    """``channel_dir``, else ``$PIPEFILL_CHANNEL_DIR``, else ``/run/pipefill``."""
+    if channel_dir is not None:
+        return Path(channel_dir)
+    return Path(os.environ.get(CHANNEL_ENV) or DEFAULT_CHANNEL_DIR)
+
+
+def _require_ofd() -> tuple[int, int]:
+    if _F_OFD_SETLK is None or _F_OFD_GETLK is None or struct.calcsize("@l") != 8:
+        raise ChannelError("the bubble channel needs 64-bit Linux (open file description locks); this host has none")
+    return _F_OFD_SETLK, _F_OFD_GETLK
+
+
+class OwnerLock:
+    """One lock file: its owner takes it; the peer only tests whether someone holds it."""
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        self._setlk, self._getlk = _require_ofd()
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags, FILE_MODE)
+        if create:
+            os.fchmod(self.fd, FILE_MODE)
+
+    def acquire(self, *, who: str, holder: str) -> None:
+        """Take the lock without waiting; ChannelBusyError naming ``holder`` when another process has it."""
+        try:
+            fcntl.fcntl(self.fd, self._setlk, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise ChannelBusyError(
+                    f"{self.path} is held by a live {who} ({holder}): one {who} per channel directory; "
+                    f"stop the other {who} or give this one its own PIPEFILL_CHANNEL_DIR"
+                ) from None
+            raise
+
+    def held(self) -> bool:
+        """Whether some open file description holds the lock (one fcntl; never waits)."""
+        out = fcntl.fcntl(self.fd, self._getlk, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        return bool(_FLOCK.unpack(out)[0] != fcntl.F_UNLCK)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,254 @@
+"""The fill executor's side of the bubble channel: wait for a bubble, work while it is open, answer.
+
+Waiting sleeps on a futex (the low half of ``bubble_seq``) after publishing ``fill_waiting = 1``, so the trainer
+pays a FUTEX_WAKE only when someone sleeps. The sleep is cut into slices of ``SLICE_S``: between slices the
+consumer checks that the trainer lives (its lock is held) and whether a restarted trainer replaced the file, in
+which case it re-attaches by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+from pipefill.channel import layout as L
+from pipefill.channel._files import CHANNEL_FILE, FILL_LOCK, TRAINER_LOCK, OwnerLock, resolve_dir
+from pipefill.channel._mapping import Mapping
+from pipefill.channel.errors import ChannelNotFoundError
+from pipefill.channel.futex import Futex
+from pipefill.channel.model import Bubble, BubbleKind, BubbleRecord, ChannelInfo
+
+__all__ = ["Consumer"]
+
+SLICE_S = 0.05
+"""Longest futex sleep between liveness checks: bounds death detection and the (theoretical) lost wake-up."""
+POLL_S = 0.02
+"""Poll period while no live trainer owns the channel (waiting for the directory, the file or a restart)."""
+
+
+class Consumer:
+    """Attached to one channel directory as its fill executor. Use :meth:`attach`. Not thread-safe, except that
+    :meth:`is_open` and :meth:`remaining_s` may be called from any thread."""
+
+    def __init__(self, *, directory: Path, fill_lock: OwnerLock, trainer_lock: OwnerLock, mapping: Mapping) -> None:
+        self._dir = directory
+        self._fill_lock = fill_lock
+        self._trainer_lock = trainer_lock
+        self._totals = [0, 0, 0, 0]  # acked, used_ns, overrun_ns, work since attach
+        self._current: Bubble | None = None
+        self._last_id = 0
+        self._use(mapping)
+
+    @classmethod
+    def attach(cls, *, channel_dir: str | os.PathLike[str] | None = None, timeout_s: float = 30.0) -> Consumer:
+        """Attach to the channel in ``channel_dir`` (default ``$PIPEFILL_CHANNEL_DIR`` or ``/run/pipefill``),
+        waiting up to ``timeout_s`` for the directory, the file and a live trainer owning it.
+
+        Raises ChannelNotFoundError when they do not appear in time, ChannelLayoutError / ChannelVersionError for a
+        file that is not a channel of this layout version, ChannelBusyError when another fill executor is attached."""
+        directory = resolve_dir(channel_dir)
+        deadline = time.monotonic() + timeout_s
+        while not directory.is_dir():
+            if time.monotonic() >= deadline:
+                raise ChannelNotFoundError(
+                    f"channel directory {directory} does not exist after waiting {timeout_s:g} s: mount the shared "
+                    "memory-backed emptyDir there in both containers, or set PIPEFILL_CHANNEL_DIR to it"
+                )
+            time.sleep(POLL_S)
+        fill_lock = OwnerLock(directory / FILL_LOCK, create=True)
+        trainer_lock: OwnerLock | None = None
+        mapping: Mapping | None = None
+        try:
+            fill_lock.acquire(who="fill executor", holder="another process of this pod")
+            why = ""
+            while mapping is None:
+                if trainer_lock is None and (directory / TRAINER_LOCK).exists():
+                    trainer_lock = OwnerLock(directory / TRAINER_LOCK, create=False)
+                if trainer_lock is not None:
+                    mapping, why = _open_live(directory, trainer_lock)
+                else:
+                    why = "no trainer has created the channel yet"
+                if mapping is None:
+                    if time.monotonic() >= deadline:
+                        raise ChannelNotFoundError(
+                            f"no live trainer's channel in {directory} after {timeout_s:g} s: {why}"
+                        )
+                    time.sleep(POLL_S)
+        except BaseException:
+            fill_lock.close()
+            if trainer_lock is not None:
+                trainer_lock.close()
+            raise
+        if trainer_lock is None:  # pragma: no cover - a mapping implies the lock file
+            raise ChannelNotFoundError(f"{directory / TRAINER_LOCK} vanished")
+        return cls(directory=directory, fill_lock=fill_lock, trainer_lock=trainer_lock, mapping=mapping)
+
+    def wait_bubble(self, timeout_s: float) -> Bubble | None:
+        """The next bubble the trainer opens (or one open now that this consumer has not returned yet), or None
+        after ``timeout_s``. Returns None early when the trainer dies during the call; while no live trainer owns
+        the channel it waits for a restarted one and re-attaches. Sleeps in the kernel; never spins."""
+        deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+        alive = was_alive = self._refresh()
+        while True:
+            m = self._m
+            if alive:
+                snap = m.read_bubble()
+                seen = snap[0] if snap else m.u64(L.OFF_BUBBLE_SEQ)
+                if snap is not None:
+                    bid, state, kind, open_ns, end_ns, free_bytes, step, mb_idx, _, _ = snap[1]
+                    if state == L.BUBBLE_OPEN and bid > self._last_id and m.channel_state() == L.STATE_READY:
+                        self._last_id = bid
+                        b = Bubble(
+                            bid, BubbleKind.from_code(kind), open_ns, end_ns, free_bytes, step, mb_idx, self._gen
+                        )
+                        self._current = b
+                        self._answer(bid, state=L.FILL_RUNNING, now_ns=time.monotonic_ns())
+                        return b
+            left_ns = deadline - time.monotonic_ns()
+            if left_ns <= 0:
+                return None
+            if alive:
+                L.U32.pack_into(m.mm, L.OFF_FILL_WAITING, 1)
+                if m.u64(L.OFF_BUBBLE_SEQ) == seen:  # else the trainer wrote since our read: look again
+                    self._futex.wait(seen, min(left_ns / 1e9, SLICE_S))
+                L.U32.pack_into(m.mm, L.OFF_FILL_WAITING, 0)
+            else:
+                time.sleep(min(left_ns / 1e9, POLL_S))
+            alive = self._refresh()
+            if was_alive and not alive:
+                return None
+            was_alive = was_alive or alive
+
+    def is_open(self, bubble_id: int) -> bool:
+        """Whether ``bubble_id`` (the bubble :meth:`wait_bubble` returned last) is still open: check it before every
+        piece of work; once it is False, start nothing more. Reads shared memory only, plus one fcntl once the
+        bubble is past its expected end (a trainer that died inside a bubble never closes it)."""
+        cur = self._current
+        if cur is None or cur.id != bubble_id:
+            return False
+        m = self._m
+        snap = m.read_bubble()
+        if snap is None or snap[1][0] != bubble_id or snap[1][1] != L.BUBBLE_OPEN:
+            return False
+        if m.channel_state() != L.STATE_READY:
+            return False
+        # Past its expected end a bubble may be open only because the trainer died inside it: ask the kernel.
+        return time.monotonic_ns() <= cur.expected_end_ns or self._trainer_lock.held()
+
+    def remaining_s(self) -> float:
+        """Seconds until the expected end of the current bubble; 0.0 once it is closed, past its end, or none."""
+        cur = self._current
+        if cur is None or not self.is_open(cur.id):
+            return 0.0
+        return max(0.0, cur.remaining_s())
+
+    def acknowledge(self, bubble_id: int, *, used_s: float, overrun_s: float = 0.0, work: int = 0) -> None:
+        """The fill yielded ``bubble_id`` after ``used_s`` of device-busy time, ``overrun_s`` past the expected end,
+        having done ``work`` units (samples, steps: the fill's choice). Feeds both sides' metrics."""
+        if not (used_s >= 0.0 and overrun_s >= 0.0 and work >= 0):
+            raise ValueError(
+                f"acknowledge({bubble_id}): used_s={used_s}, overrun_s={overrun_s}, work={work} must be ≥ 0"
+            )
+        used_ns, overrun_ns = int(used_s * 1e9), int(overrun_s * 1e9)
+        t = self._totals
+        t[0] += 1
+        t[1] += used_ns
+        t[2] += overrun_ns
+        t[3] += work
+        self._answer(bubble_id, state=L.FILL_YIELDED, now_ns=time.monotonic_ns(), done=(used_ns, overrun_ns, work))
+        _, f_off = L.ring_offsets(self._m.ring_capacity, bubble_id)
+        mm = self._m.mm
+        L.U64.pack_into(mm, f_off, 0)
+        L.FILL_ENTRY.pack_into(mm, f_off + 8, used_ns, overrun_ns, work)
+        L.U64.pack_into(mm, f_off, bubble_id)
+
+    def trainer_alive(self) -> bool:
+        """Whether a live trainer owns the channel; re-attaches first when a restarted trainer replaced it."""
+        return self._refresh()
+
+    def heartbeat(self) -> None:
+        """Record that the fill is alive (waiting and acknowledging do this too)."""
+        L.U64.pack_into(self._m.mm, L.OFF_FILL_HEARTBEAT, time.monotonic_ns())
+
+    def history(self) -> list[BubbleRecord]:
+        return self._m.history()
+
+    def info(self) -> ChannelInfo:
+        return self._m.info()
+
+    @property
+    def generation(self) -> int:
+        """The trainer initialization this consumer is attached to; grows when it re-attaches after a restart."""
+        return self._gen
+
+    def close(self) -> None:
+        if self._m.fd < 0:
+            return
+        L.U32.pack_into(self._m.mm, L.OFF_FILL_WAITING, 0)
+        self._m.close()
+        self._fill_lock.close()
+        self._trainer_lock.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------------------------------
+    def _use(self, mapping: Mapping) -> None:
+        self._m = mapping
+        self._gen = mapping.generation()
+        self._futex = Futex(mapping.base + L.OFF_BUBBLE_SEQ)
+        self._last_id = 0
+        self._current = None
+        seq = mapping.u64(L.OFF_ANSWER_SEQ)
+        self._answer_seq = seq + (seq & 1)  # a fill that died mid-write left it odd
+        L.U32.pack_into(mapping.mm, L.OFF_FILL_PID, os.getpid())
+        L.U32.pack_into(mapping.mm, L.OFF_FILL_WAITING, 0)
+        self._answer(0, state=L.FILL_IDLE, now_ns=time.monotonic_ns())
+
+    def _answer(self, bubble_id: int, *, state: int, now_ns: int, done: tuple[int, int, int] = (0, 0, 0)) -> None:
+        mm, seq, t = self._m.mm, self._answer_seq, self._totals
+        L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 1)
+        yielded = now_ns if state == L.FILL_YIELDED else 0
+        L.ANSWER_DATA.pack_into(mm, L.OFF_ANSWER_DATA, bubble_id, state, 0, yielded, *done, *t)
+        L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 2)
+        self._answer_seq = seq + 2
+        L.U64.pack_into(mm, L.OFF_FILL_HEARTBEAT, now_ns)
+
+    def _refresh(self) -> bool:
+        """Liveness of the trainer owning our file; moves to a replacement file when there is one."""
+        m = self._m
+        state = m.channel_state()
+        try:
+            replaced = state == L.STATE_SUPERSEDED or os.stat(self._dir / CHANNEL_FILE).st_ino != m.ino
+        except FileNotFoundError:
+            replaced = False
+        if replaced:
+            new, _ = _open_live(self._dir, self._trainer_lock)
+            if new is None:
+                return False
+            m.close()
+            self._use(new)
+            return True
+        self.heartbeat()
+        return state == L.STATE_READY and self._trainer_lock.held()
+
+
+def _open_live(directory: Path, trainer_lock: OwnerLock) -> tuple[Mapping | None, str]:
+    """The channel file if a live trainer owns it and it is ready, else (None, why)."""
+    path = directory / CHANNEL_FILE
+    try:
+        m = Mapping.open_existing(path)
+    except FileNotFoundError:
+        return None, f"{path} does not exist (the trainer creates it)"
+    if m.channel_state() == L.STATE_READY and trainer_lock.held():
+        return m, ""
+    state = m.channel_state()
+    m.close()
+    if state == L.STATE_FINISHED:
+        return None, f"{path}: the trainer finished (channel_state finished)"
+    return None, f"{path}: its trainer is not running (trainer.lock is free, channel_state {state})"
