@@ -25,7 +25,7 @@ from pipefill.plan import ProfilePoint
 from pipefill_fill.atomic import atomic_write_bytes
 from pipefill_fill.task import FillTask
 
-__all__ = ["Profile", "device_key", "profile_task"]
+__all__ = ["BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -64,38 +64,44 @@ def profile_task(
     Larger batch sizes are not tried once one exceeds ``max_step_s`` (longer than any bubble) or the memory budget,
     or runs out of memory.
     """
-    wid, dkey = task.spec.workload_id, device_key(device)
-    cache = (
-        task.spec.output_dir / "profiles" / f"profile-{hashlib.sha1(f'{wid}|{dkey}'.encode()).hexdigest()[:16]}.json"
-    )
-    if use_cache and cache.exists():
-        data = json.loads(cache.read_text())
-        if data.get("workload_id") == wid and data.get("device_key") == dkey:
-            points = tuple(ProfilePoint(**p) for p in data["points"])
-            return Profile(wid, dkey, points, cached=True)
+    cached = load_cached(task, device) if use_cache else None
+    if cached is not None:
+        return cached
     snapshot = task.snapshot()
     task.begin_profiling()
     points: list[ProfilePoint] = []
     try:
         for bs in task.batch_sizes():
             point = _measure(task, device, bs, snapshot, warmup=warmup, repeats=repeats)
-            if point is None:
-                break
-            if point.peak_bytes > memory_budget_bytes:
-                log.info(
-                    "profile %s: batch %d needs %d bytes > budget %d",
-                    task.spec.name,
-                    bs,
-                    point.peak_bytes,
-                    memory_budget_bytes,
-                )
+            if point is None or point.peak_bytes > memory_budget_bytes:
                 break
             points.append(point)
-            if point.step_s > max_step_s or ((point.items_per_step or bs) < bs and task.spec.kind == "inference"):
-                break  # longer than any bubble, or the job has fewer samples left than this batch
+            if _stop_after(task, point, max_step_s):
+                break
     finally:
         task.end_profiling(snapshot)
-    profile = Profile(wid, dkey, tuple(points))
+    return store_profile(task, device, points)
+
+
+def _cache_path(task: FillTask, device: torch.device) -> Path:
+    key = f"{task.spec.workload_id}|{device_key(device)}"
+    return task.spec.output_dir / "profiles" / f"profile-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+
+
+def load_cached(task: FillTask, device: torch.device) -> Profile | None:
+    """The cached profile of this (workload, device), or None when there is none or either changed."""
+    wid, dkey = task.spec.workload_id, device_key(device)
+    path = _cache_path(task, device)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("workload_id") != wid or data.get("device_key") != dkey or not data.get("points"):
+        return None
+    return Profile(wid, dkey, tuple(ProfilePoint(**p) for p in data["points"]), cached=True)
+
+
+def store_profile(task: FillTask, device: torch.device, points: list[ProfilePoint]) -> Profile:
+    wid, dkey = task.spec.workload_id, device_key(device)
     record = {
         "workload_id": wid,
         "device_key": dkey,
@@ -110,8 +116,99 @@ def profile_task(
             for p in points
         ],
     }
-    atomic_write_bytes(cache, (json.dumps(record, indent=2) + "\n").encode())
-    return profile
+    atomic_write_bytes(_cache_path(task, device), (json.dumps(record, indent=2) + "\n").encode())
+    return Profile(wid, dkey, tuple(points))
+
+
+def _stop_after(task: FillTask, point: ProfilePoint, max_step_s: float) -> bool:
+    """Larger batches are pointless after one longer than any bubble, or one the job has fewer samples left for."""
+    fewer_left = point.items_per_step is not None and point.items_per_step < point.batch_size
+    return point.step_s > max_step_s or (fewer_left and task.spec.kind == "inference")
+
+
+class BubbleProfiler:
+    """Profiles a task one measured step at a time, so the runner can run the measurements inside bubbles.
+
+    The runner asks :meth:`predict_s` (None: unknown, only the very first step) and calls :meth:`measure_one` while
+    the prediction fits the bubble; :attr:`result` is set once every candidate is measured.
+    """
+
+    def __init__(
+        self,
+        task: FillTask,
+        device: torch.device,
+        *,
+        memory_budget_bytes: int,
+        warmup: int = 2,
+        repeats: int = 5,
+        max_step_s: float = 1.0,
+        first_guess_s: float | None = None,
+    ) -> None:
+        self.task, self.device = task, device
+        self.budget, self.warmup, self.repeats, self.max_step_s = memory_budget_bytes, warmup, repeats, max_step_s
+        self.first_guess_s = first_guess_s
+        self.result: Profile | None = load_cached(task, device)
+        self.candidates = task.batch_sizes()
+        self._i = 0
+        self._times: list[float] = []
+        self._items = 0
+        self._peak = 0
+        self._points: list[ProfilePoint] = []
+        self._snapshot: dict[str, object] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.candidates[self._i]
+
+    def predict_s(self) -> float | None:
+        if self._times:
+            return max(self._times)
+        if self._points:
+            last = self._points[-1]
+            return last.step_s * self.batch_size / last.batch_size
+        return self.first_guess_s
+
+    def measure_one(self) -> float:
+        """One measured step of the current candidate; returns its duration in seconds."""
+        if self._snapshot is None:
+            self._snapshot = self.task.snapshot()
+            self.task.begin_profiling()
+        bs = self.batch_size
+        base = _memory_reset(self.device)
+        self.task.workload.restore(dict(self._snapshot))
+        try:
+            t0 = time.perf_counter()
+            self._items = int(self.task.workload.step(bs))
+            _sync(self.device)
+            duration_s = time.perf_counter() - t0
+        except torch.OutOfMemoryError:
+            log.info("profile %s: batch %d ran out of device memory", self.task.spec.name, bs)
+            self._finish()
+            return 0.0
+        self._peak = max(self._peak, _memory_peak(self.device, base))
+        self._times.append(duration_s)
+        if len(self._times) >= self.warmup + self.repeats:
+            self._next_candidate()
+        return duration_s
+
+    def _next_candidate(self) -> None:
+        bs = self.batch_size
+        point = ProfilePoint(
+            bs, statistics.median(self._times[self.warmup :]), self._peak, None if self._items == bs else self._items
+        )
+        self._times, self._peak = [], 0
+        if self._items <= 0 or point.peak_bytes > self.budget:
+            self._finish()
+            return
+        self._points.append(point)
+        self._i += 1
+        if _stop_after(self.task, point, self.max_step_s) or self._i >= len(self.candidates):
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._snapshot is not None:
+            self.task.end_profiling(self._snapshot)
+        self.result = store_profile(self.task, self.device, self._points)
 
 
 def _measure(

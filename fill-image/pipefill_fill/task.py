@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ class FillTask:
         self.progress = 0  # units done, committed or not
         self.recovered: Committed | None = None
         self._profiling = False
+        self._committed_at = time.monotonic()
 
     def open(self, *, device: torch.device, memory_budget_bytes: int) -> Committed:
         """Recover the output directory, set the workload up and restore its committed state."""
@@ -121,17 +123,24 @@ class FillTask:
         self.progress += items
         return items
 
-    def commit_due(self) -> bool:
-        """Whether uncommitted work should be committed now (every bubble for inference, the cadence for training)."""
+    def commit_due(self, *, min_interval_s: float = 1.0) -> bool:
+        """Whether uncommitted work should be committed now: for inference at most every ``min_interval_s`` (a crash
+        redoes at most that much), for training at the workload's checkpoint cadence (``commit_every`` units)."""
         uncommitted = self.progress - self.store.committed
         if uncommitted <= 0:
             return False
+        if self.done():
+            return True
         every = getattr(self.workload, "commit_every", None)
-        return every is None or uncommitted >= int(every) or self.done()
+        if every is not None:
+            return uncommitted >= int(every)
+        return time.monotonic() - self._committed_at >= min_interval_s
 
     def commit(self) -> int:
         """Commit everything done so far; returns the bytes written."""
-        return self.store.commit(end=self.progress, state=self.workload.state())
+        written = self.store.commit(end=self.progress, state=self.workload.state())
+        self._committed_at = time.monotonic()
+        return written
 
     def finish(self) -> None:
         """After the last step: commit, finalize the workload, mark the job done (all idempotent)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipefill.spec import FillJobPhase, FillJobStatus
 from pipefill.spec.filljob import Assignment
@@ -19,11 +19,12 @@ __all__ = ["Identity", "ProgressReport", "WorkSource", "now_rfc3339", "status_fr
 
 @dataclass(frozen=True)
 class Identity:
-    """Who is asking: the PipelineTrainingJob, this pod's rank, and the training job's labels (for hostSelector)."""
+    """Who is asking: the PipelineTrainingJob, this pod's rank, and the training job's labels for hostSelector
+    (None: not known here; the queue was filtered for this host already, as ``pipefill local`` and the operator do)."""
 
     training_job: str
     rank: int
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ class FilesSource(WorkSource):
         specs = []
         for path in sorted([*self.dir.glob("*.yaml"), *self.dir.glob("*.yml")]):
             for job in self._load(path):
-                if not job.spec.host_selector.matches(self.identity.labels):
+                labels = self.identity.labels
+                if labels is not None and not job.spec.host_selector.matches(labels):
                     continue
                 if self._status(job.name).get("phase") in _FINAL:
                     continue

@@ -1,0 +1,90 @@
+"""``python -m pipefill_fill``: the fill executor of one rank, configured by the environment contract.
+
+Reads PIPEFILL_CHANNEL_DIR, PIPEFILL_WORK_SOURCE, PIPEFILL_JOB_NAME, PIPEFILL_RANK, PIPEFILL_FILL_RESERVED_BYTES,
+PIPEFILL_FILL_MIN_BUBBLE_MS, PIPEFILL_FILL_GUARD_MS, PIPEFILL_FILL_OFFLOAD, PIPEFILL_DEVICE, PIPEFILL_CPU_AFFINITY,
+PIPEFILL_METRICS_PORT and PIPEFILL_OUT_DIR (docs/fill.md). Exits 0 when the trainer is gone or on SIGTERM, after
+committing what is done; 2 when the configuration can never work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import torch
+from prometheus_client import CollectorRegistry, start_http_server
+
+from pipefill import env
+from pipefill_fill.attach import attach
+from pipefill_fill.device import cap_memory, pin_cpus, select_device
+from pipefill_fill.events import EventLog
+from pipefill_fill.metrics import FillMetrics
+from pipefill_fill.runner import Runner
+from pipefill_fill.settings import Settings
+from pipefill_fill.sources import Identity, open_source
+
+log = logging.getLogger("pipefill_fill")
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("PIPEFILL_LOG_LEVEL", "INFO"),
+        format="%(asctime)s fill-executor %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings = Settings.from_env()
+        cpus = pin_cpus(settings.cpu_affinity)
+        if cpus is None:
+            torch.set_num_threads(max(1, min(torch.get_num_threads(), env.env_int("OMP_NUM_THREADS", 1))))
+    except ValueError as exc:
+        log.error("invalid configuration: %s", exc)
+        return env.EXIT_INVALID_CONFIG
+    link = attach(settings.channel_dir)
+    try:
+        device = select_device(settings.device, link.gpu_uuids)
+        fraction = cap_memory(device, settings.reserved_bytes)
+        identity = Identity(settings.training_job or link.job_name, settings.rank)
+        source = open_source(settings.work_source, identity=identity)
+    except ValueError as exc:
+        log.error("invalid configuration: %s", exc)
+        link.close()
+        return env.EXIT_INVALID_CONFIG
+    registry = CollectorRegistry()
+    metrics = FillMetrics(registry)
+    metrics.memory_budget_bytes.set(settings.reserved_bytes)
+    if settings.metrics_port > 0:
+        start_http_server(settings.metrics_port, registry=registry)
+    events = EventLog(settings.out_dir)
+    events.write(
+        "start",
+        device=str(device),
+        cpus=sorted(cpus) if cpus else None,
+        memory_budget_bytes=settings.reserved_bytes,
+        memory_fraction=fraction,
+        guard_s=settings.guard_s,
+        training_job=identity.training_job,
+        rank=identity.rank,
+        clock_ns=time.monotonic_ns(),
+    )
+    log.info(
+        "attached to %s (job %s rank %d) on %s, budget %d bytes, guard %.2f ms",
+        settings.channel_dir,
+        identity.training_job,
+        identity.rank,
+        device,
+        settings.reserved_bytes,
+        settings.guard_s * 1e3,
+    )
+    runner = Runner(link=link, source=source, device=device, settings=settings, metrics=metrics, events=events)
+    try:
+        return runner.run()
+    finally:
+        events.close()
+        link.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The hot path: run one fill job's steps inside one bubble and yield before its expected end.
+
+Rules (docs/fill.md, "Guarantees"):
+
+* a step starts only while the bubble is open and when ``now + predicted_step ≤ expected_end − guard``;
+* the device is synchronized after every step, so a step's end is when the device is free again;
+* a commit (chunk or checkpoint) is made inside the bubble when its predicted time fits too, otherwise at a later one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from pipefill_fill.offload import Offloader
+from pipefill_fill.predict import Estimator, StepPredictor
+from pipefill_fill.profiler import BubbleProfiler
+from pipefill_fill.task import FillTask
+
+__all__ = ["BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+
+
+class OpenBubble(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def open_ns(self) -> int: ...
+
+    @property
+    def expected_end_ns(self) -> int: ...
+
+
+@dataclass
+class BubbleOutcome:
+    """What happened in one bubble; times are CLOCK_MONOTONIC ns."""
+
+    steps: int = 0
+    items: int = 0
+    busy_ns: int = 0
+    commit_ns: int = 0
+    transfer_ns: int = 0
+    committed_bytes: int = 0
+    spans_ns: list[tuple[int, int]] = field(default_factory=list)
+    stop: str = ""  # why the last step was not started: time, closed, done, error
+
+    @property
+    def first_start_ns(self) -> int | None:
+        return self.spans_ns[0][0] if self.spans_ns else None
+
+    @property
+    def last_end_ns(self) -> int | None:
+        return self.spans_ns[-1][1] if self.spans_ns else None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_steps(
+    bubble: OpenBubble,
+    *,
+    task: FillTask,
+    batch_sizes: list[int],
+    predictor: StepPredictor,
+    commit_estimate: Estimator,
+    is_open: Callable[[int], bool],
+    deadline_ns: int,
+    device: torch.device,
+    offloader: Offloader | None = None,
+    transfer_estimate: Estimator | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> BubbleOutcome:
+    """Steps of ``task`` until the next would not finish by ``deadline_ns`` (expected end − guard).
+
+    ``batch_sizes``: the planned batch size first, then smaller ones; when the planned one no longer fits, the
+    rest of the bubble is filled with the largest smaller one that does.
+    """
+    out = BubbleOutcome()
+    sizes = list(batch_sizes)
+    batch_size = sizes[0]
+    moving = offloader is not None and offloader.enabled
+    transfer_s = transfer_estimate.predict_s() if (moving and transfer_estimate is not None) else 0.0
+    if moving:
+        if clock() + int(1e9 * (2 * transfer_s + predictor.predict_s(batch_size))) > deadline_ns:
+            out.stop = "time"
+            return out
+        t = clock()
+        offloader.to_device()  # type: ignore[union-attr]
+        out.transfer_ns += clock() - t
+    while True:
+        if task.done():
+            out.stop = "done"
+            break
+        start = clock()
+        if start + int(1e9 * (predictor.predict_s(batch_size) + transfer_s)) > deadline_ns:
+            fits = [
+                b
+                for b in sizes
+                if b < batch_size and start + int(1e9 * (predictor.predict_s(b) + transfer_s)) <= deadline_ns
+            ]
+            if not fits:
+                out.stop = "time"
+                break
+            batch_size = max(fits)
+        if not is_open(bubble.id):
+            out.stop = "closed"
+            break
+        items = task.step(batch_size)
+        _sync(device)
+        end = clock()
+        predictor.record(batch_size, (end - start) / 1e9)
+        out.spans_ns.append((start, end))
+        out.steps += 1
+        out.items += items
+        out.busy_ns += end - start
+        if items <= 0:
+            out.stop = "done"
+            break
+    if task.commit_due() and (
+        task.done() or clock() + int(1e9 * (commit_estimate.predict_s() + transfer_s)) <= deadline_ns
+    ):
+        t = clock()
+        out.committed_bytes = task.commit()
+        out.commit_ns = clock() - t
+        commit_estimate.record(out.commit_ns / 1e9)
+    if moving:
+        t = clock()
+        offloader.to_host()  # type: ignore[union-attr]
+        dt = clock() - t
+        out.transfer_ns += dt
+        if transfer_estimate is not None:
+            transfer_estimate.record(out.transfer_ns / 2e9)
+    return out
+
+
+def run_profile_steps(
+    bubble: OpenBubble,
+    *,
+    profiler: BubbleProfiler,
+    is_open: Callable[[int], bool],
+    deadline_ns: int,
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> BubbleOutcome:
+    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble."""
+    out = BubbleOutcome()
+    while profiler.result is None:
+        start = clock()
+        guess = profiler.predict_s()
+        if guess is None:
+            if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:
+                out.stop = "time"
+                break
+        elif start + int(1e9 * guess) > deadline_ns:
+            out.stop = "time"
+            break
+        if not is_open(bubble.id):
+            out.stop = "closed"
+            break
+        profiler.measure_one()
+        end = clock()
+        out.spans_ns.append((start, end))
+        out.steps += 1
+        out.busy_ns += end - start
+    return out

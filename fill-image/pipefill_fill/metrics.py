@@ -1,0 +1,84 @@
+"""The fill executor's Prometheus metrics (``pipefill_fill_*``); the registry is passed in so tests use their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["FillMetrics"]
+
+# Overrun is bounded by the guard; buckets resolve the sub-millisecond range and the few-millisecond target.
+_OVERRUN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class FillMetrics:
+    """Counters and gauges the runner updates; label values: ``job`` (FillJob names), ``batch_size``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "pipefill_fill"
+        self.bubbles_seen = Counter(f"{p}_bubbles_seen_total", "Bubbles announced by the trainer.", registry=registry)
+        self.bubbles_used = Counter(
+            f"{p}_bubbles_used_total", "Bubbles in which at least one step ran.", registry=registry
+        )
+        self.bubbles_skipped = Counter(
+            f"{p}_bubbles_skipped_total",
+            "Bubbles not used, by reason (short, memory, closed, idle).",
+            ["reason"],
+            registry=registry,
+        )
+        self.offered_seconds = Counter(
+            f"{p}_offered_seconds_total", "Bubble time offered (expected end − open).", registry=registry
+        )
+        self.busy_seconds = Counter(
+            f"{p}_busy_seconds_total", "Time spent running fill steps inside bubbles.", registry=registry
+        )
+        self.recovery_ratio = Gauge(
+            f"{p}_bubble_recovery_ratio", "Busy seconds ÷ offered seconds since start.", registry=registry
+        )
+        self.overrun_seconds = Histogram(
+            f"{p}_overrun_seconds",
+            "How long past the bubble's expected end the fill kept the device, per used bubble.",
+            buckets=_OVERRUN_BUCKETS,
+            registry=registry,
+        )
+        self.switch_seconds = Histogram(
+            f"{p}_switch_seconds",
+            "Wake-up and switch cost: bubble open → first step start.",
+            buckets=_OVERRUN_BUCKETS,
+            registry=registry,
+        )
+        self.items = Counter(
+            f"{p}_items_total", "Units of work done (samples or steps), by job.", ["job"], registry=registry
+        )
+        self.committed_items = Gauge(
+            f"{p}_committed_items", "Units of work committed (durable), by job.", ["job"], registry=registry
+        )
+        self.commits = Counter(
+            f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["job"], registry=registry
+        )
+        self.profile_step_seconds = Gauge(
+            f"{p}_profile_step_seconds", "Profiled median step time.", ["job", "batch_size"], registry=registry
+        )
+        self.profile_peak_bytes = Gauge(
+            f"{p}_profile_peak_bytes", "Profiled peak memory of a step.", ["job", "batch_size"], registry=registry
+        )
+        self.memory_budget_bytes = Gauge(
+            f"{p}_memory_budget_bytes", "Device memory the fill may use.", registry=registry
+        )
+        self._offered_s = 0.0
+        self._busy_s = 0.0
+
+    def bubble(self, *, offered_s: float, busy_s: float, overrun_s: float, used: bool) -> None:
+        self.bubbles_seen.inc()
+        self.offered_seconds.inc(max(0.0, offered_s))
+        self._offered_s += max(0.0, offered_s)
+        if used:
+            self.bubbles_used.inc()
+            self.busy_seconds.inc(busy_s)
+            self._busy_s += busy_s
+            self.overrun_seconds.observe(max(0.0, overrun_s))
+        self.recovery_ratio.set(self._busy_s / self._offered_s if self._offered_s > 0 else 0.0)
+
+    def profile(self, job: str, points: list[tuple[int, float, int]]) -> None:
+        for batch_size, step_s, peak_bytes in points:
+            self.profile_step_seconds.labels(job, str(batch_size)).set(step_s)
+            self.profile_peak_bytes.labels(job, str(batch_size)).set(peak_bytes)

@@ -1,0 +1,77 @@
+"""The fill executor's settings, read once from the environment contract (:mod:`pipefill.env`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipefill import env
+
+__all__ = ["Settings"]
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be a number") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    channel_dir: Path
+    """the bubble channel directory (PIPEFILL_CHANNEL_DIR; default /run/pipefill)"""
+    work_source: str
+    """files:<dir> or kubernetes (PIPEFILL_WORK_SOURCE; required)"""
+    training_job: str
+    """the PipelineTrainingJob's name (PIPEFILL_JOB_NAME; default: the name the trainer publishes on the channel)"""
+    rank: int
+    """this pod's rank (PIPEFILL_RANK; default 0)"""
+    reserved_bytes: int
+    """device memory the fill may use (PIPEFILL_FILL_RESERVED_BYTES; default 2 GiB): the allocator cap"""
+    min_bubble_s: float
+    """bubbles shorter than this are not used (PIPEFILL_FILL_MIN_BUBBLE_MS; default 0)"""
+    guard_s: float
+    """yield this long before a bubble's expected end (PIPEFILL_FILL_GUARD_MS; default 1 ms)"""
+    device: str | None
+    """cpu, cuda or cuda:N (PIPEFILL_DEVICE; unset: cuda when available)"""
+    cpu_affinity: str | None
+    """CPU list to pin to (PIPEFILL_CPU_AFFINITY; unset: no pinning)"""
+    metrics_port: int
+    """Prometheus port (PIPEFILL_METRICS_PORT; 0 or unset: no endpoint)"""
+    out_dir: Path | None
+    """where the event log goes (PIPEFILL_OUT_DIR; unset: no event log)"""
+    offload: bool
+    """keep the fill's state in pinned host memory between bubbles (PIPEFILL_FILL_OFFLOAD=1; GPU only)"""
+    margin_bytes: int = 64 * 2**20
+    """device memory left unused below a bubble's free memory (allocator fragmentation, CUDA context growth)"""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        e = os.environ
+        source = e.get(env.WORK_SOURCE, "")
+        if not source:
+            raise ValueError(f"{env.WORK_SOURCE} is not set: set files:<dir> (local runs) or kubernetes")
+        guard_ms = _env_float(env.FILL_GUARD_MS, 1.0)
+        min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
+        if guard_ms < 0 or min_ms < 0:
+            raise ValueError(f"{env.FILL_GUARD_MS} and {env.FILL_MIN_BUBBLE_MS} must be ≥ 0 milliseconds")
+        out = e.get(env.OUT_DIR)
+        return cls(
+            channel_dir=Path(e.get(env.CHANNEL_DIR) or env.DEFAULT_CHANNEL_DIR),
+            work_source=source,
+            training_job=e.get(env.JOB_NAME, ""),
+            rank=env.env_int(env.RANK, 0),
+            reserved_bytes=env.env_int(env.FILL_RESERVED_BYTES, 2 * 2**30),
+            min_bubble_s=min_ms / 1e3,
+            guard_s=guard_ms / 1e3,
+            device=e.get(env.DEVICE) or None,
+            cpu_affinity=e.get(env.CPU_AFFINITY) or None,
+            metrics_port=env.env_int(env.METRICS_PORT, 0),
+            out_dir=Path(out) if out else None,
+            offload=e.get(env.FILL_OFFLOAD, "") in ("1", "true", "True"),
+        )

@@ -1,0 +1,80 @@
+"""A synthetic trainer for tests and benchmarks: the real channel producer in a loop of fixed-length bubbles and
+fixed-length "compute", standing in for a pipeline stage on one core.
+
+During a bubble it sleeps until the bubble's absolute end (as a stage blocked on its peer's data, which arrives at a
+fixed time whatever the fill does), then closes it; during compute it spins on the CPU (as a stage computing). Every
+bubble's open/close times go to a JSONL log, CLOCK_MONOTONIC ns, to compare with the fill's event log.
+
+usage: python -m pipefill_fill.synthetic_trainer --channel-dir D --bubbles-ms 20,50 --compute-ms 10 --count 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pipefill.channel import BubbleKind, Producer
+
+__all__ = ["main"]
+
+
+def _spin_until(t_ns: int) -> None:
+    while time.monotonic_ns() < t_ns:
+        pass
+
+
+def _sleep_until(t_ns: int) -> None:
+    while (left := t_ns - time.monotonic_ns()) > 0:
+        time.sleep(left / 1e9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pipefill_fill.synthetic_trainer", description=__doc__)
+    p.add_argument("--channel-dir", required=True, type=Path)
+    p.add_argument("--bubbles-ms", default="20", help="bubble lengths, cycled (comma-separated ms)")
+    p.add_argument("--compute-ms", type=float, default=10.0, help="spin this long between bubbles")
+    p.add_argument("--count", type=int, default=100, help="bubbles to emit")
+    p.add_argument("--free-bytes", type=int, default=2**30)
+    p.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
+    p.add_argument("--log", type=Path, default=None, help="JSONL of bubbles (open_ns, close_ns, expected_end_ns)")
+    p.add_argument("--wait-consumer-s", type=float, default=30.0, help="wait this long for the fill to attach")
+    p.add_argument("--warmup-bubbles", type=int, default=0, help="bubbles before the logged ones (not logged)")
+    p.add_argument("--job-name", default="synthetic")
+    args = p.parse_args(argv)
+    lengths_s = [float(x) / 1e3 for x in args.bubbles_ms.split(",") if x.strip()]
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    log = open(args.log, "w", buffering=1) if args.log else None  # noqa: SIM115
+    with Producer.create(channel_dir=args.channel_dir, job_name=args.job_name) as ch:
+        deadline = time.monotonic() + args.wait_consumer_s
+        while not ch.consumer_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("READY", flush=True)
+        compute_ns = int(args.compute_ms * 1e6)
+        for i in range(args.warmup_bubbles + args.count):
+            length_s = lengths_s[i % len(lengths_s)]
+            bid = ch.open_bubble(
+                expected_duration_s=length_s, free_bytes=args.free_bytes, kind=BubbleKind.STEADY, step=i
+            )
+            open_ns = time.monotonic_ns()
+            end_ns = open_ns + int(length_s * 1e9)
+            _sleep_until(end_ns)
+            ch.close_bubble(bid)
+            close_ns = time.monotonic_ns()
+            if log is not None and i >= args.warmup_bubbles:
+                log.write(
+                    json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns}) + "\n"
+                )
+            _spin_until(close_ns + compute_ns)
+    if log is not None:
+        log.close()
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The runner against a real producer process on the real channel: work only inside bubbles, overrun bounded, progress
+committed, and a clean stop when the trainer dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import subprocess_env, write_job
+from pipefill_fill.events import read_events
+from pipefill_fill.store import ProgressStore
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
+
+
+def _cpu() -> str:
+    return str(min(os.sched_getaffinity(0)))
+
+
+def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_ms: float = 15.0) -> tuple[Any, Any]:
+    env = subprocess_env(
+        PIPEFILL_CHANNEL_DIR=str(tmp_path / "channel"),
+        PIPEFILL_WORK_SOURCE=f"files:{jobs}",
+        PIPEFILL_OUT_DIR=str(tmp_path / "fill"),
+        PIPEFILL_DEVICE="cpu",
+        PIPEFILL_CPU_AFFINITY=_cpu(),
+        PIPEFILL_FILL_GUARD_MS="1",
+    )
+    fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
+    producer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipefill_fill.synthetic_trainer",
+            "--channel-dir",
+            str(tmp_path / "channel"),
+            "--bubbles-ms",
+            bubbles_ms,
+            "--compute-ms",
+            str(compute_ms),
+            "--count",
+            str(count),
+            "--cpu",
+            _cpu(),
+            "--log",
+            str(tmp_path / "producer.jsonl"),
+        ],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return fill, producer
+
+
+def _finish(proc: Any, timeout_s: float = 60) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, err or ""
+
+
+def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
+    fill, producer = _start(tmp_path, jobs, bubbles_ms="30,10,60", count=80)
+    assert _finish(producer)[0] == 0
+    rc, err = _finish(fill)
+    assert rc == 0, err
+    closes = {r["id"]: r for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())}
+    events = read_events(tmp_path / "fill" / "fill-events.jsonl")
+    bubbles = [e for e in events if e["event"] == "bubble"]
+    assert len(bubbles) >= 70 and events[-1] == {**events[-1], "event": "exit", "reason": "trainer gone"}
+    worked = [b for b in bubbles if b["spans_ns"]]
+    assert len(worked) >= 40 and sum(b["items"] for b in bubbles) > 0
+    for b in worked:
+        close_ns = closes[b["id"]]["close_ns"]
+        for start, end in b["spans_ns"]:
+            assert b["open_ns"] <= start < close_ns, f"bubble {b['id']}: a step started outside the bubble"
+            assert end - b["expected_end_ns"] < 100e6, (
+                f"bubble {b['id']}: a step ran {end - b['expected_end_ns']} ns over"
+            )
+        assert b["overrun_s"] < 0.1
+    committed = [e["end"] for e in events if e["event"] == "commit"]
+    assert committed and committed[-1] > 0
+    recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
+    assert recovered.end == committed[-1] and recovered.adopted == 0 and recovered.removed == 0
+    status = json.loads((jobs / "enc.status.json").read_text())
+    assert status["phase"] == "Running" and status["samplesDone"] == recovered.end
+
+
+def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
+    fill, producer = _start(tmp_path, jobs, bubbles_ms="40", count=100000)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if log.exists() and any(e["event"] == "bubble" and e["items"] for e in read_events(log)):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the executor never did work")
+    producer.send_signal(signal.SIGKILL)
+    producer.communicate(timeout=10)
+    t0 = time.monotonic()
+    rc, err = _finish(fill, timeout_s=30)
+    assert rc == 0, err
+    assert time.monotonic() - t0 < 15
+    events = read_events(log)
+    assert events[-1]["event"] == "exit" and events[-1]["reason"] == "trainer gone"
+    last_commit = [e for e in events if e["event"] == "commit"][-1]
+    assert last_commit.get("at") == "shutdown" and last_commit["end"] > 0
+    recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
+    assert recovered.end == last_commit["end"]
+    assert "stopping: trainer gone" in err
