@@ -158,11 +158,16 @@ def run_profile_steps(
                 break
         elif start + int(1e9 * guess) > deadline_ns:
             out.stop = "time"
+            if not out.steps and bubble.open_ns + int(1e9 * guess) > deadline_ns:
+                profiler.misses += 1  # would not fit even a fresh bubble of this length
+                if profiler.misses >= 8:
+                    profiler.give_up_candidate()
             break
         if not is_open(bubble.id):
             out.stop = "closed"
             break
         profiler.measure_one()
+        profiler.misses = 0
         end = clock()
         out.spans_ns.append((start, end))
         out.steps += 1

@@ -155,12 +155,15 @@ class BubbleProfiler:
         self._peak = 0
         self._points: list[ProfilePoint] = []
         self._snapshot: dict[str, object] | None = None
+        self.misses = 0  # consecutive bubbles the next measurement did not fit in
 
     @property
     def batch_size(self) -> int:
         return self.candidates[self._i]
 
     def predict_s(self) -> float | None:
+        if len(self._times) > self.warmup:
+            return statistics.median(self._times[self.warmup :])
         if self._times:
             return max(self._times)
         if self._points:
@@ -190,6 +193,10 @@ class BubbleProfiler:
         if len(self._times) >= self.warmup + self.repeats:
             self._next_candidate()
         return duration_s
+
+    def give_up_candidate(self) -> None:
+        """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
+        self._finish()
 
     def _next_candidate(self) -> None:
         bs = self.batch_size
