@@ -92,29 +92,27 @@ class Consumer:
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         alive = was_alive = self._refresh()
         while True:
-            m = self._m
             if alive:
-                snap = m.read_bubble()
-                seen = snap[0] if snap else m.u64(L.OFF_BUBBLE_SEQ)
-                if snap is not None:
-                    bid, state, kind, open_ns, end_ns, free_bytes, step, mb_idx, _, _ = snap[1]
-                    if state == L.BUBBLE_OPEN and bid > self._last_id and m.channel_state() == L.STATE_READY:
-                        self._last_id = bid
-                        b = Bubble(
-                            bid, BubbleKind.from_code(kind), open_ns, end_ns, free_bytes, step, mb_idx, self._gen
-                        )
-                        self._current = b
-                        self._answer(bid, state=L.FILL_RUNNING, now_ns=time.monotonic_ns())
-                        return b
-            left_ns = deadline - time.monotonic_ns()
-            if left_ns <= 0:
-                return None
-            if alive:
-                L.U32.pack_into(m.mm, L.OFF_FILL_WAITING, 1)
-                if m.u64(L.OFF_BUBBLE_SEQ) == seen:  # else the trainer wrote since our read: look again
+                b, seen = self._take()
+                if b is not None:
+                    return b
+                left_ns = deadline - time.monotonic_ns()
+                if left_ns <= 0:
+                    return None
+                mm = self._m.mm
+                L.U32.pack_into(mm, L.OFF_FILL_WAITING, 1)
+                if L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0] == seen:  # else the trainer wrote since: look again
                     self._futex.wait(seen, min(left_ns / 1e9, SLICE_S))
-                L.U32.pack_into(m.mm, L.OFF_FILL_WAITING, 0)
+                # A wake-up is nearly always a bubble: take it first. fill_waiting stays 1 until acknowledge() or
+                # the next sleep; meanwhile an open_bubble costs the trainer one futex wake with no waiter.
+                b, _ = self._take()
+                if b is not None:
+                    return b
+                L.U32.pack_into(mm, L.OFF_FILL_WAITING, 0)
             else:
+                left_ns = deadline - time.monotonic_ns()
+                if left_ns <= 0:
+                    return None
                 time.sleep(min(left_ns / 1e9, POLL_S))
             alive = self._refresh()
             if was_alive and not alive:
@@ -157,6 +155,7 @@ class Consumer:
         t[1] += used_ns
         t[2] += overrun_ns
         t[3] += work
+        L.U32.pack_into(self._m.mm, L.OFF_FILL_WAITING, 0)
         self._answer(bubble_id, state=L.FILL_YIELDED, now_ns=time.monotonic_ns(), done=(used_ns, overrun_ns, work))
         _, f_off = L.ring_offsets(self._m.ring_capacity, bubble_id)
         mm = self._m.mm
@@ -210,6 +209,31 @@ class Consumer:
         L.U32.pack_into(mapping.mm, L.OFF_FILL_WAITING, 0)
         self._answer(0, state=L.FILL_IDLE, now_ns=time.monotonic_ns())
 
+    def _take(self) -> tuple[Bubble | None, int]:
+        """A bubble that is open and newer than the last one returned, if any, and the seq that was read.
+        This is the path right after a wake-up, with cold caches: keep it short."""
+        m = self._m
+        mm = m.mm
+        seq = L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0]
+        fields = L.BUBBLE_DATA.unpack_from(mm, L.OFF_BUBBLE_DATA)
+        if seq & 1 or L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0] != seq:  # a write in progress: the slow path
+            snap = m.read_bubble()
+            if snap is None:
+                return None, m.u64(L.OFF_BUBBLE_SEQ)
+            seq, fields = snap
+        bid, state, kind, open_ns, end_ns, free_bytes, step, mb_idx, _, _ = fields
+        if (
+            state != L.BUBBLE_OPEN
+            or bid <= self._last_id
+            or L.U32.unpack_from(mm, L.OFF_CHANNEL_STATE)[0] != L.STATE_READY
+        ):
+            return None, seq
+        self._last_id = bid
+        b = Bubble(bid, BubbleKind.from_code(kind), open_ns, end_ns, free_bytes, step, mb_idx, self._gen)
+        self._current = b
+        self._answer(bid, state=L.FILL_RUNNING, now_ns=0)
+        return b, seq
+
     def _answer(self, bubble_id: int, *, state: int, now_ns: int, done: tuple[int, int, int] = (0, 0, 0)) -> None:
         mm, seq, t = self._m.mm, self._answer_seq, self._totals
         L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 1)
@@ -217,7 +241,8 @@ class Consumer:
         L.ANSWER_DATA.pack_into(mm, L.OFF_ANSWER_DATA, bubble_id, state, 0, yielded, *done, *t)
         L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 2)
         self._answer_seq = seq + 2
-        L.U64.pack_into(mm, L.OFF_FILL_HEARTBEAT, now_ns)
+        if now_ns:
+            L.U64.pack_into(mm, L.OFF_FILL_HEARTBEAT, now_ns)
 
     def _refresh(self) -> bool:
         """Liveness of the trainer owning our file; moves to a replacement file when there is one."""

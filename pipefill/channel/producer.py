@@ -137,9 +137,9 @@ class Producer:
         self._seq = seq + 2
         self._next_id = bid + 1
         self._open = (bid, code, now, end, free_bytes, step, mb_idx)
-        L.U64.pack_into(mm, L.OFF_TRAINER_HEARTBEAT, now)
         if L.U32.unpack_from(mm, L.OFF_FILL_WAITING)[0]:
             self._futex.wake()
+        L.U64.pack_into(mm, L.OFF_TRAINER_HEARTBEAT, now)
         return bid
 
     def close_bubble(self, bubble_id: int) -> None:
