@@ -164,8 +164,8 @@ class BubbleProfiler:
     def predict_s(self) -> float | None:
         if len(self._times) > self.warmup:
             return statistics.median(self._times[self.warmup :])
-        if self._times:
-            return max(self._times)
+        if self._times:  # warm-up: the first calls pay one-off costs (allocation, lazy init) that do not repeat
+            return min(self._times)
         if self._points:
             last = self._points[-1]
             return last.step_s * self.batch_size / last.batch_size

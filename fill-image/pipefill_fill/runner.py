@@ -3,9 +3,11 @@ is gone. One process, one thread: the hot path is :mod:`pipefill_fill.inbubble`;
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +61,20 @@ class _Active:
     @property
     def profile(self) -> Profile | None:
         return self.profiler.result
+
+
+class _JobError(Exception):
+    def __init__(self, job: str, total: int) -> None:
+        super().__init__(job)
+        self.job, self.total = job, total
+
+
+@contextlib.contextmanager
+def _guard(name: str, a: _Active) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        raise _JobError(name, a.task.spec.total) from exc
 
 
 class Runner:
@@ -119,7 +135,11 @@ class Runner:
         self.metrics.switch_seconds.observe(switch_s)
         deadline_ns = bubble.expected_end_ns - int(self.settings.guard_s * 1e9)
         offered_s = (bubble.expected_end_ns - bubble.open_ns) / 1e9
-        job, reason, out, batch = self._fill(bubble, deadline_ns, offered_s)
+        try:
+            job, reason, out, batch = self._fill(bubble, deadline_ns, offered_s)
+        except _JobError as exc:  # the workload raised: that job fails, the executor and other jobs go on
+            self._fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}", total=exc.total)
+            job, reason, out, batch = exc.job, "error", BubbleOutcome(stop="error"), None
         yielded_ns = time.monotonic_ns()
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
         used_s = (out.busy_ns + out.commit_ns + out.transfer_ns) / 1e9
@@ -164,7 +184,8 @@ class Runner:
         is_open = self.link.is_open
         for name, a in self.active.items():  # profiling comes first: it is short and everything waits on it
             if a.profile is None:
-                out = run_profile_steps(bubble, profiler=a.profiler, is_open=is_open, deadline_ns=deadline_ns)
+                with _guard(name, a):
+                    out = run_profile_steps(bubble, profiler=a.profiler, is_open=is_open, deadline_ns=deadline_ns)
                 if a.profile is not None:
                     self._profiled(name, a)
                 return name, "profiling", out, None
@@ -186,23 +207,24 @@ class Runner:
         if plan.batch_size is None:
             return name, "memory" if plan.reason.startswith("memory") else "time", BubbleOutcome(), None
         assert a.predictor is not None  # set when the profile completed
-        out = run_steps(
-            bubble,
-            task=a.task,
-            batch_sizes=[
-                plan.batch_size,
-                *sorted((p.batch_size for p in a.profile.points if p.batch_size < plan.batch_size), reverse=True),
-            ]
-            if a.profile
-            else [plan.batch_size],
-            predictor=a.predictor,
-            commit_estimate=a.commit_estimate,
-            is_open=is_open,
-            deadline_ns=deadline_ns,
-            device=self.device,
-            offloader=a.offloader if self.settings.offload else None,
-            transfer_estimate=a.transfer_estimate,
-        )
+        with _guard(name, a):
+            out = run_steps(
+                bubble,
+                task=a.task,
+                batch_sizes=[
+                    plan.batch_size,
+                    *sorted((p.batch_size for p in a.profile.points if p.batch_size < plan.batch_size), reverse=True),
+                ]
+                if a.profile
+                else [plan.batch_size],
+                predictor=a.predictor,
+                commit_estimate=a.commit_estimate,
+                is_open=is_open,
+                deadline_ns=deadline_ns,
+                device=self.device,
+                offloader=a.offloader if self.settings.offload else None,
+                transfer_estimate=a.transfer_estimate,
+            )
         return name, "", out, plan.batch_size
 
     # -- jobs -----------------------------------------------------------------------------------------------------
@@ -281,8 +303,17 @@ class Runner:
             points=[{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points],
         )
         log.info("job %s: profile %s", name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
-        if not points:
-            self._fail(name, "no batch size fits the memory budget", total=a.task.spec.total)
+        if not points:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
+            message = "no batch size fits this rank's bubbles and memory budget; left for another executor"
+            log.warning("job %s: %s", name, message)
+            self.active.pop(name, None)
+            self.failed.add(name)
+            self.events.write("job", job=name, phase="Queued", message=message)
+            self.source.report(
+                name, ProgressReport(FillJobPhase.QUEUED, a.task.committed, a.task.spec.total, message=message)
+            )
+            self.source.release(name)
+            return
         if a.offloader is not None:
             a.offloader.to_host()
 
@@ -327,10 +358,11 @@ class Runner:
 
     def _fail(self, name: str, message: str, *, total: int) -> None:
         log.error("job %s: failed: %s", name, message)
-        self.active.pop(name, None)
         self.failed.add(name)
         self.events.write("job", job=name, phase="Failed", message=message)
-        self.source.report(name, ProgressReport(FillJobPhase.FAILED, 0, total, message=message))
+        committed = self.active[name].task.committed if name in self.active else 0
+        self.source.report(name, ProgressReport(FillJobPhase.FAILED, committed, total, message=message))
+        self.active.pop(name, None)
         self.source.release(name)
 
     def _shutdown(self) -> None:
