@@ -28,6 +28,10 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs up to 
 	$(BIN)/lint-imports
 	$(BIN)/pipefill crds --check crds/ charts/pipefill/crds/ --docs docs/api.md
 
+demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
+	rm -rf runs/cpu-demo
+	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
+
 test: lint ## lint, then the whole test suite
 	$(BIN)/pytest -q
 
@@ -46,4 +50,4 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv lint test crds fmt lock clean
+.PHONY: help venv demo lint test crds fmt lock clean
