@@ -154,7 +154,12 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
     # A restarted job appends to the same logs: take the newest occurrence of the kept steps (the clock only grows).
     firsts = [e["start_ns"] for t, _ in logs for e in t if e.get("type") == "action" and e["step"] == min(keep)]
     begin = max(firsts, default=0) - 1
-    spans = [e for t, _ in logs for e in t if e.get("type") in ("action", "bubble") and e["step"] in keep and e["start_ns"] >= begin - 10**9]
+    spans = [
+        e
+        for t, _ in logs
+        for e in t
+        if e.get("type") in ("action", "bubble") and e["step"] in keep and e["start_ns"] >= begin - 10**9
+    ]
     if not spans:
         return False
     t0 = min(e["start_ns"] for e in spans)
