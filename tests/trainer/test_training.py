@@ -89,7 +89,8 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
 
 
 def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0, fill="true")
+    # Large enough that bubbles last milliseconds: scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.
+    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0, fill="true", hidden=128, seq=64)
     out, channel = tmp_path / "out", tmp_path / "channel"
     received: list[Bubble] = []
     history: list[BubbleRecord] = []
@@ -122,13 +123,22 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     timeline = simulate(build_schedule("1f1b", ranks=4, microbatches=4), Costs.from_profile(profile))
     predicted = timeline.bubbles(1)
     recs = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    last = [r for r in recs if r["type"] == "bubble" and r["step"] == 7]
-    measured = {r["idx"]: (r["kind"], (r["end_ns"] - r["start_ns"]) / 1e9) for r in last}
-    for b in predicted:
-        assert b.before_action_idx in measured, f"bubble {b} not reproduced; measured {measured}"
-        kind, got_s = measured[b.before_action_idx]
-        assert kind == b.kind
-        assert got_s == pytest.approx(b.duration_s, rel=0.5, abs=0.01), (b, got_s)
+    # Judge the last three steps together: one step's wait can vanish when its compute runs long on a busy core.
+    steps = (5, 6, 7)
+    measured: dict[int, list[tuple[str, float]]] = {}
+    for r in recs:
+        if r["type"] == "bubble" and r["step"] in steps:
+            measured.setdefault(r["idx"], []).append((r["kind"], (r["end_ns"] - r["start_ns"]) / 1e9))
+    noise_floor_s = 0.002  # shorter predicted gaps can shift to a neighbouring action or vanish on a busy core
+    checked = [b for b in predicted if b.duration_s >= noise_floor_s]
+    assert checked, predicted
+    for b in checked:
+        seen = measured.get(b.before_action_idx, [])
+        assert seen, f"bubble {b} not reproduced in steps {steps}; measured {measured}"
+        assert {kind for kind, _ in seen} == {b.kind}
+        assert max(d for _, d in seen) == pytest.approx(b.duration_s, rel=0.5, abs=0.01), (b, seen)
+    idle_per_step_s = sum(d for seen in measured.values() for _, d in seen) / len(steps)
+    assert idle_per_step_s == pytest.approx(sum(b.duration_s for b in predicted), rel=0.5), (predicted, measured)
     # the consumer saw exactly the announced bubbles, with their kinds, steps and predicted durations
     announced = [r for r in recs if r["type"] == "bubble" and r["announced"]]
     assert announced, "no bubble was announced"
@@ -136,8 +146,8 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     for h, r in zip(history, announced, strict=True):
         assert h.predicted_s == pytest.approx(r["predicted_s"], abs=1e-6)
         assert h.actual_s == pytest.approx((r["end_ns"] - r["start_ns"]) / 1e9, abs=1e-3)
-    step7 = {str(h.kind) for h in history if h.step == 7}
-    assert step7 >= {b.kind for b in predicted if b.duration_s >= 0.0005}  # plus slots learned from measured waits
+    late = {str(h.kind) for h in history if h.step in steps}
+    assert late >= {b.kind for b in checked}  # plus slots learned from measured waits
     # live: a woken consumer sees most bubbles while they are open (a short one may close before it looks)
     assert received and {b.id for b in received} <= {h.id for h in history}
 
