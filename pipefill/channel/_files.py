@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import struct
+import weakref
 from pathlib import Path
 
 from pipefill.channel.errors import ChannelBusyError, ChannelError
@@ -45,6 +46,19 @@ def _require_ofd() -> tuple[int, int]:
     return _F_OFD_SETLK, _F_OFD_GETLK
 
 
+_LOCKS: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker, say) shares the lock's open file description; if it kept its copy, the
+    # lock would outlive a trainer killed before its children. The child drops its copy; the parent's lock stays.
+    for lock in list(_LOCKS):
+        lock.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class OwnerLock:
     """One lock file: its owner takes it; the peer only tests whether someone holds it."""
 
@@ -55,6 +69,11 @@ class OwnerLock:
         self.fd = os.open(path, flags, FILE_MODE)
         if create:
             os.fchmod(self.fd, FILE_MODE)
+        _LOCKS.add(self)
+
+    def forget(self) -> None:
+        """Close this process's descriptor (in a forked child)."""
+        self.close()
 
     def acquire(self, *, who: str, holder: str) -> None:
         """Take the lock without waiting; ChannelBusyError naming ``holder`` when another process has it."""

@@ -28,7 +28,9 @@ class Mapping:
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._buf = (ctypes.c_char * size).from_buffer(self.mm)  # for the futex word's address
         self.base = ctypes.addressof(self._buf)
-        self.ring_capacity = L.U32.unpack_from(self.mm, L.OFF_RING_CAPACITY)[0]
+        self.q = memoryview(self.mm).cast("Q")  # u64 words: one store or load each (see layout.Q_BUBBLE_SEQ)
+        self.d = memoryview(self.mm).cast("I")  # u32 words
+        self.ring_capacity: int = self.d[L.OFF_RING_CAPACITY >> 2]
 
     @classmethod
     def open_existing(cls, path: Path) -> Mapping:
@@ -44,6 +46,8 @@ class Mapping:
     def close(self) -> None:
         if self.fd < 0:
             return
+        self.q.release()
+        self.d.release()
         del self._buf
         self.mm.close()
         os.close(self.fd)
@@ -51,10 +55,10 @@ class Mapping:
 
     # -- fields -------------------------------------------------------------------------------------------------
     def u32(self, offset: int) -> int:
-        return int(L.U32.unpack_from(self.mm, offset)[0])
+        return int(self.d[offset >> 2])
 
     def u64(self, offset: int) -> int:
-        return int(L.U64.unpack_from(self.mm, offset)[0])
+        return int(self.q[offset >> 3])
 
     def generation(self) -> int:
         return self.u64(L.OFF_GENERATION)
@@ -64,10 +68,10 @@ class Mapping:
 
     def read_bubble(self) -> tuple[int, tuple[int, ...]] | None:
         """(seq, bubble fields) from one consistent snapshot; None when the writer stays mid-write."""
-        return read_seqlocked(self.mm, L.OFF_BUBBLE_SEQ, L.BUBBLE_DATA, L.OFF_BUBBLE_DATA)
+        return read_seqlocked(self, L.Q_BUBBLE_SEQ, L.BUBBLE_DATA, L.OFF_BUBBLE_DATA)
 
     def read_answer(self) -> FillAnswer | None:
-        snap = read_seqlocked(self.mm, L.OFF_ANSWER_SEQ, L.ANSWER_DATA, L.OFF_ANSWER_DATA)
+        snap = read_seqlocked(self, L.Q_ANSWER_SEQ, L.ANSWER_DATA, L.OFF_ANSWER_DATA)
         if snap is None:
             return None
         bid, state, _, *rest = snap[1]
@@ -137,16 +141,14 @@ class Mapping:
         return sorted(out, key=lambda r: r.id)
 
 
-def read_seqlocked(
-    mm: mmap.mmap, seq_off: int, data: struct.Struct, data_off: int
-) -> tuple[int, tuple[int, ...]] | None:
+def read_seqlocked(m: Mapping, seq_ix: int, data: struct.Struct, data_off: int) -> tuple[int, tuple[int, ...]] | None:
     """One consistent snapshot of a seqlocked block: (seq, fields), or None if it stays odd or keeps changing."""
-    u64 = L.U64
+    q, mm = m.q, m.mm
     for attempt in range(_READ_TRIES):
-        s1 = u64.unpack_from(mm, seq_off)[0]
+        s1 = q[seq_ix]
         if not s1 & 1:
             fields = data.unpack_from(mm, data_off)
-            if u64.unpack_from(mm, seq_off)[0] == s1:
+            if q[seq_ix] == s1:
                 return s1, fields
         if attempt >= 8:
             time.sleep(0)  # let a preempted writer on this core finish

@@ -29,8 +29,8 @@ POLL_S = 0.02
 
 
 class Consumer:
-    """Attached to one channel directory as its fill executor. Use :meth:`attach`. Not thread-safe, except that
-    :meth:`is_open` and :meth:`remaining_s` may be called from any thread."""
+    """Attached to one channel directory as its fill executor. Use :meth:`attach`. Not thread-safe: it may move to
+    a new mapping (after a trainer restart) inside any call, so use it from one thread."""
 
     def __init__(self, *, directory: Path, fill_lock: OwnerLock, trainer_lock: OwnerLock, mapping: Mapping) -> None:
         self._dir = directory
@@ -99,16 +99,16 @@ class Consumer:
                 left_ns = deadline - time.monotonic_ns()
                 if left_ns <= 0:
                     return None
-                mm = self._m.mm
-                L.U32.pack_into(mm, L.OFF_FILL_WAITING, 1)
-                if L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0] == seen:  # else the trainer wrote since: look again
+                m = self._m
+                m.d[L.I_FILL_WAITING] = 1
+                if m.q[L.Q_BUBBLE_SEQ] == seen:  # else the trainer wrote since: look again
                     self._futex.wait(seen, min(left_ns / 1e9, SLICE_S))
                 # A wake-up is nearly always a bubble: take it first. fill_waiting stays 1 until acknowledge() or
                 # the next sleep; meanwhile an open_bubble costs the trainer one futex wake with no waiter.
                 b, _ = self._take()
                 if b is not None:
                     return b
-                L.U32.pack_into(mm, L.OFF_FILL_WAITING, 0)
+                m.d[L.I_FILL_WAITING] = 0
             else:
                 left_ns = deadline - time.monotonic_ns()
                 if left_ns <= 0:
@@ -155,13 +155,13 @@ class Consumer:
         t[1] += used_ns
         t[2] += overrun_ns
         t[3] += work
-        L.U32.pack_into(self._m.mm, L.OFF_FILL_WAITING, 0)
+        self._m.d[L.I_FILL_WAITING] = 0
         self._answer(bubble_id, state=L.FILL_YIELDED, now_ns=time.monotonic_ns(), done=(used_ns, overrun_ns, work))
         _, f_off = L.ring_offsets(self._m.ring_capacity, bubble_id)
-        mm = self._m.mm
-        L.U64.pack_into(mm, f_off, 0)
-        L.FILL_ENTRY.pack_into(mm, f_off + 8, used_ns, overrun_ns, work)
-        L.U64.pack_into(mm, f_off, bubble_id)
+        m = self._m
+        m.q[f_off >> 3] = 0
+        L.FILL_ENTRY.pack_into(m.mm, f_off + 8, used_ns, overrun_ns, work)
+        m.q[f_off >> 3] = bubble_id
 
     def trainer_alive(self) -> bool:
         """Whether a live trainer owns the channel; re-attaches first when a restarted trainer replaced it."""
@@ -169,7 +169,7 @@ class Consumer:
 
     def heartbeat(self) -> None:
         """Record that the fill is alive (waiting and acknowledging do this too)."""
-        L.U64.pack_into(self._m.mm, L.OFF_FILL_HEARTBEAT, time.monotonic_ns())
+        self._m.q[L.Q_FILL_HEARTBEAT] = time.monotonic_ns()
 
     def history(self) -> list[BubbleRecord]:
         return self._m.history()
@@ -185,7 +185,7 @@ class Consumer:
     def close(self) -> None:
         if self._m.fd < 0:
             return
-        L.U32.pack_into(self._m.mm, L.OFF_FILL_WAITING, 0)
+        self._m.d[L.I_FILL_WAITING] = 0
         self._m.close()
         self._fill_lock.close()
         self._trainer_lock.close()
@@ -205,28 +205,24 @@ class Consumer:
         self._current = None
         seq = mapping.u64(L.OFF_ANSWER_SEQ)
         self._answer_seq = seq + (seq & 1)  # a fill that died mid-write left it odd
-        L.U32.pack_into(mapping.mm, L.OFF_FILL_PID, os.getpid())
-        L.U32.pack_into(mapping.mm, L.OFF_FILL_WAITING, 0)
+        mapping.d[L.I_FILL_PID] = os.getpid()
+        mapping.d[L.I_FILL_WAITING] = 0
         self._answer(0, state=L.FILL_IDLE, now_ns=time.monotonic_ns())
 
     def _take(self) -> tuple[Bubble | None, int]:
         """A bubble that is open and newer than the last one returned, if any, and the seq that was read.
         This is the path right after a wake-up, with cold caches: keep it short."""
         m = self._m
-        mm = m.mm
-        seq = L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0]
-        fields = L.BUBBLE_DATA.unpack_from(mm, L.OFF_BUBBLE_DATA)
-        if seq & 1 or L.U64.unpack_from(mm, L.OFF_BUBBLE_SEQ)[0] != seq:  # a write in progress: the slow path
+        q = m.q
+        seq = q[L.Q_BUBBLE_SEQ]
+        fields = L.BUBBLE_DATA.unpack_from(m.mm, L.OFF_BUBBLE_DATA)
+        if seq & 1 or q[L.Q_BUBBLE_SEQ] != seq:  # a write in progress: the slow path
             snap = m.read_bubble()
             if snap is None:
                 return None, m.u64(L.OFF_BUBBLE_SEQ)
             seq, fields = snap
         bid, state, kind, open_ns, end_ns, free_bytes, step, mb_idx, _, _ = fields
-        if (
-            state != L.BUBBLE_OPEN
-            or bid <= self._last_id
-            or L.U32.unpack_from(mm, L.OFF_CHANNEL_STATE)[0] != L.STATE_READY
-        ):
+        if state != L.BUBBLE_OPEN or bid <= self._last_id or m.d[L.I_CHANNEL_STATE] != L.STATE_READY:
             return None, seq
         self._last_id = bid
         b = Bubble(bid, BubbleKind.from_code(kind), open_ns, end_ns, free_bytes, step, mb_idx, self._gen)
@@ -235,14 +231,15 @@ class Consumer:
         return b, seq
 
     def _answer(self, bubble_id: int, *, state: int, now_ns: int, done: tuple[int, int, int] = (0, 0, 0)) -> None:
-        mm, seq, t = self._m.mm, self._answer_seq, self._totals
-        L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 1)
+        m, seq, t = self._m, self._answer_seq, self._totals
+        q = m.q
+        q[L.Q_ANSWER_SEQ] = seq + 1
         yielded = now_ns if state == L.FILL_YIELDED else 0
-        L.ANSWER_DATA.pack_into(mm, L.OFF_ANSWER_DATA, bubble_id, state, 0, yielded, *done, *t)
-        L.U64.pack_into(mm, L.OFF_ANSWER_SEQ, seq + 2)
+        L.ANSWER_DATA.pack_into(m.mm, L.OFF_ANSWER_DATA, bubble_id, state, 0, yielded, *done, *t)
+        q[L.Q_ANSWER_SEQ] = seq + 2
         self._answer_seq = seq + 2
         if now_ns:
-            L.U64.pack_into(mm, L.OFF_FILL_HEARTBEAT, now_ns)
+            q[L.Q_FILL_HEARTBEAT] = now_ns
 
     def _refresh(self) -> bool:
         """Liveness of the trainer owning our file; moves to a replacement file when there is one."""

@@ -2,8 +2,8 @@
 
 ``docs/channel.md`` prints the same table (a test keeps the two equal). Every field is little-endian and naturally
 aligned, and every field is written by exactly one side. Structs are built from the table in *native* format on
-little-endian hosts, so each field is packed with one aligned store: a reader can see whole fields from two writes,
-never half a field (the seqlocks take care of the rest).
+little-endian hosts; they pack multi-field blocks inside a seqlock's odd window. Single words (seqs, flags, states,
+heartbeats) go through memoryview casts at the ``Q_*`` / ``I_*`` indexes below: one aligned store each.
 """
 
 from __future__ import annotations
@@ -188,6 +188,19 @@ OFF_FILL_WAITING = _field(_W, "fill_waiting").offset
 OFF_ANSWER_SEQ = _field(_A, "answer_seq").offset
 OFF_ANSWER_DATA = _field(_A, "answer_bubble_id").offset
 MIN_FILE_SIZE = RING_OFFSET + PRODUCER_ENTRY_BYTES + FILL_ENTRY_BYTES
+
+# Single words are stored through ``memoryview(mm).cast("Q")`` / ``.cast("I")`` at these indexes: one aligned store
+# each. Never ``Struct.pack_into`` for them: it zero-fills the target before writing the value, and a reader that
+# sees that transient 0 in a seq word twice would accept a half-written block.
+Q_BUBBLE_SEQ = OFF_BUBBLE_SEQ // 8
+Q_ANSWER_SEQ = OFF_ANSWER_SEQ // 8
+Q_DEVICE_SEQ = OFF_DEVICE_SEQ // 8
+Q_TRAINER_HEARTBEAT = OFF_TRAINER_HEARTBEAT // 8
+Q_FILL_HEARTBEAT = OFF_FILL_HEARTBEAT // 8
+I_CHANNEL_STATE = OFF_CHANNEL_STATE // 4
+I_FILL_WAITING = OFF_FILL_WAITING // 4
+I_FILL_PID = OFF_FILL_PID // 4
+I_GPU_COUNT = OFF_GPU_COUNT // 4
 
 
 def file_size(ring_capacity: int) -> int:

@@ -37,6 +37,7 @@ class Producer:
     def __init__(self, *, mapping: Mapping, lock: OwnerLock, fill_lock: OwnerLock, next_id: int) -> None:
         self._m = mapping
         self._mm = mapping.mm
+        self._q, self._d = mapping.q, mapping.d
         self._lock = lock
         self._fill_lock = fill_lock
         self._futex = Futex(mapping.base + L.OFF_BUBBLE_SEQ)
@@ -105,8 +106,8 @@ class Producer:
             lock.close()
             fill_lock.close()
             raise
-        L.U64.pack_into(mapping.mm, L.OFF_TRAINER_HEARTBEAT, now)
-        L.U32.pack_into(mapping.mm, L.OFF_CHANNEL_STATE, L.STATE_READY)
+        mapping.q[L.Q_TRAINER_HEARTBEAT] = now
+        mapping.d[L.I_CHANNEL_STATE] = L.STATE_READY
         os.rename(tmp, path)  # atomic: a reader sees the old file or the complete new one
         if old is not None:
             _supersede(old[2])
@@ -126,20 +127,20 @@ class Producer:
             or free_bytes < 0
         ):
             self._refuse_open(expected_duration_s, free_bytes, kind)
-        mm, seq, bid = self._mm, self._seq, self._next_id
+        mm, q, seq, bid = self._mm, self._q, self._seq, self._next_id
         now = time.monotonic_ns()
         end = now + int(expected_duration_s * 1e9)
-        L.U64.pack_into(mm, L.OFF_BUBBLE_SEQ, seq + 1)
+        q[L.Q_BUBBLE_SEQ] = seq + 1
         L.BUBBLE_DATA.pack_into(
             mm, L.OFF_BUBBLE_DATA, bid, L.BUBBLE_OPEN, code, now, end, free_bytes, step, mb_idx, 0, 0
         )
-        L.U64.pack_into(mm, L.OFF_BUBBLE_SEQ, seq + 2)
+        q[L.Q_BUBBLE_SEQ] = seq + 2
         self._seq = seq + 2
         self._next_id = bid + 1
         self._open = (bid, code, now, end, free_bytes, step, mb_idx)
-        if L.U32.unpack_from(mm, L.OFF_FILL_WAITING)[0]:
+        if self._d[L.I_FILL_WAITING]:
             self._futex.wake()
-        L.U64.pack_into(mm, L.OFF_TRAINER_HEARTBEAT, now)
+        q[L.Q_TRAINER_HEARTBEAT] = now
         return bid
 
     def close_bubble(self, bubble_id: int) -> None:
@@ -148,34 +149,34 @@ class Producer:
         if o is None or o[0] != bubble_id:
             raise ValueError(f"close_bubble({bubble_id}): the open bubble is {o[0] if o else 'none'}")
         bid, code, open_ns, end, free_bytes, step, mb_idx = o
-        mm, seq = self._mm, self._seq
+        mm, q, seq = self._mm, self._q, self._seq
         now = time.monotonic_ns()
-        L.U64.pack_into(mm, L.OFF_BUBBLE_SEQ, seq + 1)
+        q[L.Q_BUBBLE_SEQ] = seq + 1
         L.BUBBLE_DATA.pack_into(
             mm, L.OFF_BUBBLE_DATA, bid, L.BUBBLE_CLOSED, code, open_ns, end, free_bytes, step, mb_idx, 0, now
         )
-        L.U64.pack_into(mm, L.OFF_BUBBLE_SEQ, seq + 2)
+        q[L.Q_BUBBLE_SEQ] = seq + 2
         self._seq = seq + 2
         self._open = None
         p_off = L.RING_OFFSET + (bid % self._cap) * L.PRODUCER_ENTRY_BYTES
-        L.U64.pack_into(mm, p_off, 0)
+        q[p_off >> 3] = 0
         L.PRODUCER_ENTRY.pack_into(
             mm, p_off + 8, code, mb_idx, step, open_ns, end - open_ns, now - open_ns, free_bytes, 0
         )
-        L.U64.pack_into(mm, p_off, bid)
+        q[p_off >> 3] = bid
 
     def heartbeat(self) -> None:
         """Record that the trainer is making progress (``open_bubble`` does this too)."""
-        L.U64.pack_into(self._mm, L.OFF_TRAINER_HEARTBEAT, time.monotonic_ns())
+        self._q[L.Q_TRAINER_HEARTBEAT] = time.monotonic_ns()
 
     def publish_device(self, *, gpu_uuids: Sequence[str]) -> None:
         """Publish the UUIDs of the GPUs this trainer uses, so the fill selects the same device (at most 8)."""
         raw = L.encode_uuids(gpu_uuids)
         mm, seq = self._mm, self._device_seq
-        L.U64.pack_into(mm, L.OFF_DEVICE_SEQ, seq + 1)
-        L.U32.pack_into(mm, L.OFF_GPU_COUNT, len(gpu_uuids))
+        self._q[L.Q_DEVICE_SEQ] = seq + 1
+        self._d[L.I_GPU_COUNT] = len(gpu_uuids)
         mm[L.OFF_GPU_UUIDS : L.OFF_GPU_UUIDS + len(raw)] = raw
-        L.U64.pack_into(mm, L.OFF_DEVICE_SEQ, seq + 2)
+        self._q[L.Q_DEVICE_SEQ] = seq + 2
         self._device_seq = seq + 2
 
     # -- reading the fill's side (never waits) -----------------------------------------------------------------------
@@ -257,7 +258,7 @@ def _supersede(old: Mapping) -> None:
 
 
 def _mark(m: Mapping, state: int, futex: Futex) -> None:
-    L.U32.pack_into(m.mm, L.OFF_CHANNEL_STATE, state)
+    m.d[L.I_CHANNEL_STATE] = state
     # +2 keeps the parity: a bubble left half-written (odd) by a dead trainer must never look complete.
-    L.U64.pack_into(m.mm, L.OFF_BUBBLE_SEQ, m.u64(L.OFF_BUBBLE_SEQ) + 2)
+    m.q[L.Q_BUBBLE_SEQ] += 2
     futex.wake()

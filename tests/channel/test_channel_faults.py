@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pipefill.channel import (
     Producer,
 )
 from pipefill.channel import layout as L
+from pipefill.channel._files import OwnerLock
 
 
 def _channel_file(channel_dir: Path, data: bytes) -> Path:
@@ -195,3 +197,78 @@ def test_answer_and_history_reach_the_trainer(channel_dir: Path) -> None:
         assert all(r.filled_s == 0.25 and r.overrun_ns == 1_000_000 and r.predicted_s == 0.5 for r in hist)
         with pytest.raises(ValueError, match="must be ≥ 0"):
             c.acknowledge(6, used_s=-1)
+
+
+def test_a_forked_child_does_not_keep_a_dead_trainer_alive(channel_dir: Path) -> None:
+    """The trainer forks a long-lived child (a DataLoader worker) and is killed: its lock must die with it."""
+    code = (
+        "import os, sys, time\nfrom pipefill.channel import Producer\n"
+        f"p = Producer.create(channel_dir={str(channel_dir)!r})\n"
+        "child = os.fork()\n"
+        "if child == 0:\n    open(os.path.join(sys.argv[1], 'child-up'), 'w').close(); time.sleep(30); os._exit(0)\n"
+        "print(child, flush=True); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(channel_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        end = time.monotonic() + 10
+        while not (channel_dir / "child-up").exists():  # the child runs Python code: it is past its fork hook
+            assert time.monotonic() < end, "the forked child did not start"
+            time.sleep(0.01)
+        with Consumer.attach(channel_dir=channel_dir, timeout_s=10) as c:
+            assert c.trainer_alive()
+            proc.kill()
+            proc.wait(timeout=10)
+            assert not c.trainer_alive(), "the forked child kept the trainer's lock"
+        os.kill(child, 9)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_reattaching_to_a_trainer_of_another_release_names_both_versions(channel_dir: Path) -> None:
+    p = Producer.create(channel_dir=channel_dir)
+    with Consumer.attach(channel_dir=channel_dir, timeout_s=1) as c:
+        data = bytearray(p.path.read_bytes())
+        p.close()
+        L.U32.pack_into(data, L.OFF_VERSION, 2)
+        L.U32.pack_into(data, L.OFF_CHANNEL_STATE, L.STATE_READY)
+        (channel_dir / ".new").write_bytes(bytes(data))
+        os.rename(channel_dir / ".new", channel_dir / "channel")
+        lock = OwnerLock(channel_dir / "trainer.lock", create=False)
+        lock.acquire(who="trainer", holder="test")
+        try:
+            with pytest.raises(ChannelVersionError, match="version 2, this code reads version 1"):
+                c.trainer_alive()
+        finally:
+            lock.close()
+
+
+def test_bench_cli_prints_one_json_object_with_the_required_keys() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipefill",
+            "bench",
+            "channel",
+            "--json",
+            "--samples",
+            "10",
+            "--rounds",
+            "1",
+            "--gap-ms",
+            "0.2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("wake_us", "open_close_us"):
+        assert {"p50", "p99"} <= set(out[key])
+    assert out["samples"] == 10 and out["missed"] == {k: 0 for k in out["missed"]}
