@@ -90,6 +90,8 @@ def main(argv: list[str]) -> int:
                 "PIPEFILL_CPU_AFFINITY": str(rank % (os.cpu_count() or 1)),
                 "OMP_NUM_THREADS": "1",
                 "PIPEFILL_OUT_DIR": str(Path(tmp) / f"rank{rank}"),
+                # each rank announces on its own channel, as in its own pod (no fill attached)
+                "PIPEFILL_CHANNEL_DIR": str(Path(tmp) / f"channel{rank}"),
             }
             cmd = [
                 sys.executable,
