@@ -6,6 +6,7 @@ One place names every variable, so the pod builder, the local runner, the traine
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 __all__ = [
     "CHANNEL_DIR",
@@ -28,6 +29,7 @@ __all__ = [
     "SCHEDULE_FILE",
     "SPEC_FILE",
     "WORK_SOURCE",
+    "cpu_list",
     "env_int",
 ]
 
@@ -61,12 +63,30 @@ EXIT_RETRYABLE = 75  # EX_TEMPFAIL: transient (a peer died, a rendezvous timed o
 EXIT_PEER_FAILED = EXIT_RETRYABLE
 
 
-def env_int(name: str, default: int) -> int:
-    """An integer environment variable, with an error naming it when it is not an integer."""
-    raw = os.environ.get(name)
+def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None) -> int:
+    """An integer environment variable (of ``environ``, default ``os.environ``); the error names it."""
+    raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw == "":
         return default
     try:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+def cpu_list(text: str) -> set[int]:
+    """``"0"``, ``"0,2"`` or ``"0-3,6"`` (the ``PIPEFILL_CPU_AFFINITY`` grammar) → a set of CPU numbers."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                cpus.update(range(int(lo), int(hi) + 1))
+            elif part:
+                cpus.add(int(part))
+    except ValueError:
+        cpus = set()
+    if not cpus or min(cpus) < 0:
+        raise ValueError(f"{CPU_AFFINITY}={text!r}: expected a CPU list such as 0, 0,2 or 0-3")
+    return cpus

@@ -18,20 +18,7 @@ log = logging.getLogger("pipefill_fill")
 
 def parse_cpu_list(text: str) -> set[int]:
     """``"0"``, ``"0,2"`` or ``"0-3,6"`` → a set of CPU numbers; errors name the variable."""
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                cpus.update(range(int(lo), int(hi) + 1))
-            elif part:
-                cpus.add(int(part))
-    except ValueError:
-        cpus = set()
-    if not cpus or min(cpus) < 0:
-        raise ValueError(f"{env.CPU_AFFINITY}={text!r}: expected a CPU list such as 0, 0,2 or 0-3")
-    return cpus
+    return env.cpu_list(text)
 
 
 def pin_cpus(text: str | None) -> set[int] | None:

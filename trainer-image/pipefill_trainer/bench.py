@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipefill.local.procs import free_port
+
 __all__ = ["main"]
 
 _SPEC = """\
@@ -73,11 +75,7 @@ def main(argv: list[str]) -> int:
                 ckpt=Path(tmp) / "ckpt",
             )
         )
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         procs = []
         for rank in range(2):
             env = {

@@ -99,11 +99,9 @@ class TrainerConfig:
             raise ConfigError(f"{env.DEVICE}={device!r} must be cpu, cuda or cuda:N")
         affinity = e.get(env.CPU_AFFINITY)
         try:
-            cpus = tuple(int(c) for c in affinity.split(",")) if affinity else None
-        except ValueError:
-            raise ConfigError(
-                f"{env.CPU_AFFINITY}={affinity!r} must be a comma-separated list of CPU numbers"
-            ) from None
+            cpus = tuple(sorted(env.cpu_list(affinity))) if affinity else None
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         channel = e.get(env.CHANNEL_DIR, env.DEFAULT_CHANNEL_DIR) if job.spec.fill.enabled else None
         return cls(
             job=job,
@@ -126,13 +124,10 @@ class TrainerConfig:
 
 
 def _int(e: Mapping[str, str], name: str, default: int) -> int:
-    raw = e.get(name)
-    if raw is None or raw == "":
-        return default
     try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
+        return env.env_int(name, default, environ=e)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _schedule_csv(e: Mapping[str, str], spec_path: str, key: str) -> str:
