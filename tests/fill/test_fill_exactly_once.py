@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HERE, subprocess_env, write_job
+from fill_helpers import HERE, subprocess_env, write_job
 from pipefill_fill.store import ProgressStore, read_outputs
 
 DRIVE = str(HERE / "_drive.py")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from conftest import write_job
+from fill_helpers import write_job
 from pipefill_fill.profiler import profile_task
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec

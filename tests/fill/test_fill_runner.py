@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import subprocess_env, write_job
+from fill_helpers import subprocess_env, write_job
 from pipefill_fill.events import read_events
 from pipefill_fill.store import ProgressStore
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from conftest import write_job
+from fill_helpers import write_job
 from kubernetes import client
 from pipefill_fill.sources import Identity, ProgressReport, open_source
 from pipefill_fill.sources.files import FilesSource

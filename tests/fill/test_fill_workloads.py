@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_job
+from fill_helpers import write_job
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.workload import load_workload_class

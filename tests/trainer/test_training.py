@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch, wait_all
+from trainer_procs import launch, wait_all
 
 from pipefill import env
 from pipefill.channel import Bubble, BubbleRecord, Consumer

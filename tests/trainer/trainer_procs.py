@@ -9,8 +9,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).parent
 
 
@@ -62,8 +60,3 @@ def wait_all(procs: Sequence[subprocess.Popen[str]], *, timeout_s: float) -> lis
                 proc.kill()
                 proc.communicate()
     return out
-
-
-@pytest.fixture
-def launcher():  # type: ignore[no-untyped-def]
-    return launch
