@@ -8,6 +8,7 @@ the fill work inside them) and ``timeline.png`` (the same, for the last steps; n
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -15,62 +16,140 @@ from typing import Any
 
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = ["build_report", "read_jsonl", "write_report"]
+__all__ = ["JsonlTail", "RankStats", "build_report", "rank_log_paths", "read_jsonl", "write_report"]
 
 _TRAINER_LOG = "events.jsonl"
 _FILL_LOG = "fill-events.jsonl"
 
 
+class JsonlTail:
+    """The complete lines appended to a JSONL log since the last read, found by byte offset (never re-reading).
+
+    A partial last line (a writer mid-line, or a torn line after a crash) waits until its newline arrives;
+    ``read(final=True)`` takes it too when it parses. A file that shrank or was replaced is read again from its start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0  # bytes consumed, including the pending partial line
+        self._inode: int | None = None
+        self._partial = b""
+
+    def read(self, *, final: bool = False) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                st = os.fstat(fh.fileno())
+                if st.st_ino != self._inode or st.st_size < self.offset:
+                    self._inode, self.offset, self._partial = st.st_ino, 0, b""
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = b"" if final else lines.pop()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line.decode("utf-8", errors="replace")))
+            except json.JSONDecodeError:
+                continue  # an empty line, or a torn one
+        return out
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every complete line of a JSONL log; a torn last line (a crash mid-write) is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return JsonlTail(path).read(final=True)
+
+
+def rank_log_paths(out_dir: Path, rank: int) -> tuple[Path, Path]:
+    """The trainer's and the fill executor's event logs of ``rank``."""
+    base = out_dir / "ranks" / str(rank)
+    return base / "trainer" / _TRAINER_LOG, base / "fill-executor" / _FILL_LOG
 
 
 def _logs(out_dir: Path, rank: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    base = out_dir / "ranks" / str(rank)
-    return read_jsonl(base / "trainer" / _TRAINER_LOG), read_jsonl(base / "fill-executor" / _FILL_LOG)
+    trainer, fill = rank_log_paths(out_dir, rank)
+    return read_jsonl(trainer), read_jsonl(fill)
 
 
 def _fill_spans(fill: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """(start_ns, end_ns) of the fill's work inside each bubble it used."""
-    return [(int(e["woke_ns"]), int(e["yielded_ns"])) for e in fill if e.get("event") == "bubble" and e.get("steps")]
+    return [(int(e["woke_ns"]), int(e["yielded_ns"])) for e in fill if _used(e)]
+
+
+def _used(e: dict[str, Any]) -> bool:
+    """A fill ``bubble`` event in which at least one step ran."""
+    return e.get("event") == "bubble" and bool(e.get("steps"))
+
+
+class RankStats:
+    """One rank's figures in the report, fed one event at a time: the report feeds whole logs, the live view each
+    tick's new lines. Bubble fraction is idle ÷ step time over the steps with measured bubbles; recovery is fill busy
+    time ÷ announced bubble time."""
+
+    def __init__(self) -> None:
+        self.last_step: dict[str, Any] | None = None  # the newest ``step`` event
+        self._measured_steps: set[int] = set()
+        self._step_s: float = 0  # over steps with measured bubbles
+        self._unmeasured_s: dict[int, list[float]] = defaultdict(list)  # steps whose bubbles are not seen (yet)
+        self._by_kind: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"count": 0, "total_s": 0.0, "announced_s": 0.0}
+        )
+        self._busy_ns = 0
+        self._bubbles_used = 0
+        self._overrun_max_s: float | None = None
+
+    def add_trainer(self, e: dict[str, Any]) -> None:
+        if e.get("type") == "step":
+            self.last_step = e
+            if e["step"] in self._measured_steps:
+                self._step_s += e["step_s"]
+            else:
+                self._unmeasured_s[e["step"]].append(e["step_s"])
+        elif e.get("type") == "bubble":
+            if e["step"] not in self._measured_steps:
+                self._measured_steps.add(e["step"])
+                for step_s in self._unmeasured_s.pop(e["step"], []):
+                    self._step_s += step_s
+            d = (e["end_ns"] - e["start_ns"]) / 1e9
+            row = self._by_kind[e["kind"]]
+            row["count"] += 1
+            row["total_s"] += d
+            row["announced_s"] += d if e.get("announced") else 0.0
+
+    def add_fill(self, e: dict[str, Any]) -> None:
+        if _used(e):
+            self._busy_ns += int(e["yielded_ns"]) - int(e["woke_ns"])
+            self._bubbles_used += 1
+            overrun_s = float(e.get("overrun_s") or 0.0)
+            self._overrun_max_s = overrun_s if self._overrun_max_s is None else max(self._overrun_max_s, overrun_s)
+
+    def summary(self) -> dict[str, Any]:
+        """The rank's row of ``report.json``."""
+        bubble_s = sum(r["total_s"] for r in self._by_kind.values())
+        announced_s = sum(r["announced_s"] for r in self._by_kind.values())
+        busy_s = self._busy_ns / 1e9
+        return {
+            "steps_measured": len(self._measured_steps),
+            "bubble_fraction": bubble_s / self._step_s if self._step_s else None,
+            "bubble_s": bubble_s,
+            "announced_bubble_s": announced_s,
+            "by_kind": dict(self._by_kind),
+            "fill_busy_s": busy_s,
+            "bubble_recovery": busy_s / announced_s if announced_s else None,
+            "fill_bubbles_used": self._bubbles_used,
+            "fill_overrun_max_s": 0.0 if self._overrun_max_s is None else self._overrun_max_s,
+        }
 
 
 def _rank_stats(trainer: list[dict[str, Any]], fill: list[dict[str, Any]]) -> dict[str, Any]:
-    steps = [e for e in trainer if e.get("type") == "step"]
-    bubbles = [e for e in trainer if e.get("type") == "bubble"]
-    measured_steps = {e["step"] for e in bubbles}
-    step_s = sum(e["step_s"] for e in steps if e["step"] in measured_steps)
-    by_kind: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "total_s": 0.0, "announced_s": 0.0})
-    for b in bubbles:
-        d = (b["end_ns"] - b["start_ns"]) / 1e9
-        row = by_kind[b["kind"]]
-        row["count"] += 1
-        row["total_s"] += d
-        row["announced_s"] += d if b.get("announced") else 0.0
-    bubble_s = sum(r["total_s"] for r in by_kind.values())
-    announced_s = sum(r["announced_s"] for r in by_kind.values())
-    busy_s = sum(e - s for s, e in _fill_spans(fill)) / 1e9
-    overruns = [float(e.get("overrun_s") or 0.0) for e in fill if e.get("event") == "bubble" and e.get("steps")]
-    return {
-        "steps_measured": len(measured_steps),
-        "bubble_fraction": bubble_s / step_s if step_s else None,
-        "bubble_s": bubble_s,
-        "announced_bubble_s": announced_s,
-        "by_kind": dict(by_kind),
-        "fill_busy_s": busy_s,
-        "bubble_recovery": busy_s / announced_s if announced_s else None,
-        "fill_bubbles_used": len(overruns),
-        "fill_overrun_max_s": max(overruns, default=0.0),
-    }
+    stats = RankStats()
+    for e in trainer:
+        stats.add_trainer(e)
+    for e in fill:
+        stats.add_fill(e)
+    return stats.summary()
 
 
 def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, Any]:
