@@ -1,7 +1,9 @@
 """Run a PipelineTrainingJob and its FillJobs on this machine: the same manifests a cluster takes, no cluster.
 
 Each rank's trainer and fill executor run as local processes with the command and environment the operator would
-give their containers; on CPU one core plays one GPU (a stage's trainer and its fill executor share it).
+give their containers; on CPU one core plays one GPU (a stage's trainer and its fill executor share it). While it
+runs: a live view (plain lines when stdout is not a terminal, or with --plain) and one Prometheus endpoint with every
+process's metrics, labeled by rank and container as a cluster's scrape would.
 """
 
 from __future__ import annotations
@@ -11,13 +13,26 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipefill.local.report import write_report
 from pipefill.local.runner import LocalRun, describe_error, load_manifests
 from pipefill.spec import SpecError
 
+if TYPE_CHECKING:
+    from pipefill.local.metrics import ChildrenCollector, MetricsEndpoint
+
 __all__ = ["add_arguments", "run"]
+
+_METRICS_PORT = 9400
+"""Default port of the aggregated metrics endpoint; when it is taken, a free one is used (and printed)."""
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds > 0")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--no-pin", action="store_true", help="do not pin each rank's processes to one core")
+    parser.add_argument(
+        "--plain", action="store_true", help="plain status lines instead of the live view (the default off a terminal)"
+    )
+    parser.add_argument(
+        "--status-every",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between plain status lines (default 5)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"port of the aggregated metrics endpoint on 127.0.0.1 (default {_METRICS_PORT}, or a free one if taken; 0: a free one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,9 +84,29 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.device == "cpu" and stages > cores:
         print(f"note: {stages} stages on {cores} cores: several stages share a core, so timings are not a GPU's")
-    outcome = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin).run()
-    for line in outcome.events:
-        print(line)
+    try:  # the live view and the endpoint need the 'local' extra (rich, prometheus-client); the other commands do not
+        from pipefill.local.live import LiveState, make_view
+        from pipefill.local.metrics import ChildrenCollector
+    except ImportError as exc:
+        print(
+            f"pipefill local needs the 'local' extra: pip install 'pipefill-operator[local]' ({exc})", file=sys.stderr
+        )
+        return 2
+    runner = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin)
+    endpoint = _serve_metrics(ChildrenCollector(lambda: runner.procs, outcome=runner.outcome), args.metrics_port)
+    if endpoint is None:
+        return 2
+    print(f"metrics of every process: {endpoint.url}", flush=True)
+    state = LiveState(
+        world_size=job.world_size, out_dir=out_dir, work_dir=runner.work_dir, fills=fills, steps=job.spec.steps
+    )
+    view = make_view(state, plain=args.plain, interval_s=args.status_every)
+    runner.on_tick = view.tick
+    try:
+        outcome = runner.run()
+    finally:
+        endpoint.close()
+        view.close(runner.outcome)  # prints the runner's events not shown yet and where things are
     files = write_report(
         job,
         out_dir,
@@ -71,6 +123,22 @@ def run(args: argparse.Namespace) -> int:
     for name, path in files.items():
         print(f"  {name}: {path}")
     return outcome.code
+
+
+def _serve_metrics(collector: ChildrenCollector, port: int | None) -> MetricsEndpoint | None:
+    from pipefill.local.metrics import MetricsEndpoint
+
+    try:
+        return MetricsEndpoint(collector, port=_METRICS_PORT if port is None else port)
+    except OSError as exc:
+        if port is not None:
+            print(
+                f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror}); choose another port, or 0 for a free one",
+                file=sys.stderr,
+            )
+            return None
+    print(f"note: metrics port {_METRICS_PORT} is taken; using a free one", flush=True)
+    return MetricsEndpoint(collector, port=0)
 
 
 def _summary(report: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to
 __all__ = ["LocalRun", "RunOutcome", "load_manifests", "prepare"]
 
 _POLL_S = 0.2
+_WORK_DIR = "filljobs"
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -35,6 +36,8 @@ class RunOutcome:
     job_restarts: int = 0
     fill_restarts: int = 0
     events: list[str] = field(default_factory=list)
+    # (rank, container) -> restarts of that process alone (a fill executor's); whole-job restarts are job_restarts
+    process_restarts: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob], list[str]]:
@@ -66,7 +69,7 @@ def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tu
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
-    work_dir = out_dir / "filljobs"
+    work_dir = out_dir / _WORK_DIR
     work_dir.mkdir(exist_ok=True)
     for fill in fills:
         target = work_dir / f"{fill.name}.yaml"
@@ -92,6 +95,11 @@ class LocalRun:
         self.on_tick = on_tick
         self.outcome = RunOutcome(code=1, reason="not started")
         self.procs: list[LocalProcess] = []
+
+    @property
+    def work_dir(self) -> Path:
+        """The fill executors' work source: the FillJob manifests and their ``<job>.status.json``."""
+        return self.out_dir / _WORK_DIR
 
     def _spawn(self, spec_file: Path, work_dir: Path, channel_root: Path) -> None:
         self.procs = local_processes(
@@ -151,6 +159,8 @@ class LocalRun:
                         proc.close()
                         proc.restarts += 1
                         self.outcome.fill_restarts += 1
+                        key = (proc.rank, proc.container)
+                        self.outcome.process_restarts[key] = self.outcome.process_restarts.get(key, 0) + 1
                         proc.start()
                         del fill_restart_at[i]
                 if self.on_tick is not None:

@@ -1,0 +1,238 @@
+"""The live view of `pipefill local`: incremental reading of growing logs, the figures it shows (the report's own),
+plain lines into a pipe, a rich table on a terminal, and Ctrl-C under the live display."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+from test_local_run import _job
+
+from pipefill.local.live import LiveState, PlainView, RichView
+from pipefill.local.report import JsonlTail, build_report, rank_log_paths, read_jsonl
+from pipefill.local.runner import RunOutcome
+from pipefill.spec import FillJob, load_file, load_training_job
+
+LOCAL = [sys.executable, "-m", "pipefill", "local"]
+STEPS = 60
+FILL_TOTAL = 256
+
+
+def _fill(tmp: Path) -> Path:
+    doc = {
+        "apiVersion": "pipefill.io/v1alpha1",
+        "kind": "FillJob",
+        "metadata": {"name": "embed-tiny"},
+        "spec": {
+            "workload": {
+                "kind": "inference",
+                "builtin": "encoder-inference",
+                "parameters": {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
+            },
+            "output": {"path": str(tmp / "fill-out")},
+            "totalSamples": FILL_TOTAL,
+            "hostSelector": {"matchLabels": {"pipefill.io/fill-pool": "demo"}},
+        },
+    }
+    path = tmp / "fill.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A tiny job with a fill job, run to the end with stdout into a pipe (so: plain lines)."""
+    tmp = tmp_path_factory.mktemp("plain")
+    out = tmp / "out"
+    manifests = ["-f", str(_job(tmp, steps=STEPS, fill=True)), "-f", str(_fill(tmp))]
+    done = subprocess.run(
+        [*LOCAL, *manifests, "--out", str(out), "--status-every", "0.5", "--metrics-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    return out, done
+
+
+@pytest.mark.slow
+def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
+    plain_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, done = plain_run
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "\x1b" not in done.stdout  # no terminal escape codes into a pipe
+    status = [line for line in done.stdout.splitlines() if "rank 0: " in line and "rank 1: " in line]
+    steps = [int(m) for line in status for m in re.findall(rf"rank 0: step (\d+)/{STEPS}", line)]
+    assert steps, done.stdout
+    assert steps == sorted(steps)
+    assert steps[-1] == STEPS
+    lines = done.stdout.splitlines()
+    finished = next(i for i, line in enumerate(lines) if "all trainers finished" in line)
+    assert any("rank 0: step" in line for line in lines[:finished])  # lines while it trains, not only at the end
+    final = status[-1]  # printed after the processes stopped: the fill's last commit is in
+    assert all("fill embed-tiny " in line for line in status)
+    status_file = json.loads((out / "filljobs" / "embed-tiny.status.json").read_text())
+    assert f"fill embed-tiny {status_file['samplesDone']}/{FILL_TOTAL} {status_file['phase']}" in final
+    last_loss = read_jsonl(out / "ranks" / "0" / "trainer" / "events.jsonl")[-1]["loss"]
+    assert f"loss {last_loss:.3f}" in final
+
+
+def test_tail_returns_each_complete_line_once_and_holds_a_partial_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read() == []  # not there yet
+    path.write_bytes(b'{"a":1}\n{"a":2}\n')
+    assert tail.read() == [{"a": 1}, {"a": 2}]
+    with path.open("ab") as fh:
+        fh.write(b'{"a":')
+    assert tail.read() == []  # a line being written waits for its newline
+    with path.open("ab") as fh:
+        fh.write(b'3}\n{"a":4}\n')
+    assert tail.read() == [{"a": 3}, {"a": 4}]
+    with path.open("r+b") as fh:  # change bytes already read: a tail reads on from its offset, never re-reads
+        fh.write(b'{"a":9}')
+    with path.open("ab") as fh:
+        fh.write(b'{"a":5}\n{"a":6}')
+    assert tail.read() == [{"a": 5}]
+    assert tail.read(final=True) == [{"a": 6}]  # the run is over: a last line that parses counts
+    replaced = tmp_path / "new.jsonl"
+    replaced.write_bytes(b'{"b":1}\n')
+    os.replace(replaced, path)  # a new file (a fresh run into the same place) is read from its start
+    assert tail.read() == [{"b": 1}]
+    with path.open("ab") as fh:
+        fh.write(b'{"torn\n{"b":2}\n')
+    assert tail.read() == [{"b": 2}]  # a torn line is skipped
+
+
+@pytest.mark.slow
+def test_live_figures_fed_in_random_pieces_equal_the_report(
+    plain_run: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """The real logs of the tiny run, copied piece by piece (lines cut anywhere) while the view polls."""
+    out, _ = plain_run
+    job = load_training_job(out / "job.yaml")
+    growing = tmp_path / "growing"
+    state = LiveState(world_size=2, out_dir=growing, work_dir=growing / "filljobs", fills=[], steps=STEPS)
+    outcome = RunOutcome(code=1, reason="running")
+    rng = random.Random(7)
+    for rank in range(2):
+        for src, dst in zip(rank_log_paths(out, rank), rank_log_paths(growing, rank), strict=True):
+            data = src.read_bytes()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            pos = 0
+            while pos < len(data):
+                step = rng.randint(1, 400)
+                with dst.open("ab") as fh:
+                    fh.write(data[pos : pos + step])
+                pos += step
+                state.poll([], outcome)
+    state.poll([], outcome, final=True)
+    report = build_report(job, out, outcome={})
+    for rank in range(2):
+        assert {"rank": rank, **state.ranks[rank].summary()} == report["ranks"][rank]
+    assert state.ranks[0].last_step == read_jsonl(rank_log_paths(out, 0)[0])[-1]
+    # both sides of the sums were exercised: bubbles measured, and fill work in some of them (on either rank)
+    assert all(r["steps_measured"] > 0 for r in report["ranks"])
+    assert sum(r["fill_bubbles_used"] for r in report["ranks"]) > 0
+
+
+def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> None:
+    state = LiveState(world_size=1, out_dir=tmp_path, work_dir=tmp_path, fills=[], steps=1)
+    _, fill_log = rank_log_paths(tmp_path, 0)
+    fill_log.parent.mkdir(parents=True)
+    now = time.time()
+
+    def bubble(overrun_s: float, t_unix_s: float = now + 1) -> str:
+        return json.dumps(
+            {"event": "bubble", "t_unix_s": t_unix_s, "steps": 2, "woke_ns": 0, "yielded_ns": 1, "overrun_s": overrun_s}
+        )
+
+    fill_log.write_text(bubble(0.050, t_unix_s=now - 60) + "\n" + bubble(0.0002) + "\n" + bubble(0.004) + "\n")
+    outcome = RunOutcome(code=1, reason="running", events=["12:00:00 rank0/fill-executor exited 1: restarted"])
+    first = state.poll([], outcome)
+    assert first[0] == outcome.events[0]
+    # an overrun before the view started is history; one below the threshold is not worth a line
+    assert len(first) == 2 and "overran 1 bubble(s), worst 4.0 ms" in first[1]
+    with fill_log.open("a") as fh:
+        fh.write(bubble(0.003) + "\n" + bubble(0.007) + "\n")
+    assert state.poll([], outcome) == []  # within the rate limit: held back
+    last = state.poll([], outcome, final=True)
+    assert len(last) == 1 and "overran 2 bubble(s), worst 7.0 ms" in last[0]
+
+
+@pytest.mark.slow
+def test_rich_view_draws_ranks_and_fill_progress(plain_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = plain_run
+    fills = [m for m in load_file(out.parent / "fill.yaml") if isinstance(m, FillJob)]
+    state = LiveState(world_size=2, out_dir=out, work_dir=out / "filljobs", fills=fills, steps=STEPS)
+    buf = io.StringIO()
+    view = RichView(state, console=Console(file=buf, force_terminal=True, width=120, color_system="standard"))
+    view.tick([], RunOutcome(code=1, reason="running", events=["12:00:00 all trainers finished"]))
+    view.close(RunOutcome(code=0, reason="training finished"))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "\x1b[" in buf.getvalue()
+    assert "tokens/s" in text and "fill executor" in text
+    committed = json.loads((out / "filljobs" / "embed-tiny.status.json").read_text())["samplesDone"]
+    assert re.search(rf"embed-tiny\s+\S+\s+{committed}/{FILL_TOTAL}", text), text
+    assert re.search(rf"│\s+1 │ {STEPS}/{STEPS} │", text), text
+    assert "12:00:00 all trainers finished" in text
+    plain = PlainView(state, out=io.StringIO())
+    assert f"rank 1: step {STEPS}/{STEPS}" in plain.status_line()
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_the_terminal_view_stops_everything_and_restores_the_terminal(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out), "--metrics-port", "0"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"},
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the last writer closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and sum(1 for e in read_jsonl(events) if e.get("type") == "step") < 4:
+        time.sleep(0.2)
+    time.sleep(0.5)  # a few ticks of the view with steps in it
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    reader.join(timeout=10)
+    os.close(master)
+    screen = b"".join(chunks).decode("utf-8", errors="replace")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    assert "┃ rank ┃" in text  # the live table was drawn
+    assert re.search(r"│\s+0 │\s+\d+/100000 │", text), text[-3000:]
+    assert "interrupted" in text
+    assert screen.rfind("\x1b[?25h") > screen.rfind("\x1b[?25l")  # the cursor is shown again
+    children = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert [c for c in children if int(c) != os.getpid()] == []
