@@ -15,6 +15,7 @@ __all__ = ["add_arguments", "run"]
 # benchmark name -> module with ``main(argv: list[str]) -> int``
 _BENCHMARKS: dict[str, str] = {
     "channel": "pipefill.channel.bench",
+    "colocation": "pipefill.local.colocation",
     "fill": "pipefill_fill.bench",
     "trainer": "pipefill_trainer.bench",
 }
