@@ -10,15 +10,26 @@ Rules, checked in this order (the first broken one raises :class:`ScheduleError`
    last stage only its own ``F``); ``W`` needs its ``I``. A deadlock is reported at the first action that can never
    run, with the dependency it waits for and where that dependency is stuck.
 
+Point-to-point streams (:func:`p2p_streams`): the tensors one stage hands to its neighbour on another rank form one
+*stream* per directed stage edge — ``s → s+1`` activations (sent after ``F`` of ``s``, consumed by ``F`` of ``s+1``),
+``s+1 → s`` input gradients (sent after ``B``/``I`` of ``s+1``, consumed by ``B``/``I`` of ``s``). NCCL ignores tags
+and matches a communicator's messages in posting order, so the trainer gives every stream its own communicator and
+posts each stream's receives in its *send* order. Where the receiver consumes in another order (possible only in a
+custom CSV; every built-in schedule agrees), it posts the earlier-sent receives ahead of use. That can neither
+mismatch nor deadlock a schedule that passes rule 4: the message the receiver waits for was sent after the ones
+posted before it, so they have arrived by then. No schedule is refused for its stream orders.
+
 Positions in messages: ``rank r (row r+1)`` is the rank's row in the CSV / order table, ``action #i`` the 0-based index
 into that rank's compute actions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError
 
-__all__ = ["Key", "dependencies", "produces", "validate_schedule"]
+__all__ = ["Key", "P2PStream", "dependencies", "p2p_streams", "produces", "validate_schedule"]
 
 # What an action makes available: (stage_idx, what, mb_idx) with what in F (activations), G (input gradient), I, W, B.
 Key = tuple[int, str, int]
@@ -145,3 +156,62 @@ def _check_runnable(schedule: Schedule) -> None:
     total = sum(len(a) for a in schedule.ranks)
     first = same_rank[0] if same_rank else explained[0][1]
     raise ScheduleError(f"deadlock after {ran} of {total} actions: {first}")
+
+
+@dataclass(frozen=True, slots=True)
+class P2PStream:
+    """The tensors stage ``src_stage`` sends to its neighbour ``dst_stage`` on another rank, in one direction."""
+
+    src_stage: int
+    dst_stage: int
+    src_rank: int
+    dst_rank: int
+    send_order: tuple[int, ...]
+    """microbatch indices in the order the sender's actions produce them (the order NCCL delivers them)"""
+    recv_order: tuple[int, ...]
+    """microbatch indices in the order the receiver's actions consume them"""
+
+    @property
+    def is_grad(self) -> bool:
+        """Input gradients flowing back (``dst_stage < src_stage``), else activations."""
+        return self.dst_stage < self.src_stage
+
+    @property
+    def reordered(self) -> bool:
+        """The receiver consumes in another order than the sender sends: its receives are posted in send order."""
+        return self.send_order != self.recv_order
+
+    def __str__(self) -> str:
+        what = "input gradients" if self.is_grad else "activations"
+        return f"stage {self.src_stage} -> {self.dst_stage} {what} (rank {self.src_rank} -> {self.dst_rank})"
+
+
+def p2p_streams(schedule: Schedule) -> tuple[P2PStream, ...]:
+    """Every cross-rank stream of ``schedule`` (see the module docstring), by stage edge, activations first.
+
+    The order is canonical: every rank computes the same tuple, so it can create one communicator per stream in the
+    same order everywhere. Same-rank edges (consecutive stages on one rank, the turn of a V) carry no stream.
+    """
+    place, last = schedule.placement, schedule.num_stages - 1
+    sends: dict[tuple[int, int], list[int]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for actions in schedule.ranks:
+        for a in actions:
+            s = a.stage_idx
+            if a.kind is Kind.F:
+                if s < last:
+                    sends.setdefault((s, s + 1), []).append(a.mb_idx)
+                if s > 0:
+                    recvs.setdefault((s - 1, s), []).append(a.mb_idx)
+            elif a.kind in (Kind.B, Kind.I):
+                if s > 0:
+                    sends.setdefault((s, s - 1), []).append(a.mb_idx)
+                if s < last:
+                    recvs.setdefault((s + 1, s), []).append(a.mb_idx)
+    edges = [(s, s + 1) for s in range(last)] + [(s + 1, s) for s in range(last)]
+    edges.sort(key=lambda e: (min(e), e[1] < e[0]))
+    return tuple(
+        P2PStream(src, dst, place[src], place[dst], tuple(sends.get((src, dst), ())), tuple(recvs.get((src, dst), ())))
+        for src, dst in edges
+        if place[src] != place[dst]
+    )

@@ -5,8 +5,10 @@ stage → rank placement, so one loop runs them all. Before an action that needs
 receive posted ahead of time; that wait is the only place the rank idles inside a step, and the :class:`StepHooks`
 are told right before it blocks and right after it resumes (where bubbles open and close).
 
-Tensors between stages: activations (B, T, C) forward, their gradients backward, float32. Tags keep the streams apart:
-``tag = (2·producer_stage + is_grad)·m + mb_idx``.
+Tensors between stages: activations (B, T, C) forward, their gradients backward, float32. Each directed stage edge
+between two ranks is one stream (:mod:`pipefill_trainer.comm`); no tags. The receives of a stream are posted in the
+order its sender sends (:func:`pipefill.schedules.validate.p2p_streams`), which is this rank's own consumption order
+for every built-in schedule; a custom CSV that consumes in another order gets the earlier-sent receives posted ahead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from pipefill.schedules.model import Action, Kind, Schedule
-from pipefill_trainer.comm import RecvHandle, Transport
+from pipefill.schedules.validate import p2p_streams
+from pipefill_trainer.comm import RecvHandle, Stream, Transport
 from pipefill_trainer.model import StageModule, WeightGradStore
 
 __all__ = ["NoHooks", "PipelineExecutor", "StepHooks", "StepTiming"]
@@ -54,17 +57,16 @@ class StepTiming:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    recv_src: int | None  # global rank to receive the action's input (F) or output gradient (B/I) from
-    recv_tag: int
-    send_dst: int | None  # global rank to send the output (F) or input gradient (B/I) to
-    send_tag: int
+    recv_stream: Stream | None  # stream bringing the action's input (F) or output gradient (B/I) from another rank
+    recv_src: int | None  # global rank it comes from (for failure messages)
+    send_stream: Stream | None  # stream taking the output (F) or input gradient (B/I) to another rank
 
 
 class PipelineExecutor:
     """Executes rank ``pp_rank``'s actions of ``schedule`` over ``stages`` (the stage modules this rank holds).
 
     ``pipeline_ranks[i]``: global rank of pipeline rank ``i`` in this data-parallel replica. ``mb_shape``: (B, T) of a
-    microbatch; ``hidden``: C. ``prefetch``: receives kept posted ahead of use.
+    microbatch; ``hidden``: C. ``prefetch``: a receive is posted ``2 × prefetch`` actions ahead of its first use.
     """
 
     def __init__(
@@ -92,30 +94,49 @@ class PipelineExecutor:
             module.set_grad_store(self.store)
         place = schedule.placement
         self._plan = [self._plan_of(a, place, pipeline_ranks) for a in self.actions]
-        self._recv_idxs = [i for i, p in enumerate(self._plan) if p.recv_src is not None]
+        self._postings = self._posting_order()
         self.hooks: StepHooks = NoHooks()
         self.waiting_on: int | None = None  # global rank this rank waits for right now (for failure messages)
         self.waiting_what: str | None = None
         self.timing: StepTiming | None = None
 
-    def _tag(self, producer_stage: int, is_grad: bool, mb_idx: int) -> int:
-        return (2 * producer_stage + int(is_grad)) * self.m + mb_idx
-
     def _plan_of(self, a: Action, place: Sequence[int], ranks: Sequence[int]) -> _Plan:
         me, s = self.pp_rank, a.stage_idx
-        src = dst = None
-        rtag = stag = 0
+        recv = send = None
         if a.kind == Kind.F:
-            if s > 0 and place[s - 1] != me:
-                src, rtag = ranks[place[s - 1]], self._tag(s - 1, False, a.mb_idx)
-            if s < self.num_stages - 1 and place[s + 1] != me:
-                dst, stag = ranks[place[s + 1]], self._tag(s, False, a.mb_idx)
+            recv = (s - 1, s) if s > 0 else None
+            send = (s, s + 1) if s < self.num_stages - 1 else None
         elif a.kind in (Kind.B, Kind.I):
-            if s < self.num_stages - 1 and place[s + 1] != me:
-                src, rtag = ranks[place[s + 1]], self._tag(s + 1, True, a.mb_idx)
-            if s > 0 and place[s - 1] != me:
-                dst, stag = ranks[place[s - 1]], self._tag(s, True, a.mb_idx)
-        return _Plan(src, rtag, dst, stag)
+            recv = (s + 1, s) if s < self.num_stages - 1 else None
+            send = (s, s - 1) if s > 0 else None
+        if recv is not None and place[recv[0]] == me:
+            recv = None  # same-rank hand-off
+        if send is not None and place[send[1]] == me:
+            send = None
+        return _Plan(recv, None if recv is None else ranks[place[recv[0]]], send)
+
+    def _posting_order(self) -> list[tuple[int, int]]:
+        """(post_by, action_idx) of every receive, in the order they are posted.
+
+        Per stream the receives follow the sender's order; each is posted no later than ``post_by``: the first action
+        that needs it or any receive sent after it (so a stream's ``post_by`` never decreases along its order).
+        """
+        consumer = {
+            (p.recv_stream, a.mb_idx): idx
+            for idx, (a, p) in enumerate(zip(self.actions, self._plan, strict=True))
+            if p.recv_stream is not None
+        }
+        out: list[tuple[int, int, int]] = []
+        for st in p2p_streams(self.schedule):
+            if st.dst_rank != self.pp_rank:
+                continue
+            idxs = [consumer[((st.src_stage, st.dst_stage), mb)] for mb in st.send_order]
+            post_by = len(self.actions)
+            for pos in range(len(idxs) - 1, -1, -1):
+                post_by = min(post_by, idxs[pos])
+                out.append((post_by, pos, idxs[pos]))
+        out.sort()
+        return [(post_by, idx) for post_by, _, idx in out]
 
     def recv_source(self, action_idx: int) -> int | None:
         """Global rank the action waits for, if any (for error messages)."""
@@ -132,7 +153,7 @@ class PipelineExecutor:
         step_start = time.monotonic_ns()
         self.transport.step_begin(step_start)
         handles: dict[int, RecvHandle] = {}
-        next_recv = 0
+        postings, next_post, ahead = self._postings, 0, self.prefetch * 2
         saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         local_act: dict[tuple[int, int], torch.Tensor] = {}
         local_grad: dict[tuple[int, int], torch.Tensor] = {}
@@ -141,16 +162,16 @@ class PipelineExecutor:
 
         for idx, a in enumerate(self.actions):
             plan = self._plan[idx]
-            while next_recv < len(self._recv_idxs) and self._recv_idxs[next_recv] <= idx + self.prefetch * 2:
-                ridx = self._recv_idxs[next_recv]
-                rp = self._plan[ridx]
-                assert rp.recv_src is not None
+            while next_post < len(postings) and postings[next_post][0] <= idx + ahead:
+                ridx = postings[next_post][1]
+                stream = self._plan[ridx].recv_stream
+                assert stream is not None
                 handles[ridx] = self.transport.recv(
-                    action_idx=ridx, shape=self.act_shape, dtype=torch.float32, src=rp.recv_src, tag=rp.recv_tag
+                    action_idx=ridx, shape=self.act_shape, dtype=torch.float32, stream=stream
                 )
-                next_recv += 1
+                next_post += 1
             received = None
-            if plan.recv_src is not None:
+            if plan.recv_stream is not None:
                 handle = handles.pop(idx)
                 self.waiting_on, self.waiting_what = plan.recv_src, f"waiting for the input of action {a}"
                 if not handle.done():
@@ -181,8 +202,8 @@ class PipelineExecutor:
                         loss_sum += out.detach()
                 saved[(s, mb)] = (x, out)
                 if s < last:
-                    if plan.send_dst is not None:
-                        self.transport.send(out.detach(), dst=plan.send_dst, tag=plan.send_tag)
+                    if plan.send_stream is not None:
+                        self.transport.send(out.detach(), stream=plan.send_stream)
                     else:
                         local_act[(s + 1, mb)] = out.detach()
             elif a.kind in (Kind.B, Kind.I):
@@ -195,8 +216,8 @@ class PipelineExecutor:
                     self.store.key = None
                 if s > 0:
                     assert x is not None and x.grad is not None
-                    if plan.send_dst is not None:
-                        self.transport.send(x.grad, dst=plan.send_dst, tag=plan.send_tag)
+                    if plan.send_stream is not None:
+                        self.transport.send(x.grad, stream=plan.send_stream)
                     else:
                         local_grad[(s - 1, mb)] = x.grad
             else:  # W

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -47,12 +48,20 @@ class Topology:
         """Global ranks of this replica's pipeline, by pipeline rank."""
         return [self.dp_rank * self.stages + i for i in range(self.stages)]
 
+    @property
+    def replicas(self) -> list[list[int]]:
+        """Global ranks of every replica's pipeline: ``replicas[dp_rank][pp_rank]``."""
+        return [[d * self.stages + i for i in range(self.stages)] for d in range(self.data_parallel)]
+
     def dp_group_ranks(self, pp_rank: int) -> list[int]:
         return [d * self.stages + pp_rank for d in range(self.data_parallel)]
 
 
 class PipelineRank:
-    """Builds this rank's stages (and only those) and runs steps; reductions need ``dist`` unless ``distributed=False``."""
+    """Builds this rank's stages (and only those) and runs steps; reductions need ``dist`` unless ``distributed=False``.
+
+    ``timeout``: of the data-parallel and tied-embedding groups' operations (torch's default of 30 min otherwise).
+    """
 
     def __init__(
         self,
@@ -66,6 +75,7 @@ class PipelineRank:
         transport: Transport,
         autocast_dtype: torch.dtype | None = None,
         distributed: bool = True,
+        timeout: timedelta | None = None,
     ) -> None:
         if schedule.num_stages != len(layer_ranges):
             raise ValueError(f"{len(layer_ranges)} layer ranges for {schedule.num_stages} stages")
@@ -93,20 +103,20 @@ class PipelineRank:
         )
         self._dp_group = self._tied_group = None
         if distributed:
-            self._make_groups()
+            self._make_groups(timeout)
 
-    def _make_groups(self) -> None:
+    def _make_groups(self, timeout: timedelta | None) -> None:
         # every rank creates every group, in the same order (new_group is collective)
         topo = self.topo
         if topo.data_parallel > 1:
             for pp in range(topo.stages):
-                group = dist.new_group(topo.dp_group_ranks(pp))
+                group = dist.new_group(topo.dp_group_ranks(pp), timeout=timeout)
                 if pp == topo.pp_rank:
                     self._dp_group = group
         if self.cfg.tied_embeddings and self.first_rank != self.last_rank:
             for dp in range(topo.data_parallel):
                 ranks = [dp * topo.stages + self.first_rank, dp * topo.stages + self.last_rank]
-                group = dist.new_group(ranks)
+                group = dist.new_group(ranks, timeout=timeout)
                 if dp == topo.dp_rank and topo.pp_rank in (self.first_rank, self.last_rank):
                     self._tied_group = group
 

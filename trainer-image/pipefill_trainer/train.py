@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.model import Schedule
+from pipefill.schedules.validate import p2p_streams
 from pipefill_trainer import checkpoint as ckpt
 from pipefill_trainer.channel_link import connect_producer
 from pipefill_trainer.comm import DistTransport, ReplayTransport
@@ -99,7 +100,13 @@ class Trainer:
         if self.replay:
             self.transport: Any = ReplayTransport(device=self.device)
         else:
-            self.transport = DistTransport(device=self.device)
+            self.transport = DistTransport.open(
+                device=self.device,
+                schedule=self.schedule,
+                replicas=self.topo.replicas,
+                rank=cfg.rank,
+                timeout=timedelta(seconds=cfg.comm_timeout_s),
+            )
         autocast = torch.bfloat16 if self.device.type == "cuda" else None
         self.pr = PipelineRank(
             cfg=self.model_cfg,
@@ -111,7 +118,11 @@ class Trainer:
             transport=self.transport,
             autocast_dtype=autocast,
             distributed=not self.replay,
+            timeout=timedelta(seconds=cfg.comm_timeout_s),
         )
+        for st in p2p_streams(self.schedule):
+            if st.reordered and st.dst_rank == self.topo.pp_rank:
+                self._log(f"{st}: consumed in microbatch order {st.recv_order}, posted in send order {st.send_order}")
         self.layer_ranges = ranges
         params = self.pr.parameters()
         opt = spec.optimizer
