@@ -237,8 +237,9 @@ class RichView:
 def make_view(
     state: LiveState, *, plain: bool, interval_s: float = 5.0, out: IO[str] | None = None
 ) -> PlainView | RichView:
-    """A rich view on a terminal, plain lines otherwise (``plain``, or ``out`` is not a TTY)."""
+    """A rich view on a terminal, plain lines otherwise (``plain``, or ``out`` is not a TTY, or TERM=dumb)."""
     stream = out if out is not None else sys.stdout
-    if plain or not stream.isatty():
+    console = Console(file=stream)
+    if plain or not stream.isatty() or console.is_dumb_terminal:
         return PlainView(state, out=stream, interval_s=interval_s)
-    return RichView(state, console=Console(file=stream))
+    return RichView(state, console=console)
