@@ -40,7 +40,7 @@ import yaml
 
 from pipefill import env
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
-from pipefill.local.report import _rank_stats, read_jsonl
+from pipefill.local.report import RankStats, rank_log_paths, read_jsonl
 from pipefill.local.runner import prepare
 from pipefill.spec import FillJob, PipelineTrainingJob, parse, to_obj
 
@@ -57,10 +57,10 @@ _OPTIONS: dict[str, tuple[type, Any, Any, str]] = {
     "schedules": (str, "1f1b,gpipe", "1f1b", "comma-separated: 1f1b, gpipe"),
     "microbatches": (str, "4,8", "4", "comma-separated microbatch counts (replay: default 8,16, --quick 8)"),
     "layers-per-stage": (int, 2, 1, "decoder blocks per pipeline stage"),
-    "hidden": (int, 128, 64, "model hidden size"),
-    "heads": (int, 4, 2, "attention heads"),
-    "seq": (int, 64, 32, "sequence length"),
-    "microbatch-size": (int, 4, 2, "samples per microbatch"),
+    "hidden": (int, 128, 128, "model hidden size"),
+    "heads": (int, 4, 4, "attention heads"),
+    "seq": (int, 64, 64, "sequence length"),
+    "microbatch-size": (int, 4, 4, "samples per microbatch"),
     "fill-layers": (int, 2, 1, "layers of the encoder-inference fill workload"),
     "fill-hidden": (int, 64, 32, "hidden size of the encoder-inference fill workload"),
     "fill-samples": (int, 500_000, 100_000, "totalSamples of each rank's FillJob"),
@@ -243,23 +243,27 @@ def _items_inside(spans: list[tuple[int, int, int]], t0: int, t1: int) -> float:
     return sum(n * max(0, min(e, t1) - max(s, t0)) / max(1, e - s) for s, e, n in spans)
 
 
-def _measure_rank(rank_dir: Path, *, first: int, count: int) -> dict[str, Any]:
-    trainer = read_jsonl(rank_dir / "trainer" / "events.jsonl")
-    fill = read_jsonl(rank_dir / "fill-executor" / "fill-events.jsonl")
+def _measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[str, Any]:
+    trainer, fill = (read_jsonl(path) for path in rank_log_paths(run_dir, rank))
     steps = [e for e in trainer if e.get("type") == "step" and first <= e["step"] < first + count]
     if len(steps) < count:
-        raise BenchError(f"{rank_dir}: {len(steps)} of {count} measured steps in the trainer's event log")
+        raise BenchError(f"{run_dir} rank {rank}: {len(steps)} of {count} measured steps in the trainer's event log")
     t0, t1 = min(e["t_ns"] for e in steps), max(e["t_ns"] + int(e["step_s"] * 1e9) for e in steps)
     measured = {e["step"] for e in steps}
     bubbles = [e for e in fill if e.get("event") == "bubble"]
-    stats = _rank_stats(
-        [e for e in trainer if e.get("step") in measured], [e for e in bubbles if t0 <= e["woke_ns"] < t1]
-    )
+    rank_stats = RankStats()  # report.json's figures, fed the measured steps' events only
+    for e in trainer:
+        if e.get("step") in measured:
+            rank_stats.add_trainer(e)
+    for e in bubbles:
+        if t0 <= e["woke_ns"] < t1:
+            rank_stats.add_fill(e)
+    stats = rank_stats.summary()
     spans = [(e["woke_ns"], e["yielded_ns"], e["items"]) for e in bubbles if e["items"]]
     spans += [(e["start_ns"], e["end_ns"], e["items"]) for e in fill if e.get("event") == "work" and e["items"]]
     window_s = (t1 - t0) / 1e9
     return {
-        "rank": int(rank_dir.name),
+        "rank": rank,
         "step_s": statistics.median(e["step_s"] for e in steps),
         "window_s": window_s,
         **{k: stats[k] for k in ("bubble_fraction", "announced_bubble_s", "fill_busy_s", "fill_overrun_max_s")},
@@ -285,11 +289,13 @@ def _launch(
         )
     finally:
         shutil.rmtree(channel_root, ignore_errors=True)
-    ranks = [_measure_rank(run_dir / "ranks" / str(r), first=warmup_steps, count=a.steps) for r in a.ranks]
+    ranks = [_measure_rank(run_dir, r, first=warmup_steps, count=a.steps) for r in a.ranks]
     late = max((r["fill_late_s"] for r in ranks if r["fill_late_s"] is not None), default=0.0)
     if late > 0:
         notes.append(f"a fill began working {late:.2f} s into the measured steps; raise --warmup-s")
     notes += [f"rank {r['rank']}: the fill job finished; raise --fill-samples" for r in ranks if r["fill_job_finished"]]
+    if mode != "baseline":
+        notes += [f"rank {r['rank']}: the fill did no work (see its log)" for r in ranks if r["fill_late_s"] is None]
     announced = sum(r["announced_bubble_s"] for r in ranks)
     fractions = [r["bubble_fraction"] for r in ranks if r["bubble_fraction"] is not None]
     return {
