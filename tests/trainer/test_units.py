@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from pipefill_trainer import checkpoint as ckpt
 from pipefill_trainer.data import TokenSource, decode, encode
 from pipefill_trainer.instrument import BubbleAnnouncer, Slot
 from pipefill_trainer.metrics import TrainerMetrics
-from pipefill_trainer.partition import LayerCosts, partition_layers
+from pipefill_trainer.model import GPTConfig
+from pipefill_trainer.partition import LayerCosts, PartSeconds, measure_parts, partition_layers
+from pipefill_trainer.profile import model_peer_medians
 from prometheus_client import CollectorRegistry
 
 from pipefill.schedules.model import Action, Kind
@@ -99,3 +102,29 @@ def test_announcer_skips_short_bubbles_and_learns_from_measurements() -> None:
     assert producer.opened == [(0.010, "warm-up")] and producer.closed == [1]
     assert [r.announced for r in records] == [True, False]
     assert slots[1].predicted_s < 0.010  # moved toward the (near-zero) measured wait
+
+
+def test_replay_models_a_peer_stage_from_its_parts_scaled_by_the_own_stage() -> None:
+    # forward: block 2, embed 1, head 10; backward: block 4, embed 1, head 20 (any unit)
+    parts = PartSeconds(LayerCosts(block=2.0, embed=1.0, head=10.0), LayerCosts(block=4.0, embed=1.0, head=20.0))
+    # own stage 0 (2 blocks + embed) runs 10 % slower than its parts: F 5 -> 5.5, B 9 -> 9.9
+    got = model_peer_medians({0: {"F": 5.5, "B": 9.9}}, parts=parts, layers_per_stage=[2, 1, 2])
+    assert got[0] == {"F": 5.5, "B": 9.9}
+    assert got[1] == pytest.approx({"F": 1.1 * 2, "B": 1.1 * 4})
+    assert got[2] == pytest.approx({"F": 1.1 * 14, "B": 1.1 * 28})  # the head makes the last stage the slowest
+    # a split backward scales like the full one; two own stages average their ratios
+    got = model_peer_medians(
+        {0: {"F": 5.0, "I": 4.5, "W": 4.5}, 2: {"F": 28.0, "I": 28.0, "W": 28.0}},
+        parts=parts,
+        layers_per_stage=[2, 1, 2],
+    )
+    assert got[1] == pytest.approx({"F": 1.5 * 2, "I": 0.75 * 4, "W": 0.75 * 4})
+
+
+def test_measured_parts_are_positive_and_a_large_vocabulary_makes_the_head_cost_more() -> None:
+    torch.set_num_threads(1)
+    small = GPTConfig(layers=1, hidden=32, heads=2, seq_len=16, vocab_size=64, tied_embeddings=False, seed=0)
+    parts = measure_parts(small, mb_size=2, device=torch.device("cpu"), repeats=1)
+    assert min(*vars(parts.forward).values(), *vars(parts.backward).values()) > 0
+    big = measure_parts(replace(small, vocab_size=16384), mb_size=2, device=torch.device("cpu"), repeats=3)
+    assert big.forward.head + big.backward.head > 2 * (parts.forward.head + parts.backward.head)

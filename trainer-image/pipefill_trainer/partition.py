@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from pipefill_trainer.model import Block, GPTConfig, StageModule
 
-__all__ = ["LayerCosts", "analytic_costs", "measure_costs", "partition_layers"]
+__all__ = ["LayerCosts", "PartSeconds", "analytic_costs", "measure_costs", "measure_parts", "partition_layers"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,17 @@ def analytic_costs(cfg: GPTConfig) -> LayerCosts:
     )
 
 
-def measure_costs(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats: int = 3) -> LayerCosts:
-    """Time forward + backward of one block, the embeddings and the head on ``device`` (median of ``repeats``)."""
+@dataclass(frozen=True)
+class PartSeconds:
+    """Measured seconds of one microbatch through each part of the model, forward and backward apart."""
+
+    forward: LayerCosts
+    backward: LayerCosts
+
+
+def measure_parts(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats: int = 3) -> PartSeconds:
+    """Time forward and backward of one block, the embeddings and the head (with the loss) on ``device``, each the
+    median of ``repeats`` after one warm-up. With activation checkpointing a block's backward re-runs its forward."""
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (mb_size, cfg.seq_len), generator=gen).to(device)
     hidden = torch.randn(mb_size, cfg.seq_len, cfg.hidden, generator=gen).to(device)
@@ -49,27 +58,38 @@ def measure_costs(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats
     for lin in (block.qkv, block.proj, block.fc, block.fc_proj):
         torch.nn.init.normal_(lin.weight, std=0.02)
 
-    def timed(fn: object) -> float:
-        samples = []
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def timed(forward: Callable[[], torch.Tensor]) -> tuple[float, float]:
+        fwd, bwd = [], []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            fn()  # type: ignore[operator]
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples[1:])  # the first is warm-up
+            out = forward()
+            sync()
+            mid = time.perf_counter()
+            out.backward()
+            sync()
+            fwd.append(mid - start)
+            bwd.append(time.perf_counter() - mid)
+        return statistics.median(fwd[1:]), statistics.median(bwd[1:])  # the first is warm-up
 
-    def run_block() -> None:
-        block(hidden.detach().requires_grad_()).sum().backward()
+    block_f, block_b = timed(lambda: block(hidden.detach().requires_grad_()).sum())
+    embed_f, embed_b = timed(lambda: first(tokens).sum())
+    head_f, head_b = timed(
+        lambda: F.cross_entropy(last(hidden.detach().requires_grad_()).flatten(0, 1), tokens.flatten())
+    )
+    if cfg.activation_checkpointing:
+        block_b += block_f
+    return PartSeconds(LayerCosts(block_f, embed_f, head_f), LayerCosts(block_b, embed_b, head_b))
 
-    def run_embed() -> None:
-        first(tokens).sum().backward()
 
-    def run_head() -> None:
-        logits = last(hidden.detach().requires_grad_())
-        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-
-    return LayerCosts(block=timed(run_block), embed=timed(run_embed), head=timed(run_head))
+def measure_costs(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats: int = 3) -> LayerCosts:
+    """Forward + backward seconds of one block, the embeddings and the head on ``device`` (:func:`measure_parts`)."""
+    parts = measure_parts(cfg, mb_size=mb_size, device=device, repeats=repeats)
+    fwd, bwd = parts.forward, parts.backward
+    return LayerCosts(block=fwd.block + bwd.block, embed=fwd.embed + bwd.embed, head=fwd.head + bwd.head)
 
 
 def partition_layers(
