@@ -27,7 +27,6 @@ def test_profile_measures_each_batch_and_does_no_work(jobs_dir: Path) -> None:
     profile = profile_task(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=3)
     assert [p.batch_size for p in profile.points] == [1, 4, 16] and not profile.cached
     assert all(p.step_s > 0 and p.peak_bytes >= 0 for p in profile.points)
-    assert profile.points[-1].step_s > profile.points[0].step_s  # generous: 16 samples take longer than 1
     assert task.workload.state() == {"next_sample": 0} and task.store.pending == 0
     task.step(3)
     task.commit()
