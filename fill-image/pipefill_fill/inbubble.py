@@ -4,7 +4,9 @@ Rules (docs/fill.md, "Guarantees"):
 
 * a step starts only while the bubble is open and when ``now + predicted_step ≤ expected_end − guard``;
 * the device is synchronized after every step, so a step's end is when the device is free again;
-* a commit (chunk or checkpoint) is made inside the bubble when its predicted time fits too, otherwise at a later one.
+* a commit (chunk or checkpoint) that is due is made inside a bubble where its predicted time fits: at the bubble's
+  start (steps fill bubbles to their end, so a commit left for the end would rarely fit), or after the last step when
+  time is left (and always when the work is done).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ def run_steps(
         t = clock()
         offloader.to_device()  # type: ignore[union-attr]
         out.transfer_ns += clock() - t
+    fits_commit = clock() + int(1e9 * (commit_estimate.predict_s() + transfer_s)) <= deadline_ns
+    if fits_commit and task.commit_due() and is_open(bubble.id):
+        _commit(task, out, commit_estimate, clock)  # what earlier bubbles did, before steps fill this one to its end
     while True:
         if task.done():
             out.stop = "done"
@@ -125,10 +130,7 @@ def run_steps(
     if task.commit_due() and (
         task.done() or clock() + int(1e9 * (commit_estimate.predict_s() + transfer_s)) <= deadline_ns
     ):
-        t = clock()
-        out.committed_bytes = task.commit()
-        out.commit_ns = clock() - t
-        commit_estimate.record(out.commit_ns / 1e9)
+        _commit(task, out, commit_estimate, clock)
     if moving:
         t = clock()
         offloader.to_host()  # type: ignore[union-attr]
@@ -137,6 +139,14 @@ def run_steps(
         if transfer_estimate is not None:
             transfer_estimate.record(out.transfer_ns / 2e9)
     return out
+
+
+def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, clock: Callable[[], int]) -> None:
+    t = clock()
+    out.committed_bytes += task.commit()
+    dt = clock() - t
+    out.commit_ns += dt
+    commit_estimate.record(dt / 1e9)
 
 
 def run_profile_steps(

@@ -1,19 +1,24 @@
-"""Exactly-once progress: output chunks and workload state committed atomically, reconciled after any crash.
+"""Exactly-once progress of one slice of a job: output chunks and workload state committed atomically, reconciled
+after any crash.
 
-Layout of a job's output directory::
+A job's units of work ``[0, total)`` are divided into slices (:mod:`pipefill_fill.slices`); each slice ``[start, end)``
+has its own store, in the job's output directory when the job is not split and in ``slices/<start>-<end>/`` when it
+is. Layout of a store's directory::
 
-    chunks/chunk-<start>-<end>.npy     outputs of samples [start, end): structured array (sample_id int64, value)
-    checkpoints/state-<end>.pt         the workload's state() after ``end`` units of work (torch.save)
-    progress.json                      {"committed": end, "state_file": ..., "done": ...}: the commit pointer
-    outputs.npy                        all chunks in sample order, written once the job is done (inference)
+    chunks/chunk-<from>-<to>.npy       outputs of samples [from, to): structured array (sample_id int64, value)
+    checkpoints/state-<to>.pt          the workload's state() after work up to ``to`` (torch.save)
+    progress.json                      {"start", "end", "committed", "state_file", "done", ...}: the commit pointer
 
 A commit writes, each atomically (temp + fsync + rename): first the state file, then the chunk, then progress.json.
-Invariant after :meth:`ProgressStore.recover`: the chunks tile ``[0, committed)`` exactly, with no gap and no overlap,
-and ``state-<committed>.pt`` exists (unless committed is 0). Recovery adopts work that was complete but not yet
-recorded (a chunk starting at ``committed`` whose state file exists; for training, a newer complete state file) and
-removes the rest (temporary files, a state file without its chunk, chunks beyond the pointer). So a sample is never lost
-(its chunk is committed or it is redone from the state before it) and never written twice (a chunk is adopted or
-removed, and redone outputs are byte-identical because the workload is deterministic from its state).
+Invariant after :meth:`ProgressStore.recover`: the chunks tile ``[start, committed)`` exactly, with no gap and no
+overlap, and ``state-<committed>.pt`` exists (unless committed is start). Recovery adopts work that was complete but
+not yet recorded (a chunk starting at ``committed`` whose state file exists; for training, a newer complete state file)
+and removes the rest (temporary files, a state file without its chunk, chunks beyond the pointer). So a sample is never
+lost (its chunk is committed or it is redone from the state before it) and never written twice (a chunk is adopted or
+removed, and redone outputs are byte-identical because the workload is deterministic from its state). ``done`` in
+progress.json says the slice's work is all committed; the job's ``outputs.npy`` is assembled from every slice's chunks
+once all are done (:meth:`pipefill_fill.slices.JobDir.complete`). One executor at a time works on a slice (the work
+source's claim), so a store has one writer.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 
 from pipefill_fill.atomic import TMP_SUFFIX, atomic_write, atomic_write_bytes
 
-__all__ = ["Committed", "ProgressStore", "read_outputs"]
+__all__ = ["Committed", "ProgressStore", "read_outputs", "read_pointer", "slice_rows"]
 
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.npy$")
 _STATE = re.compile(r"^state-(\d+)\.pt$")
@@ -39,7 +44,8 @@ _STATE = re.compile(r"^state-(\d+)\.pt$")
 
 @dataclass(frozen=True)
 class Committed:
-    """The commit point: units of work done, the workload state there (None at 0), whether the job finished."""
+    """The commit point: work done up to ``end``, the workload state there (None at the slice's start), whether the
+    slice's work is all done."""
 
     end: int
     state: dict[str, Any] | None
@@ -49,16 +55,19 @@ class Committed:
 
 
 class ProgressStore:
-    """The commit protocol of one job's output directory (see the module docstring)."""
+    """The commit protocol of one slice's directory (see the module docstring); ``start``: the slice's first unit."""
 
-    def __init__(self, output_dir: Path, *, job: str, with_outputs: bool, keep_states: int = 2) -> None:
+    def __init__(
+        self, output_dir: Path, *, job: str, with_outputs: bool, keep_states: int = 2, start: int = 0, end: int = -1
+    ) -> None:
         self.dir = output_dir
         self.job = job
         self.with_outputs = with_outputs
         self.keep_states = max(1, keep_states)
+        self.start, self.end = start, end  # end < 0: not bounded here (the task bounds its steps)
         self.chunks_dir = output_dir / "chunks"
         self.states_dir = output_dir / "checkpoints"
-        self.committed = 0
+        self.committed = start
         self.done = False
         self._ids: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
@@ -72,7 +81,7 @@ class ProgressStore:
             _unlink(p) for d in (self.dir, self.chunks_dir, self.states_dir) for p in d.glob(f".*{TMP_SUFFIX}")
         )
         record = self._read_record()
-        end, done = int(record.get("committed", 0)), bool(record.get("done", False))
+        end, done = int(record.get("committed", self.start)), bool(record.get("done", False))
         states = self._states()
         chunks = self._chunks()
         adopted = 0
@@ -89,8 +98,8 @@ class ProgressStore:
         removed += sum(_unlink(self._state_path(n)) for n in states if n > end)
         kept = sorted((s, e) for s, e in chunks if s < end)
         if self.with_outputs:
-            _check_tiling(kept, end, self.chunks_dir)
-        if end > 0 and not self._state_path(end).exists():
+            _check_tiling(kept, self.start, end, self.chunks_dir)
+        if end > self.start and not self._state_path(end).exists():
             raise RuntimeError(
                 f"{self.dir}: progress.json commits {end} units but {self._state_path(end).name} is missing; the output "
                 "directory was changed by hand. Restore the file or remove the directory to start the job again"
@@ -99,7 +108,7 @@ class ProgressStore:
         if adopted or removed:
             self._write_record()
         self._prune_states()
-        state = self._load_state(end) if end > 0 else None
+        state = self._load_state(end) if end > self.start else None
         return Committed(end, state, done, adopted, removed)
 
     # -- committing -----------------------------------------------------------------------------------------------
@@ -108,9 +117,16 @@ class ProgressStore:
         ids = np.asarray(sample_ids, dtype=np.int64)
         expect = self.committed + self.pending
         if ids.ndim != 1 or len(ids) != len(values) or not np.array_equal(ids, np.arange(expect, expect + len(ids))):
+            where = f" (this executor's slice of the job is [{self.start}, {self.end}))" if self.end >= 0 else ""
             raise ValueError(
-                f"emit: sample ids must be consecutive from {expect} with one value row each; got ids "
-                f"{ids[:3].tolist()}… ({len(ids)}) and {len(values)} values. Emit each batch's outputs in sample order"
+                f"emit: sample ids must be consecutive from {expect}{where} with one value row each; got ids "
+                f"{ids[:3].tolist()}… ({len(ids)}) and {len(values)} values. Start at context.start, stop before "
+                "context.end and emit each batch's outputs in sample order (docs/fill.md)"
+            )
+        if self.end >= 0 and expect + len(ids) > self.end:
+            raise ValueError(
+                f"emit: sample ids up to {expect + len(ids) - 1} pass this slice's end {self.end}; a workload stops "
+                "before context.end (docs/fill.md)"
             )
         self._ids.append(ids)
         self._values.append(np.ascontiguousarray(values))
@@ -149,26 +165,24 @@ class ProgressStore:
         return written
 
     def mark_done(self) -> None:
-        """Record that the job finished (after the last commit and the workload's finalize); writes outputs.npy."""
-        if self.with_outputs:
-            rows = read_outputs(self.dir)
-            atomic_write(self.dir / "outputs.npy", lambda f: np.save(f, rows, allow_pickle=False))
-        self.done = True
-        self._write_record()
+        """Record that the slice's work is all committed (after the last commit)."""
+        if not self.done:
+            self.done = True
+            self._write_record()
 
     # -- helpers --------------------------------------------------------------------------------------------------
     def _read_record(self) -> dict[str, Any]:
-        path = self.dir / "progress.json"
-        if not path.exists():
-            return {}
-        record: dict[str, Any] = json.loads(path.read_text())
-        return record
+        return _read_record(self.dir)
 
     def _write_record(self) -> None:
         record = {
             "job": self.job,
+            "start": self.start,
+            "end": self.end if self.end >= 0 else None,
             "committed": self.committed,
-            "state_file": f"checkpoints/{self._state_path(self.committed).name}" if self.committed else None,
+            "state_file": (
+                f"checkpoints/{self._state_path(self.committed).name}" if self.committed > self.start else None
+            ),
             "chunks": len(self._chunks()) if self.with_outputs else 0,
             "done": self.done,
             "updated_unix_s": round(time.time(), 3),
@@ -202,23 +216,48 @@ class ProgressStore:
             _unlink(self._state_path(n))
 
 
+def read_pointer(directory: Path, *, start: int) -> tuple[int, bool]:
+    """A store's commit pointer as its progress.json says (committed, done), without recovering it; (start, False)
+    when nothing was committed yet."""
+    record = _read_record(directory)
+    return int(record.get("committed", start)), bool(record.get("done", False))
+
+
+def slice_rows(directory: Path, *, start: int, end: int) -> list[np.ndarray]:
+    """The committed output chunks of a store whose chunks tile ``[start, end)`` (a finished slice), in order."""
+    chunks_dir = directory / "chunks"
+    found = sorted((int(m.group(1)), int(m.group(2))) for p in chunks_dir.iterdir() if (m := _CHUNK.match(p.name)))
+    kept = [(s, e) for s, e in found if start <= s and e <= end]
+    _check_tiling(kept, start, end, chunks_dir)
+    return [np.load(chunks_dir / f"chunk-{s:012d}-{e:012d}.npy", allow_pickle=False) for s, e in kept]
+
+
 def read_outputs(output_dir: Path) -> np.ndarray:
-    """All committed outputs of a job in sample order (one structured array: sample_id, value)."""
-    chunks_dir = output_dir / "chunks"
-    names = sorted(p.name for p in chunks_dir.iterdir() if _CHUNK.match(p.name)) if chunks_dir.exists() else []
-    parts = [np.load(chunks_dir / n, allow_pickle=False) for n in names]
+    """All output chunks under a job's output directory (its own and its slices'), in sample order (one structured
+    array: sample_id, value). Reads the files as they are: call it on a recovered or finished job."""
+    dirs = [output_dir / "chunks", *sorted((output_dir / "slices").glob("*/chunks"))]
+    paths = sorted((p for d in dirs if d.exists() for p in d.iterdir() if _CHUNK.match(p.name)), key=lambda p: p.name)
+    parts = [np.load(p, allow_pickle=False) for p in paths]
     if not parts:
         return np.empty(0, dtype=[("sample_id", "<i8"), ("value", "<f4")])
     return np.concatenate(parts)
 
 
-def _check_tiling(chunks: list[tuple[int, int]], end: int, where: Path) -> None:
-    pos = 0
+def _read_record(directory: Path) -> dict[str, Any]:
+    try:
+        record: dict[str, Any] = json.loads((directory / "progress.json").read_text())
+    except FileNotFoundError:
+        return {}
+    return record
+
+
+def _check_tiling(chunks: list[tuple[int, int]], start: int, end: int, where: Path) -> None:
+    pos = start
     for s, e in chunks:
         if s != pos or e <= s:
             raise RuntimeError(
-                f"{where}: chunk-{s}-{e} does not continue at sample {pos}; the chunks must tile [0, {end}) exactly. "
-                "The directory was changed by hand or by two executors at once; remove it to start the job again"
+                f"{where}: chunk-{s}-{e} does not continue at sample {pos}; the chunks must tile [{start}, {end}) "
+                "exactly. The directory was changed by hand or by two executors at once; remove it to start the job again"
             )
         pos = e
     if pos != end:

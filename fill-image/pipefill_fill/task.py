@@ -1,18 +1,17 @@
-"""One fill job in the executor: its workload, its exactly-once store, and the commit policy between them."""
+"""One slice of a fill job in the executor: its workload, its exactly-once store, and the commit policy between them."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipefill.spec import FillJob
+from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore
+from pipefill_fill.work import Slice, TaskSpec
 from pipefill_fill.workload import WorkloadContext, WorkloadProtocol, load_workload_class
 
 __all__ = ["FillTask", "TaskSpec"]
@@ -20,59 +19,33 @@ __all__ = ["FillTask", "TaskSpec"]
 log = logging.getLogger("pipefill_fill")
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """What the executor needs of a FillJob (built from the typed spec, so both work sources give the same)."""
-
-    name: str
-    kind: str
-    builtin: str | None
-    import_path: str | None
-    parameters: dict[str, Any]
-    total: int
-    counts_steps: bool
-    output_dir: Path
-    input_path: Path | None
-    priority: int = 0
-    labels: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def from_spec(cls, job: FillJob, *, base_dir: Path | None = None) -> TaskSpec:
-        """``base_dir`` resolves relative paths (the manifests' directory's working dir in local runs)."""
-        spec = job.spec
-
-        def resolve(path: str) -> Path:
-            p = Path(path)
-            return p if p.is_absolute() or base_dir is None else base_dir / p
-
-        return cls(
-            name=job.name,
-            kind=str(spec.workload.kind),
-            builtin=spec.workload.builtin,
-            import_path=spec.workload.import_path,
-            parameters=dict(spec.workload.parameters),
-            total=spec.total,
-            counts_steps=spec.total_samples is None,
-            output_dir=resolve(spec.output.path),
-            input_path=resolve(spec.input.path) if spec.input is not None else None,
-            priority=spec.priority,
-            labels=tuple(sorted((str(k), str(v)) for k, v in (job.metadata.get("labels") or {}).items())),
-        )
-
-    @property
-    def workload_id(self) -> str:
-        """What identifies the workload for the profile cache: its class and parameters."""
-        what = self.builtin or self.import_path or "?"
-        return f"{what}:{sorted(self.parameters.items())!r}"
-
-
 class FillTask:
-    """Drives one job: ``open`` recovers and restores, ``step`` runs one batch, ``commit`` makes work durable."""
+    """Drives one slice of a job: ``open`` recovers and restores, ``step`` runs one batch, ``commit`` makes work
+    durable, ``finish`` marks the slice done and completes the job when it was the last.
 
-    def __init__(self, spec: TaskSpec) -> None:
+    ``slice``: one slice of the job's plan (:class:`pipefill_fill.slices.JobDir`); None: the whole job, unsplit (for
+    runners that do not split; refused when the job's output directory holds a split plan already)."""
+
+    def __init__(self, spec: TaskSpec, slice: Slice | None = None) -> None:
         self.spec = spec
         cls = load_workload_class(builtin=spec.builtin, import_path=spec.import_path, kind=spec.kind)
-        self.store = ProgressStore(spec.output_dir, job=spec.name, with_outputs=spec.kind == "inference")
+        self.job = JobDir(spec)
+        plan = self.job.plan(split=slice is not None)
+        if slice is None and len(plan) > 1:
+            raise ValueError(
+                f"job {spec.name}: {spec.output_dir} holds a plan of {len(plan)} slices (the job is split across "
+                "ranks); run it with the fill executor, or use a new spec.output.path"
+            )
+        self.slice = slice or plan[0]
+        if self.slice not in plan:
+            raise ValueError(f"job {spec.name}: {self.slice} is not one of its slices ({', '.join(map(str, plan))})")
+        self.store = ProgressStore(
+            self.job.slice_dir(self.slice),
+            job=spec.name,
+            with_outputs=spec.kind == "inference",
+            start=self.slice.start,
+            end=self.slice.end,
+        )
         self.context = WorkloadContext(
             name=spec.name,
             parameters=spec.parameters,
@@ -80,6 +53,8 @@ class FillTask:
             output_dir=spec.output_dir,
             input_path=spec.input_path,
             counts_steps=spec.counts_steps,
+            start=self.slice.start,
+            end=self.slice.end,
             emit_fn=self._emit,
         )
         self.workload: WorkloadProtocol = cls(self.context)
@@ -89,7 +64,8 @@ class FillTask:
         self._committed_at = time.monotonic()
 
     def open(self, *, device: torch.device, memory_budget_bytes: int) -> Committed:
-        """Recover the output directory, set the workload up and restore its committed state."""
+        """Recover the slice's store, set the workload up and restore its committed state. When the slice was done
+        already, also complete the job if that was left undone (a crash after the last slice, before the outputs)."""
         recovered = self.store.recover()
         self.workload.setup(device, memory_budget_bytes)
         if recovered.state is not None:
@@ -97,35 +73,41 @@ class FillTask:
         self.progress = recovered.end
         self.recovered = recovered
         log.info(
-            "job %s: resuming at %d/%d (adopted %d, removed %d files)%s",
+            "job %s: slice %s resuming at %d (adopted %d, removed %d files)%s",
             self.spec.name,
+            self.slice,
             recovered.end,
-            self.spec.total,
             recovered.adopted,
             recovered.removed,
             " — already done" if recovered.done else "",
         )
+        if recovered.done:
+            self.job.complete(self._finalize)
         return recovered
 
     @property
     def committed(self) -> int:
+        """The slice's commit pointer: work committed up to here (units from the job's start)."""
         return self.store.committed
 
     @property
     def finished(self) -> bool:
+        """The slice's work is all committed."""
         return self.store.done
 
     def done(self) -> bool:
-        return bool(self.workload.done())
+        """No work left in this slice."""
+        return self.progress >= self.slice.end or bool(self.workload.done())
 
     def step(self, batch_size: int) -> int:
-        items = int(self.workload.step(batch_size))
+        """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done."""
+        items = int(self.workload.step(max(1, min(batch_size, self.slice.end - self.progress))))
         self.progress += items
         return items
 
     def commit_due(self, *, min_interval_s: float = 1.0) -> bool:
-        """Whether uncommitted work should be committed now: for inference at most every ``min_interval_s`` (a crash
-        redoes at most that much), for training at the workload's checkpoint cadence (``commit_every`` units)."""
+        """Whether uncommitted work should be committed now: at the workload's cadence (``commit_every`` units: the
+        checkpoint interval of training), else at most every ``min_interval_s`` (a crash redoes at most that much)."""
         uncommitted = self.progress - self.store.committed
         if uncommitted <= 0:
             return False
@@ -142,13 +124,17 @@ class FillTask:
         self._committed_at = time.monotonic()
         return written
 
-    def finish(self) -> None:
-        """After the last step: commit, finalize the workload, mark the job done (all idempotent)."""
+    def finish(self) -> bool:
+        """After the slice's last step: commit, mark the slice done and, when every slice is done, complete the job
+        (outputs.npy, the workload's finalize; once). Idempotent. Returns whether the job is complete."""
         self.commit()
+        self.store.mark_done()
+        return self.job.complete(self._finalize)
+
+    def _finalize(self) -> None:
         finalize = getattr(self.workload, "finalize", None)
         if callable(finalize):
             finalize()
-        self.store.mark_done()
 
     def snapshot(self) -> dict[str, Any]:
         """The workload state now, for the profiler to go back to after measuring."""

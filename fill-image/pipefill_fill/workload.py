@@ -8,6 +8,8 @@ Rules a workload must keep for the exactly-once guarantee:
 
 * ``step`` does a bounded amount of work (one batch) and returns the units of work it completed (samples, or 1 for a
   training job counted in steps); inference workloads pass their outputs to ``context.emit(sample_ids, values)``.
+* an inference workload works on samples ``[context.start, context.end)``: it starts at ``context.start`` and is
+  done at ``context.end`` (a slice of the job when it is split across ranks; the whole job otherwise).
 * ``state()`` returns a snapshot (tensors, numbers, lists) that later steps do not change; ``restore(state)`` puts the
   workload back exactly there, so that the same steps afterwards give byte-identical outputs.
 * ``done()`` says whether all work is done.
@@ -49,9 +51,12 @@ def _drop(sample_ids: np.ndarray, values: np.ndarray) -> None:
 class WorkloadContext:
     """What the executor tells a workload: its parameters, data and where it may write.
 
-    ``total``: units of work the job asks for (spec.totalSamples or spec.totalSteps); ``input_path``: the dataset file
-    (None: a builtin makes a synthetic one); ``output_dir``: the job's output directory (the executor owns ``chunks/``,
-    ``checkpoints/`` and ``progress.json`` in it; a workload may write other files there, atomically);
+    ``total``: units of work the job asks for (spec.totalSamples or spec.totalSteps); ``start``, ``end``: the slice
+    of ``[0, total)`` this workload works on — an inference job split across ranks (spec.maxParallelRanks > 1) gives
+    each executor one slice at a time, otherwise the whole job; ``input_path``: the dataset file (None: a builtin makes
+    a synthetic one); ``output_dir``: the job's output directory (the executor owns ``slices.json``, ``slices/``,
+    ``chunks/``, ``checkpoints/``, ``progress.json``, ``outputs.npy`` and ``profiles/`` in it; a workload may write
+    other files there, atomically, and must expect other executors' workloads doing the same);
     ``counts_steps``: True when ``total`` is in optimizer steps (spec.totalSteps).
     """
 
@@ -61,7 +66,13 @@ class WorkloadContext:
     output_dir: Path
     input_path: Path | None = None
     counts_steps: bool = False
+    start: int = 0
+    end: int = -1  # -1: total
     emit_fn: Emit = field(default=_drop, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            self.end = self.total
 
     def emit(self, sample_ids: np.ndarray, values: np.ndarray) -> None:
         """Hand outputs to the executor: ``sample_ids`` (N,) int64 consecutive from the last one, ``values`` (N, ...)."""
@@ -100,7 +111,7 @@ class Workload:
     """Base class with the optional parts filled in; override the five protocol methods and set ``kind``.
 
     Optional hooks: ``batch_sizes()`` (candidates the profiler measures), ``commit_every`` (units of work between
-    commits for training: checkpoint cadence; None commits at every bubble), ``modules()`` (the modules and optimizers
+    commits: the checkpoint cadence of training; None: at most once a second), ``modules()`` (the modules and optimizers
     whose state offload mode moves to host memory between bubbles), ``finalize()`` (called once after the last commit;
     must be idempotent, e.g. write the final model atomically).
     """

@@ -123,7 +123,13 @@ class FillJobSpec:
         doc="Which PipelineTrainingJobs (by label) may host this work; empty: any.",
         default_factory=lambda: LabelSelector(),
     )
-    max_parallel_ranks: int = field(doc="Ranks that may work on this job at once.", minimum=1, maximum=65536, default=1)
+    max_parallel_ranks: int = field(
+        doc="Ranks that may work on this job at once: an inference job is split into slices of samples that up to this "
+        "many fill executors claim, a faster one taking more; a training job runs on one rank (must be 1).",
+        minimum=1,
+        maximum=65536,
+        default=1,
+    )
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -136,6 +142,15 @@ class FillJobSpec:
             message="spec.totalSamples is required for inference workloads (totalSteps is for training)",
             field_path=".totalSamples",
             reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="self.workload.kind != 'training' || self.maxParallelRanks == 1",
+            message="spec.maxParallelRanks must be 1 for a training workload: its optimizer steps are one sequence "
+            "and run on one rank (only inference jobs are split across ranks); remove maxParallelRanks or set it to 1",
+            message_expression="'spec.maxParallelRanks is ' + string(self.maxParallelRanks) + ' but must be 1 for a "
+            "training workload: its optimizer steps are one sequence and run on one rank (only inference jobs are "
+            "split across ranks); remove maxParallelRanks or set it to 1'",
+            field_path=".maxParallelRanks",
         ),
     )
 

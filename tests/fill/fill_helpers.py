@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ def write_job(
     parameters: dict[str, Any] | None = None,
     output: Path | None = None,
     priority: int = 0,
+    max_parallel_ranks: int = 1,
 ) -> Path:
     """A FillJob manifest in ``directory`` with tiny defaults; returns its path."""
     workload: dict[str, Any] = {"kind": kind, "parameters": parameters or {"layers": 1, "hiddenSize": 32, "heads": 2}}
@@ -35,6 +37,8 @@ def write_job(
         "output": {"path": str(output or directory / "out" / name)},
         "priority": priority,
     }
+    if max_parallel_ranks != 1:
+        spec["maxParallelRanks"] = max_parallel_ranks
     spec["totalSamples" if kind == "inference" else "totalSteps"] = total
     doc = {"apiVersion": "pipefill.io/v1alpha1", "kind": "FillJob", "metadata": {"name": name}, "spec": spec}
     directory.mkdir(parents=True, exist_ok=True)
@@ -49,3 +53,42 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])})
     env.update(extra)
     return env
+
+
+def start_producer(
+    channel: Path,
+    *,
+    bubbles_ms: str,
+    count: int,
+    compute_ms: float = 15.0,
+    cpu: int | None = None,
+    log: Path | None = None,
+) -> subprocess.Popen[str]:
+    """The synthetic trainer (the real channel producer) emitting ``count`` bubbles into ``channel``."""
+    args = ["--channel-dir", str(channel), "--bubbles-ms", bubbles_ms, "--compute-ms", str(compute_ms)]
+    args += ["--count", str(count)]
+    args += ["--cpu", str(cpu)] if cpu is not None else []
+    args += ["--log", str(log)] if log is not None else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipefill_fill.synthetic_trainer", *args],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def start_executor(
+    channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: int | None = None
+) -> subprocess.Popen[str]:
+    """The fill executor (``python -m pipefill_fill``) of one rank, its work from the manifests in ``jobs``."""
+    env = subprocess_env(
+        PIPEFILL_CHANNEL_DIR=str(channel),
+        PIPEFILL_WORK_SOURCE=f"files:{jobs}",
+        PIPEFILL_OUT_DIR=str(out),
+        PIPEFILL_RANK=str(rank),
+        PIPEFILL_DEVICE="cpu",
+        PIPEFILL_FILL_GUARD_MS="1",
+    )
+    if cpu is not None:
+        env["PIPEFILL_CPU_AFFINITY"] = str(cpu)
+    return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fill_helpers import subprocess_env, write_job
+from fill_helpers import start_executor, start_producer, write_job
 from pipefill_fill.events import read_events
 from pipefill_fill.store import ProgressStore
 
@@ -22,41 +20,19 @@ pytestmark = pytest.mark.slow
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
 
 
-def _cpu() -> str:
-    return str(min(os.sched_getaffinity(0)))
+def _cpu() -> int:
+    return min(os.sched_getaffinity(0))
 
 
 def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_ms: float = 15.0) -> tuple[Any, Any]:
-    env = subprocess_env(
-        PIPEFILL_CHANNEL_DIR=str(tmp_path / "channel"),
-        PIPEFILL_WORK_SOURCE=f"files:{jobs}",
-        PIPEFILL_OUT_DIR=str(tmp_path / "fill"),
-        PIPEFILL_DEVICE="cpu",
-        PIPEFILL_CPU_AFFINITY=_cpu(),
-        PIPEFILL_FILL_GUARD_MS="1",
-    )
-    fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
-    producer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipefill_fill.synthetic_trainer",
-            "--channel-dir",
-            str(tmp_path / "channel"),
-            "--bubbles-ms",
-            bubbles_ms,
-            "--compute-ms",
-            str(compute_ms),
-            "--count",
-            str(count),
-            "--cpu",
-            _cpu(),
-            "--log",
-            str(tmp_path / "producer.jsonl"),
-        ],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        text=True,
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=_cpu())
+    producer = start_producer(
+        tmp_path / "channel",
+        bubbles_ms=bubbles_ms,
+        count=count,
+        compute_ms=compute_ms,
+        cpu=_cpu(),
+        log=tmp_path / "producer.jsonl",
     )
     return fill, producer
 

@@ -17,10 +17,10 @@ class SquareSums(Workload):
     def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
         self.dim = int(self.context.parameters.get("dim", 8))
         self.device = device
-        self.next = 0
+        self.next = self.context.start
 
     def step(self, batch_size: int) -> int:
-        ids = np.arange(self.next, min(self.next + batch_size, self.context.total))
+        ids = np.arange(self.next, min(self.next + batch_size, self.context.end))
         gen = torch.Generator().manual_seed(1)
         x = torch.stack([torch.randn(self.dim, generator=gen.manual_seed(int(i))) for i in ids])
         self.context.emit(ids, (x * x).sum(1, keepdim=True).numpy())
@@ -34,7 +34,7 @@ class SquareSums(Workload):
         self.next = state["next"]
 
     def done(self) -> bool:
-        return self.next >= self.context.total
+        return self.next >= self.context.end
 
 
 class NotAWorkload:
@@ -42,3 +42,11 @@ class NotAWorkload:
 
     def step(self, batch_size: int) -> int:
         return batch_size
+
+
+class FromZero(SquareSums):
+    """A workload written before slices existed: it starts at sample 0 whatever slice it is given."""
+
+    def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
+        super().setup(device, memory_budget_bytes)
+        self.next = 0

@@ -1,7 +1,9 @@
 """``encoder-inference``: a BERT-style transformer encoder that embeds every sample of a token dataset.
 
 Parameters (spec.workload.parameters): ``layers`` (2), ``hiddenSize`` (64), ``heads`` (4), ``seqLen`` (32),
-``vocab`` (1024), ``seed`` (0: weights and synthetic data), ``batchSizes`` (profiler candidates). Output per sample:
+``vocab`` (1024), ``seed`` (0: weights and synthetic data), ``batchSizes`` (profiler candidates),
+``commitEverySamples`` (0: commit at most once a second; N: commit once N samples are done, at the end of a bubble:
+less work redone after a crash, more commits). Output per sample:
 its masked-mean-pooled last hidden state, float32 ``(hiddenSize,)``, with its sample id.
 
 Weights come from a fixed seed and the model runs in eval mode without dropout, so outputs are deterministic: a run
@@ -77,13 +79,17 @@ class EncoderInference(Workload):
         self.seq_len = p("seqLen", 32, int)
         self.vocab = p("vocab", 1024, int)
         self.seed = p("seed", 0, int)
+        every = p("commitEverySamples", 0, int)
+        if every < 0:
+            raise ValueError(f"spec.workload.parameters.commitEverySamples: {every} must be ≥ 0 (0: once a second)")
+        self.commit_every = every or None
         if self.hidden % self.heads:
             raise ValueError(
                 f"spec.workload.parameters.hiddenSize: {self.hidden} must be divisible by heads ({self.heads})"
             )
         if not 1 <= self.vocab <= 65536:
             raise ValueError(f"spec.workload.parameters.vocab: {self.vocab} must be within 1..65536 (uint16 tokens)")
-        self.next_sample = 0
+        self.next_sample = context.start  # this executor's slice of the samples: [context.start, context.end)
         self.device = torch.device("cpu")
         self.model: Encoder | None = None
         self.tokens: np.ndarray | None = None
@@ -122,7 +128,7 @@ class EncoderInference(Workload):
         if self.model is None or self.tokens is None:
             raise RuntimeError("EncoderInference.step called before setup")
         start = self.next_sample
-        end = min(start + batch_size, self.context.total)
+        end = min(start + batch_size, self.context.end)
         if end <= start:
             return 0
         batch = torch.from_numpy(np.array(self.tokens[start:end, : self.seq_len], dtype=np.int64)).to(self.device)
@@ -138,7 +144,7 @@ class EncoderInference(Workload):
         self.next_sample = int(state["next_sample"])
 
     def done(self) -> bool:
-        return self.next_sample >= self.context.total
+        return self.next_sample >= self.context.end
 
     def modules(self) -> list[torch.nn.Module | torch.optim.Optimizer]:
         return [self.model] if self.model is not None else []

@@ -2,33 +2,36 @@
 
 * ``<dir>/*.yaml`` (or ``.yml``): FillJob manifests, validated as admission would; other kinds are ignored.
   Relative ``output``/``input`` paths are taken relative to the executor's working directory, as in a container.
-* ``<dir>/<job>.status.json``: the job's status (the FillJob status fields, camelCase), written atomically by the
-  executor that holds the job. A job whose status says Succeeded, Failed or Cancelled is not offered again.
-* ``<dir>/<job>.lock``: ownership. Several executors (ranks) may share the directory; the one that holds an exclusive
-  ``flock`` on this file runs the job. The kernel releases the lock when the process dies, so a crashed executor's
-  job is taken over (by its restart or another rank), which then recovers the job's output directory.
+* ``<dir>/<job>.status.json``: the job's status (the FillJob status fields, camelCase): one assignment per executor
+  working on the job (training job, rank, slice), ``samplesDone`` over all slices. Every executor that works on the
+  job writes it: read, merge (:func:`merged_status`), write atomically, all under ``<job>.locks/status.lock``, so
+  concurrent writers lose no update. A job whose status says Succeeded, Failed or Cancelled is not offered again.
+* ``<dir>/<job>.locks/``: ownership, by exclusive ``flock``s. ``seat-<i>.lock`` (i < maxParallelRanks; one for a job
+  that is not split): an executor holds a seat while it holds slices of the job, so at most maxParallelRanks work on
+  it at once. ``slice-<start>-<end>.lock``: the executor that holds it runs that slice. The kernel drops the locks
+  when the process dies, so a crashed executor's seat and slice are taken over at once (by its restart or another
+  rank), which then recovers the slice's store. Each lock file names its last holder, for people.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipefill import env
-from pipefill.spec import FillJob, FillJobPhase, SpecError, load_file, to_obj
+from pipefill.spec import FillJob, SpecError, load_file
 from pipefill_fill.atomic import atomic_write_bytes
-from pipefill_fill.sources.base import Identity, ProgressReport, WorkSource, status_from_report
-from pipefill_fill.task import TaskSpec
+from pipefill_fill.locks import locked, try_lock, unlock
+from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
+from pipefill_fill.work import Slice, TaskSpec
 
 __all__ = ["FilesSource"]
 
 log = logging.getLogger("pipefill_fill")
-
-_FINAL = {FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value}
 
 
 class FilesSource(WorkSource):
@@ -38,7 +41,9 @@ class FilesSource(WorkSource):
         self.dir = directory
         self.identity = identity
         self.base_dir = base_dir or Path.cwd()
-        self._locks: dict[str, int] = {}
+        self._seats: dict[str, int] = {}  # job -> descriptor of the seat lock this executor holds
+        self._slices: dict[str, dict[Slice, int]] = {}  # job -> slice -> descriptor of its lock
+        self._holder = f"{identity.training_job} rank {identity.rank} pid {os.getpid()}"
         self._bad: set[tuple[str, float]] = set()
 
     def poll(self) -> list[TaskSpec]:
@@ -48,40 +53,52 @@ class FilesSource(WorkSource):
                 labels = self.identity.labels
                 if labels is not None and not job.spec.host_selector.matches(labels):
                     continue
-                if self._status(job.name).get("phase") in _FINAL:
+                if self._status(job.name).get("phase") in FINAL_PHASES:
                     continue
                 specs.append(TaskSpec.from_spec(job, base_dir=self.base_dir))
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 
-    def acquire(self, name: str) -> bool:
-        if name in self._locks:
-            return True
-        fd = os.open(self.dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{self.identity.training_job} rank {self.identity.rank} pid {os.getpid()}\n".encode())
-        self._locks[name] = fd
-        return True
+    def claim(self, spec: TaskSpec, slices: Sequence[Slice]) -> Slice | None:
+        held = self._slices.setdefault(spec.name, {})
+        mine = next((s for s in slices if s in held), None)
+        if mine is not None or not slices:
+            return mine
+        if spec.name not in self._seats:
+            for i in range(spec.parallel_ranks):
+                fd = try_lock(self._lock_dir(spec.name) / f"seat-{i}.lock", holder=self._holder)
+                if fd is not None:
+                    self._seats[spec.name] = fd
+                    break
+            else:
+                return None  # maxParallelRanks executors work on the job already
+        for s in slices:
+            fd = try_lock(self._lock_dir(spec.name) / f"slice-{s.key}.lock", holder=self._holder)
+            if fd is not None:
+                held[s] = fd
+                return s
+        if not held:
+            unlock(self._seats.pop(spec.name))
+        return None
 
-    def release(self, name: str) -> None:
-        fd = self._locks.pop(name, None)
-        if fd is not None:
-            os.close(fd)  # closing the last descriptor drops the flock
+    def release(self, name: str, slice: Slice | None = None) -> None:
+        held = self._slices.get(name, {})
+        for s in [s for s in held if slice is None or s == slice]:
+            unlock(held.pop(s))
+        if not held and name in self._seats:
+            unlock(self._seats.pop(name))
 
     def report(self, name: str, report: ProgressReport) -> None:
-        status = to_obj(status_from_report(report, self.identity))
-        if report.message:
-            status["message"] = report.message
-        atomic_write_bytes(
-            self.dir / f"{name}.status.json", (json.dumps(status, indent=2) + "\n").encode(), durable=False
-        )
+        with locked(self._lock_dir(name) / "status.lock"):
+            status = merged_status(
+                self._status(name), report, identity=self.identity, held=list(self._slices.get(name, {}))
+            )
+            if status is not None:
+                atomic_write_bytes(
+                    self.dir / f"{name}.status.json", (json.dumps(status, indent=2) + "\n").encode(), durable=False
+                )
 
     def close(self) -> None:
-        for name in list(self._locks):
+        for name in list(self._slices):
             self.release(name)
 
     def status(self, name: str) -> dict[str, Any]:
@@ -95,6 +112,9 @@ class FilesSource(WorkSource):
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
         return data
+
+    def _lock_dir(self, name: str) -> Path:
+        return self.dir / f"{name}.locks"
 
     def _load(self, path: Path) -> list[FillJob]:
         key = (str(path), path.stat().st_mtime)

@@ -1,0 +1,136 @@
+"""Per bubble: which active job gets it and at which batch size, then its steps (:mod:`pipefill_fill.inbubble`).
+
+Profiling comes first (it is short and everything waits on it). With several profiled jobs, each bubble goes to the
+job :func:`pipefill.plan.assign_jobs` gave the class nearest its length, recomputed from the channel's ring of
+measured bubbles every 64 bubbles and whenever the active jobs change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from pipefill.plan import BubbleClass, JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles, plan_class
+from pipefill_fill.events import EventLog
+from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
+from pipefill_fill.jobs import ActiveJob, Jobs
+from pipefill_fill.predict import Estimator
+from pipefill_fill.settings import Settings
+
+__all__ = ["Dispatcher", "JobError"]
+
+_REASSIGN_EVERY = 64
+
+
+class JobError(Exception):
+    """A job's workload raised inside a bubble (the cause is chained): that job fails, the executor goes on."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__(job)
+        self.job = job
+
+
+@contextlib.contextmanager
+def _guard(name: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        raise JobError(name) from exc
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        jobs: Jobs,
+        is_open: Callable[[int], bool],
+        recent_bubbles: Callable[[], list[ObservedBubble]],
+        device: torch.device,
+        settings: Settings,
+        switch: Estimator,
+        events: EventLog,
+    ) -> None:
+        self.jobs, self.is_open, self.recent_bubbles = jobs, is_open, recent_bubbles
+        self.device, self.settings, self.switch, self.events = device, settings, switch, events
+        self._assignment: dict[float, str] = {}
+        self._generation = -1
+        self._bubbles_since_assign = 0
+
+    def fill(
+        self, bubble: Any, deadline_ns: int, offered_s: float
+    ) -> tuple[str | None, str, BubbleOutcome, int | None]:
+        """Use ``bubble`` until ``deadline_ns``: returns (job, why nothing was run or "", outcome, batch size)."""
+        self._bubbles_since_assign += 1
+        active = self.jobs.active
+        if offered_s < self.settings.min_bubble_s:
+            return None, "short", BubbleOutcome(), None
+        if not active:
+            return None, "idle", BubbleOutcome(), None
+        for name, a in active.items():  # profiling comes first: it is short and everything waits on it
+            if a.profile is None:
+                with _guard(name):
+                    out = run_profile_steps(bubble, profiler=a.profiler, is_open=self.is_open, deadline_ns=deadline_ns)
+                if a.profile is not None:
+                    self.jobs.profiled(a)
+                return name, "profiling", out, None
+        chosen = self._job_for(bubble)
+        if chosen is None:
+            return None, "memory", BubbleOutcome(), None
+        name, a = chosen, active[chosen]
+        free = min(
+            int(getattr(bubble, "free_bytes", 0) or 0) or self.settings.reserved_bytes, self.settings.reserved_bytes
+        )
+        points = a.profile.points if a.profile else ()
+        plan = plan_class(
+            BubbleClass(max(0, deadline_ns - time.monotonic_ns()) / 1e9, free),
+            points,
+            guard_s=0.0,
+            transfer_s=2 * a.transfer_estimate.predict_s() if a.offloader else 0.0,
+            margin_bytes=self.settings.margin_bytes if self.device.type == "cuda" else 0,
+        )
+        if plan.batch_size is None or a.predictor is None:
+            return name, "memory" if plan.reason.startswith("memory") else "time", BubbleOutcome(), None
+        smaller = sorted((p.batch_size for p in points if p.batch_size < plan.batch_size), reverse=True)
+        with _guard(name):
+            out = run_steps(
+                bubble,
+                task=a.task,
+                batch_sizes=[plan.batch_size, *smaller],
+                predictor=a.predictor,
+                commit_estimate=a.commit_estimate,
+                is_open=self.is_open,
+                deadline_ns=deadline_ns,
+                device=self.device,
+                offloader=a.offloader if self.settings.offload else None,
+                transfer_estimate=a.transfer_estimate,
+            )
+        return name, "", out, plan.batch_size
+
+    def _job_for(self, bubble: Any) -> str | None:
+        """The job whose class this bubble belongs to."""
+        ready = {n: a for n, a in self.jobs.active.items() if a.profile and a.profile.points}
+        if not ready:
+            return None
+        if len(ready) == 1:
+            return next(iter(ready))
+        stale = self._generation != self.jobs.generation or self._bubbles_since_assign >= _REASSIGN_EVERY
+        if stale or not self._assignment:
+            self._reassign(ready)
+        duration_s = (bubble.expected_end_ns - bubble.open_ns) / 1e9
+        nearest = min(self._assignment, key=lambda d: abs(d - duration_s), default=None)
+        name = self._assignment.get(nearest) if nearest is not None else None
+        return name if name in ready else next(iter(ready))
+
+    def _reassign(self, ready: dict[str, ActiveJob]) -> None:
+        classes = classes_from_bubbles(self.recent_bubbles(), default_free_bytes=self.settings.reserved_bytes)
+        jobs = [JobProfile(n, a.profile.points, a.spec.priority, a.spec.kind) for n, a in ready.items() if a.profile]
+        assignment = assign_jobs(classes, jobs, guard_s=self.settings.guard_s, switch_s=self.switch.predict_s())
+        self._assignment = {a.bubble.duration_s: a.job for a in assignment if a.job is not None}
+        self._generation, self._bubbles_since_assign = self.jobs.generation, 0
+        self.events.write(
+            "assign", classes={f"{a.bubble.duration_s * 1e3:.3f}ms": a.job for a in assignment}, jobs=list(ready)
+        )

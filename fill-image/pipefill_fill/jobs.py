@@ -1,0 +1,285 @@
+"""The jobs an executor works on, one slice of each at a time: claiming slices from the work source, opening and
+profiling them, committing, moving on to the next slice, completing, failing, releasing, with the status reports
+and events of each step. The runner (:mod:`pipefill_fill.runner`) calls it between bubbles."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pipefill.spec import FillJobPhase
+from pipefill_fill.claim import claim_slice
+from pipefill_fill.events import EventLog
+from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.metrics import FillMetrics
+from pipefill_fill.offload import Offloader
+from pipefill_fill.predict import Estimator, StepPredictor
+from pipefill_fill.profiler import BubbleProfiler, Profile
+from pipefill_fill.settings import Settings
+from pipefill_fill.slices import JobDir
+from pipefill_fill.sources import ProgressReport, WorkSource
+from pipefill_fill.sources.base import now_rfc3339
+from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.work import Slice
+
+__all__ = ["ActiveJob", "Jobs"]
+
+log = logging.getLogger("pipefill_fill")
+
+_REPORT_EVERY_S = 2.0
+
+
+@dataclass
+class ActiveJob:
+    """A job this executor works on: the task of the slice it holds, and what carries over from slice to slice
+    (the profile, step and commit time estimates, the reporting state)."""
+
+    spec: TaskSpec
+    job: JobDir
+    task: FillTask
+    profiler: BubbleProfiler
+    offloader: Offloader | None
+    predictor: StepPredictor | None = None
+    commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
+    transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
+    started: str = field(default_factory=now_rfc3339)
+    reported_at: float = 0.0
+    rate_units: int = 0
+    rate_since: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def slice(self) -> Slice:
+        return self.task.slice
+
+    @property
+    def profile(self) -> Profile | None:
+        return self.profiler.result
+
+
+class Jobs:
+    """The active jobs (name → :class:`ActiveJob`), at most ``max_active``; ``generation`` grows when the set changes."""
+
+    def __init__(
+        self,
+        *,
+        source: WorkSource,
+        device: torch.device,
+        settings: Settings,
+        metrics: FillMetrics,
+        events: EventLog,
+        max_active: int = 2,
+    ) -> None:
+        self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
+        self.max_active = max_active
+        self.active: dict[str, ActiveJob] = {}
+        self.failed: set[str] = set()
+        self.generation = 0
+
+    # -- taking work ----------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Poll the source: let go of active jobs it no longer offers (finished, failed or cancelled elsewhere) and
+        claim a slice of new ones while there is room."""
+        specs = self.source.poll()
+        offered = {s.name for s in specs}
+        for name in [n for n in self.active if n not in offered]:
+            log.info("job %s: no longer offered (finished, failed or cancelled elsewhere); letting go", name)
+            self._stop_job(self.active[name])
+        for spec in specs:
+            if len(self.active) >= self.max_active:
+                break
+            if spec.name not in self.active and spec.name not in self.failed:
+                self._start(spec)
+
+    def _start(self, spec: TaskSpec) -> None:
+        job = JobDir(spec)
+        try:
+            task = None if job.done() else self._claim(spec, job)
+        except Exception as exc:  # a job that cannot start fails alone; the executor and the other jobs go on
+            self.fail(spec.name, f"cannot start: {exc}", spec=spec)
+            return
+        if task is None:
+            if job.done():  # completed now, or before with the report lost with its executor
+                self._succeeded(spec, job, started=None)
+            return
+        a = ActiveJob(spec, job, task, *self._tools(task))
+        self.active[spec.name] = a
+        self.generation += 1
+        if a.profile is not None:
+            self.profiled(a)
+        self.events.write("job", job=spec.name, phase="Running", committed=job.committed(), total=spec.total)
+        self._report(spec, job, FillJobPhase.RUNNING, start_time=a.started)
+
+    def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
+        """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
+        modules = list(getattr(task.workload, "modules", lambda: [])())
+        profiler = BubbleProfiler(task, self.device, memory_budget_bytes=self.settings.reserved_bytes)
+        return profiler, Offloader(modules, self.device) if self.settings.offload else None
+
+    # -- progress -------------------------------------------------------------------------------------------------
+    def profiled(self, a: ActiveJob) -> None:
+        """The job's profile is complete: predict steps from it, or give the job up when no batch size fits."""
+        if a.profile is None:
+            return
+        points = a.profile.points
+        a.predictor = StepPredictor({p.batch_size: p.step_s for p in points})
+        self.metrics.profile(a.name, [(p.batch_size, p.step_s, p.peak_bytes) for p in points])
+        self.events.write(
+            "profile",
+            job=a.name,
+            cached=a.profile.cached,
+            device=a.profile.device_key,
+            points=[{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points],
+        )
+        log.info("job %s: profile %s", a.name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
+        if not points:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
+            message = "no batch size fits this rank's bubbles and memory budget; left for another executor"
+            log.warning("job %s: %s", a.name, message)
+            self._remove(a.name)
+            self.failed.add(a.name)
+            self.events.write("job", job=a.name, phase="Queued", message=message)
+            self.source.release(a.name)
+            self._report(a.spec, a.job, FillJobPhase.QUEUED, message=message)
+            return
+        if a.offloader is not None:
+            a.offloader.to_host()
+
+    def after_bubble(self, name: str, out: BubbleOutcome) -> None:
+        """Account for a commit made in the bubble; move on when the slice's work is done."""
+        a = self.active.get(name)
+        if a is None:
+            return
+        if out.commit_ns:
+            self._committed(a, out)
+        if a.task.done():
+            self._slice_done(a)
+
+    def _committed(self, a: ActiveJob, out: BubbleOutcome) -> None:
+        committed = a.job.committed()
+        self.metrics.commits.labels(a.name).inc()
+        self.metrics.committed_items.labels(a.name).set(committed)
+        self._commit_event(a, committed, written=out.committed_bytes, commit_s=out.commit_ns / 1e9)
+        now = time.monotonic()
+        if now - a.reported_at >= _REPORT_EVERY_S:
+            rate = (committed - a.rate_units) / max(1e-9, now - a.rate_since) if a.reported_at else None
+            a.reported_at, a.rate_units, a.rate_since = now, committed, now
+            self._report(a.spec, a.job, FillJobPhase.RUNNING, committed=committed, rate=rate, start_time=a.started)
+
+    def _slice_done(self, a: ActiveJob) -> None:
+        try:
+            if a.offloader is not None:
+                a.offloader.to_device()
+            complete = a.task.finish()
+        except Exception as exc:
+            self.fail(a.name, f"finishing slice {a.slice} failed: {exc}")
+            return
+        s = a.slice
+        self.source.release(a.name, s)
+        self.events.write("slice", job=a.name, start=s.start, end=s.end, phase="done", position=a.task.committed)
+        log.info("job %s: slice %s done", a.name, s)
+        try:
+            task = None if complete else self._claim(a.spec, a.job)
+        except Exception as exc:
+            self.fail(a.name, f"cannot start the next slice: {exc}")
+            return
+        if task is not None:  # the next slice: same workload and device, so the profile and estimates carry over
+            a.task = task
+            a.profiler, a.offloader = self._tools(task)
+            if a.profile is not None and a.offloader is not None:
+                a.offloader.to_host()
+            self._report(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)  # its assignment moved
+            return
+        self._remove(a.name)
+        if a.job.done():
+            self._succeeded(a.spec, a.job, started=a.started)
+        else:  # other executors hold the remaining slices
+            self.source.release(a.name)
+            self._report(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)
+
+    def _succeeded(self, spec: TaskSpec, job: JobDir, *, started: str | None) -> None:
+        self.source.release(spec.name)
+        self.events.write("job", job=spec.name, phase="Succeeded", committed=spec.total, total=spec.total)
+        log.info("job %s: succeeded (%d/%d)", spec.name, spec.total, spec.total)
+        self._report(spec, job, FillJobPhase.SUCCEEDED, start_time=started, completion_time=now_rfc3339())
+
+    # -- stopping -------------------------------------------------------------------------------------------------
+    def fail(self, name: str, message: str, *, spec: TaskSpec | None = None) -> None:
+        """The job's workload raised (or it cannot start): the job is Failed for every executor."""
+        log.error("job %s: failed: %s", name, message)
+        a = self._remove(name)
+        spec = spec or (a.spec if a is not None else None)
+        self.failed.add(name)
+        self.events.write("job", job=name, phase="Failed", message=message)
+        self.source.release(name)
+        if spec is not None:
+            committed = a.job.committed() if a is not None else 0
+            self.source.report(name, ProgressReport(FillJobPhase.FAILED, committed, spec.total, message=message))
+
+    def shutdown(self) -> None:
+        """Commit what is done, so a restart or another rank continues from there; then give the jobs back."""
+        for a in list(self.active.values()):
+            self._stop_job(a)
+
+    def _stop_job(self, a: ActiveJob) -> None:
+        self._remove(a.name)
+        try:
+            if a.task.progress > a.task.committed and a.profile is not None:
+                if a.offloader is not None:
+                    a.offloader.to_device()
+                a.task.commit()
+        finally:
+            self.source.release(a.name)
+        committed = a.job.committed()
+        self._commit_event(a, committed, written=0, commit_s=0.0, at="shutdown")
+        self._report(a.spec, a.job, FillJobPhase.RUNNING, committed=committed, start_time=a.started)
+
+    def _claim(self, spec: TaskSpec, job: JobDir) -> FillTask | None:
+        return claim_slice(
+            self.source,
+            spec,
+            job,
+            device=self.device,
+            memory_budget_bytes=self.settings.reserved_bytes,
+            events=self.events,
+        )
+
+    def _commit_event(self, a: ActiveJob, committed: int, *, written: int, commit_s: float, at: str = "") -> None:
+        fields = {"at": at} if at else {}
+        self.events.write(
+            "commit",
+            job=a.name,
+            end=committed,
+            slice=[a.slice.start, a.slice.end],
+            position=a.task.committed,
+            bytes=written,
+            commit_s=commit_s,
+            **fields,
+        )
+
+    def _remove(self, name: str) -> ActiveJob | None:
+        a = self.active.pop(name, None)
+        if a is not None:
+            self.generation += 1
+        return a
+
+    def _report(
+        self,
+        spec: TaskSpec,
+        job: JobDir,
+        phase: FillJobPhase,
+        *,
+        committed: int | None = None,
+        rate: float | None = None,
+        message: str = "",
+        start_time: str | None = None,
+        completion_time: str | None = None,
+    ) -> None:
+        done = job.committed() if committed is None else committed
+        report = ProgressReport(phase, done, spec.total, rate, message, start_time, completion_time)
+        self.source.report(spec.name, report)

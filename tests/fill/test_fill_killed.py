@@ -1,0 +1,164 @@
+"""The fill executor as a whole, SIGKILLed on a live channel: real producers (the synthetic trainer) emit bubbles on
+real shared-memory channels, real executors (``python -m pipefill_fill``) run encoder-inference split into slices,
+and kill -9 hits them at random points. Every sample ends up in outputs.npy exactly once, byte-identical to an
+uninterrupted single-rank run, and the job's status file adds up."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fill_helpers import start_executor, start_producer, write_job
+from pipefill_fill.events import read_events
+from pipefill_fill.store import read_outputs
+from pipefill_fill.task import FillTask, TaskSpec
+
+from pipefill.spec import load_file
+
+pytestmark = pytest.mark.slow
+
+# ~1.5 ms a step of 4 on one core: a job of a few thousand samples takes seconds of bubbles; a commit every 100
+# samples (at the end of a bubble) leaves slices half done when a kill comes
+PARAMS = {"layers": 2, "hiddenSize": 64, "heads": 4, "seqLen": 32, "batchSizes": [1, 4], "commitEverySamples": 100}
+TOTAL = 6000  # samples: 8 slices of 750 with maxParallelRanks 2
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """outputs.npy of the same job run whole, in this process, without bubbles or interruptions."""
+    (job,) = load_file(write_job(tmp_path_factory.mktemp("reference"), "ref", total=TOTAL, parameters=PARAMS))
+    task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
+    task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the executors have the cores to themselves
+    try:
+        while not task.done():
+            task.step(64)
+    finally:
+        torch.set_num_threads(threads)
+    assert task.finish()
+    return (task.spec.output_dir / "outputs.npy").read_bytes()
+
+
+def _events(out: Path) -> list[dict[str, Any]]:
+    path = out / "fill-events.jsonl"
+    return read_events(path) if path.exists() else []
+
+
+def _status(jobs: Path) -> dict[str, Any]:
+    try:
+        status: dict[str, Any] = json.loads((jobs / "enc.status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return status
+
+
+def _wait(what: str, until: Callable[[], bool], *procs: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        for p in procs:
+            assert p.poll() is None, (
+                f"waiting for {what}: a process exited ({p.returncode}): {p.stderr and p.stderr.read()}"
+            )
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _stop(producers: list[subprocess.Popen[str]], fills: list[subprocess.Popen[str]]) -> None:
+    """Kill the trainers: the executors notice, commit and exit 0."""
+    for p in producers:
+        _kill(p)
+    for f in fills:
+        _, err = f.communicate(timeout=60)
+        assert f.returncode == 0, err
+        assert "stopping: trainer gone" in err
+
+
+def _check_outputs(jobs: Path, out: Path, total: int, reference: bytes) -> None:
+    assert read_outputs(out)["sample_id"].tolist() == list(range(total))  # every sample once, no chunk left over
+    assert (out / "outputs.npy").read_bytes() == reference
+    status = _status(jobs)
+    assert (status["phase"], status["samplesDone"], status["assignments"]) == ("Succeeded", total, [])
+
+
+def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path, reference: bytes) -> None:
+    kills_planned = 4
+    jobs, out, channel = tmp_path / "jobs", tmp_path / "out" / "enc", tmp_path / "channel"
+    write_job(jobs, "enc", total=TOTAL, parameters=PARAMS, output=out, max_parallel_ranks=2)
+    producer = start_producer(channel, bubbles_ms="30,10,60", count=10**6, cpu=CPUS[0])
+    rng = random.Random(20260611)
+    kills = 0
+    for life in range(kills_planned + 1):
+        log_dir = tmp_path / f"fill-{life}"
+        fill = start_executor(channel, jobs, log_dir, cpu=CPUS[0])
+        if life == kills_planned:
+            break
+        if rng.random() < 0.25:  # during start-up: attach, claim, recovery, profiling
+            time.sleep(rng.uniform(0.0, 2.0))
+        else:  # while it works: inside steps, commits, between slices
+            _wait("work", lambda d=log_dir: any(e["event"] == "bubble" and e["items"] for e in _events(d)), fill)
+            time.sleep(rng.uniform(0.0, 1.0))
+        if _status(jobs).get("phase") == "Succeeded":
+            break
+        _kill(fill)
+        kills += 1
+    _wait("the job to succeed", lambda: _status(jobs).get("phase") == "Succeeded", fill, producer)
+    _stop([producer], [fill])
+    assert kills >= 3
+    _check_outputs(jobs, out, TOTAL, reference)
+    claims = [e for d in tmp_path.glob("fill-*") for e in _events(d) if e["event"] == "slice"]
+    assert any(e["phase"] == "claimed" and e["position"] > e["start"] for e in claims), "no kill left a slice half done"
+
+
+def test_two_ranks_split_a_job_and_survive_a_sigkill(tmp_path: Path, reference: bytes) -> None:
+    jobs, out = tmp_path / "jobs", tmp_path / "out" / "enc"
+    write_job(jobs, "enc", total=TOTAL, parameters=PARAMS, output=out, max_parallel_ranks=2)
+    cpus = [CPUS[0], CPUS[-1]]  # one core plays one GPU: a rank's trainer and executor share it
+    producers = [
+        start_producer(tmp_path / f"channel-{r}", bubbles_ms="30,10,60", count=10**6, cpu=cpus[r]) for r in (0, 1)
+    ]
+    fills = [
+        start_executor(tmp_path / f"channel-{r}", jobs, tmp_path / f"fill-{r}", rank=r, cpu=cpus[r]) for r in (0, 1)
+    ]
+    ranks_seen: set[int] = set()
+
+    def both_committed() -> bool:
+        ranks_seen.update(a["rank"] for a in _status(jobs).get("assignments", []))
+        return all(any(e["event"] == "commit" for e in _events(tmp_path / f"fill-{r}")) for r in (0, 1))
+
+    _wait("both ranks to commit", both_committed, *fills, *producers)
+    time.sleep(random.Random(7).uniform(0.0, 0.5))
+    _kill(fills[1])
+    assert _status(jobs).get("phase") == "Running", "the job ended before the kill: make it larger"
+    _wait("the job to succeed", lambda: _status(jobs).get("phase") == "Succeeded", fills[0], *producers)
+    _stop(producers, fills[:1])
+    assert ranks_seen == {0, 1}  # the status showed both ranks at work
+    _check_outputs(jobs, out, TOTAL, reference)
+    events = {r: _events(tmp_path / f"fill-{r}") for r in (0, 1)}
+    slices = {r: [e for e in events[r] if e["event"] == "slice"] for r in (0, 1)}
+    held = {(e["start"], e["end"]) for e in slices[1] if e["phase"] == "claimed"}
+    held -= {(e["start"], e["end"]) for e in slices[1] if e["phase"] == "done"}
+    assert len(held) <= 1  # none when the kill came between two slices
+    for start, end in held:
+        taken_over = [e for e in slices[0] if e["phase"] == "claimed" and (e["start"], e["end"]) == (start, end)]
+        assert len(taken_over) == 1, "rank 0 took over rank 1's slice"
+        committed_there = [e["position"] for e in events[1] if e["event"] == "commit" and e["slice"] == [start, end]]
+        assert taken_over[0]["position"] >= max(committed_there, default=start)  # resumed from rank 1's last commit
+    done_by = {r: [(e["start"], e["end"]) for e in slices[r] if e["phase"] == "done"] for r in (0, 1)}
+    assert sorted(done_by[0] + done_by[1]) == [(i * 750, i * 750 + 750) for i in range(8)]  # each slice once

@@ -1,0 +1,174 @@
+"""Slices of a job: the plan, its persistence, per-slice exactly-once stores, and the job's outputs assembled once,
+byte-identical to a run that did not split the job."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fill_helpers import write_job
+from pipefill_fill.slices import JobDir
+from pipefill_fill.store import read_outputs
+from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.work import Slice, plan_slices
+
+from pipefill.spec import SpecError, load_file
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16}
+CPU = torch.device("cpu")
+
+
+def _spec(manifest: Path) -> TaskSpec:
+    (job,) = load_file(manifest)
+    return TaskSpec.from_spec(job)  # type: ignore[arg-type]
+
+
+def _open(spec: TaskSpec, s: Slice | None = None) -> FillTask:
+    task = FillTask(spec, s)
+    task.open(device=CPU, memory_budget_bytes=1 << 30)
+    return task
+
+
+def _run(task: FillTask, batch_size: int, *, commit_every: int = 2) -> bool:
+    steps = 0
+    while not task.done():
+        task.step(batch_size)
+        steps += 1
+        if steps % commit_every == 0:
+            task.commit()
+    return task.finish()
+
+
+@pytest.mark.parametrize(
+    ("total", "ranks", "count"),
+    [(4096, 1, 1), (4096, 2, 8), (4096, 3, 12), (600, 2, 8), (300, 4, 4), (50, 4, 1), (10**9, 16, 64)],
+)
+def test_plan_tiles_the_job(total: int, ranks: int, count: int) -> None:
+    slices = plan_slices(total, parallel_ranks=ranks)
+    assert len(slices) == count
+    assert slices[0].start == 0 and slices[-1].end == total
+    assert all(a.end == b.start for a, b in itertools.pairwise(slices))
+    assert max(s.end - s.start for s in slices) - min(s.end - s.start for s in slices) <= 1
+
+
+def test_plan_is_fixed_by_the_first_opener(jobs_dir: Path) -> None:
+    out = jobs_dir / "out" / "j"
+    spec = _spec(write_job(jobs_dir, "j", total=1000, max_parallel_ranks=2, output=out))
+    assert len(JobDir(spec).plan()) == 8
+    edited = _spec(write_job(jobs_dir, "j", total=1000, max_parallel_ranks=4, output=out))
+    assert JobDir(edited).plan() == JobDir(spec).plan()  # an edit of maxParallelRanks does not move slices
+    resized = _spec(write_job(jobs_dir, "j", total=2000, max_parallel_ranks=2, output=out))
+    with pytest.raises(ValueError, match=r"spec\.totalSamples: 2000, but .*slices\.json plans 1000 units"):
+        JobDir(resized).plan()
+    with pytest.raises(ValueError, match="holds a plan of 8 slices"):
+        FillTask(spec)
+    with pytest.raises(ValueError, match=r"\[0, 10\) is not one of its slices"):
+        FillTask(spec, Slice(0, 10))
+
+
+def test_a_directory_from_before_slices_stays_one_slice(jobs_dir: Path) -> None:
+    out = jobs_dir / "out" / "old"
+    unsplit = _spec(write_job(jobs_dir, "old", total=100, parameters=PARAMS, output=out))
+    task = _open(unsplit)
+    task.step(30)
+    task.commit()
+    (out / "slices.json").unlink()  # as an older executor left it
+    split = _spec(write_job(jobs_dir, "old", total=100, parameters=PARAMS, output=out, max_parallel_ranks=2))
+    assert JobDir(split).plan() == [Slice(0, 100)]
+    assert _open(split, Slice(0, 100)).committed == 30
+
+
+def test_split_run_is_byte_identical_and_assembled_once(jobs_dir: Path) -> None:
+    reference = _spec(write_job(jobs_dir, "ref", total=700, parameters=PARAMS))
+    assert _run(_open(reference), 16, commit_every=8)
+    spec = _spec(write_job(jobs_dir, "split", total=700, parameters=PARAMS, max_parallel_ranks=2))
+    job = JobDir(spec)
+    plan = job.plan()
+    assert len(plan) == 8 and not (spec.output_dir / "chunks").exists()
+    rng = random.Random(7)
+    order = rng.sample(plan, len(plan))  # slices finish in any order, at any batch size
+    for i, s in enumerate(order):
+        task = _open(spec, s)
+        assert task.workload.state() == {"next_sample": s.start}
+        complete = _run(task, rng.choice([5, 16, 64]), commit_every=3)
+        assert complete == (i == len(order) - 1) and job.done() == complete
+        assert job.committed() == sum(x.end - x.start for x in order[: i + 1])
+    assert (spec.output_dir / "outputs.npy").read_bytes() == (reference.output_dir / "outputs.npy").read_bytes()
+    assert read_outputs(spec.output_dir)["sample_id"].tolist() == list(range(700))
+
+
+def test_completion_runs_once_among_concurrent_finishers(jobs_dir: Path) -> None:
+    spec = _spec(write_job(jobs_dir, "c", total=256, parameters=PARAMS, max_parallel_ranks=2))
+    job = JobDir(spec)
+    for s in job.plan():  # every slice done, the job not completed: as after a crash of the last finisher
+        task = _open(spec, s)
+        while not task.done():
+            task.step(32)
+        task.commit()
+        task.store.mark_done()
+    assert not job.done() and not (spec.output_dir / "outputs.npy").exists()
+    calls: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def finish() -> None:
+        barrier.wait()
+        assert JobDir(spec).complete(lambda: calls.append(1))
+
+    threads = [threading.Thread(target=finish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and job.done()
+    assert np.load(spec.output_dir / "outputs.npy")["sample_id"].tolist() == list(range(256))
+
+
+def test_reopening_a_done_slice_completes_a_job_left_incomplete(jobs_dir: Path) -> None:
+    spec = _spec(write_job(jobs_dir, "r", total=128, parameters=PARAMS, max_parallel_ranks=2))
+    plan = JobDir(spec).plan()
+    for s in plan:
+        task = _open(spec, s)
+        while not task.done():
+            task.step(8)
+        task.commit()
+        task.store.mark_done()
+    assert not (spec.output_dir / "outputs.npy").exists()
+    recovered = _open(spec, plan[-1]).recovered
+    assert recovered is not None and recovered.done and JobDir(spec).done()
+    assert (spec.output_dir / "outputs.npy").exists()
+
+
+def test_slice_store_recovers_from_its_start(jobs_dir: Path) -> None:
+    spec = _spec(write_job(jobs_dir, "s", total=512, parameters=PARAMS, max_parallel_ranks=2))
+    s = JobDir(spec).plan()[3]
+    task = _open(spec, s)
+    task.step(10)
+    task.commit()
+    task.step(7)  # lost with the process
+    again = _open(spec, s)
+    assert again.recovered is not None and (again.recovered.end, again.committed) == (s.start + 10, s.start + 10)
+    assert again.workload.state() == {"next_sample": s.start + 10}
+    while not again.done():
+        again.step(100)  # the step never runs past the slice
+    assert again.progress == s.end
+
+
+def test_a_workload_that_ignores_its_slice_is_told_what_to_fix(jobs_dir: Path) -> None:
+    spec = _spec(
+        write_job(jobs_dir, "u", builtin=None, import_path="userwork:FromZero", total=256, max_parallel_ranks=2)
+    )
+    task = _open(spec, JobDir(spec).plan()[1])
+    with pytest.raises(ValueError, match=r"consecutive from 64 \(this executor's slice of the job is \[64, 128\)\)"):
+        task.step(4)
+
+
+def test_training_is_not_split(jobs_dir: Path) -> None:
+    kw = {"builtin": "train-classifier", "kind": "training", "total": 10, "max_parallel_ranks": 2}
+    manifest = write_job(jobs_dir, "t", **kw)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"spec\.maxParallelRanks is 2 but must be 1 for a training workload"):
+        load_file(manifest)
