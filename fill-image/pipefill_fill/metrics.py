@@ -50,7 +50,11 @@ class FillMetrics:
             f"{p}_items_total", "Units of work done (samples or steps), by job.", ["job"], registry=registry
         )
         self.committed_items = Gauge(
-            f"{p}_committed_items", "Units of work committed (durable), by job.", ["job"], registry=registry
+            f"{p}_committed_items",
+            "Units of work committed (durable), by job: over all its slices, so every executor of a split job reports "
+            "the whole job (aggregate with max, not sum).",
+            ["job"],
+            registry=registry,
         )
         self.commits = Counter(
             f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["job"], registry=registry
