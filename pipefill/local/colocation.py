@@ -52,7 +52,7 @@ TARGETS = {"slowdown_pipefill_max": 0.02, "bubble_recovery_min": 0.7}  # issue #
 _OPTIONS: dict[str, tuple[type, Any, Any, str]] = {
     "reps": (int, 5, 1, "repetitions of A B C per configuration"),
     "steps": (int, 20, 4, "measured training steps per run"),
-    "warmup-steps": (int, 5, 40, "steps before the measured ones, at least (≥ 4: the trainer profiles 3 first)"),
+    "warmup-steps": (int, 5, 30, "steps before the measured ones, at least (≥ 4: the trainer profiles 3 first)"),
     "warmup-s": (float, 5.0, 0.0, "and at least this long at the pace of training alone (0: no calibration run)"),
     "schedules": (str, "1f1b,gpipe", "1f1b", "comma-separated: 1f1b, gpipe"),
     "microbatches": (str, "4,8", "4", "comma-separated microbatch counts (replay: default 8,16, --quick 8)"),
@@ -193,6 +193,7 @@ def _processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[Fill
     slot = {rank: i for i, rank in enumerate(a.ranks)}  # the core or GPU of each stage that runs
     chosen = [p for p in procs if p.rank in slot]
     for p in chosen:
+        p.env[env.METRICS_PORT] = "0"  # nothing scrapes them, and a port free a moment ago may be taken by now
         if a.device == "cpu":
             p.env[env.CPU_AFFINITY] = str(a.cores[slot[p.rank]])
         else:
@@ -340,6 +341,13 @@ def _summary(
         "targets_met": {
             "slowdown_pipefill": slowdown is not None and slowdown <= TARGETS["slowdown_pipefill_max"],
             "bubble_recovery": recovery is not None and recovery >= TARGETS["bubble_recovery_min"],
+        },
+        # each rep's mode ÷ that rep's baseline − 1: the spread the medians hide
+        **{
+            f"slowdown_{mode}_per_rep": [
+                r["step_s"] / b["step_s"] - 1 for b, r in zip(by["baseline"], by[mode], strict=True)
+            ]
+            for mode in MODES[1:]
         },
         "warmup_steps": warmup_steps,
         "measured_steps": a.steps,

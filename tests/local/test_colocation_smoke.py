@@ -68,6 +68,7 @@ def test_quick_run_measures_all_three_modes_consistently() -> None:
     assert run["fill_items_per_s_naive"] > 0 and naive["fill_committed"] > 0 and naive["bubble_recovery"] == 0
     assert run["slowdown_naive"] == pytest.approx(naive["step_s"] / base["step_s"] - 1)
     assert run["slowdown_pipefill"] == pytest.approx(pipefill["step_s"] / base["step_s"] - 1)
+    assert run["slowdown_pipefill_per_rep"] == [pytest.approx(run["slowdown_pipefill"])]  # one rep: its own
     assert not base["fill_notes"] and not naive["fill_notes"]  # the executor's own notes are its business
 
 
