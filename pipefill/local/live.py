@@ -10,7 +10,6 @@ warning as it happens.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -25,7 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from pipefill.local.procs import LocalProcess
-from pipefill.local.report import JsonlTail, RankStats, rank_log_paths
+from pipefill.local.report import JsonlTail, RankStats, fill_job_status, rank_log_paths
 from pipefill.local.runner import RunOutcome
 from pipefill.spec import FillJob
 
@@ -101,16 +100,16 @@ class LiveState:
             name = path.name.removesuffix(_STATUS_SUFFIX)
             try:
                 mtime_ns = path.stat().st_mtime_ns
-                if self._status_mtime_ns.get(name) == mtime_ns:
-                    continue
-                status = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
+            except OSError:
+                continue
+            if self._status_mtime_ns.get(name) == mtime_ns:
+                continue
+            status = fill_job_status(self._work_dir, name)
+            if status is None:
                 continue  # written atomically, so only a vanished file or a foreign one gets here
             self._status_mtime_ns[name] = mtime_ns
-            ends = [int(a.get("end", 0)) for a in status.get("assignments") or []]
-            row = self.fill_jobs.setdefault(name, FillProgress(name, max(ends, default=0) or None))
-            row.committed = int(status.get("samplesDone") or 0)
-            row.phase = str(status.get("phase") or row.phase)
+            row = self.fill_jobs.setdefault(name, FillProgress(name, status["total"]))
+            row.committed, row.phase = status["committed"], status["phase"]
 
     def process_state(self, rank: int, container: str) -> str:
         """``running``, ``down`` (the runner restarts it) or ``exited N``, with its restarts."""

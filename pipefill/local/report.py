@@ -14,12 +14,25 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = ["JsonlTail", "RankStats", "build_report", "rank_log_paths", "read_jsonl", "write_report"]
+__all__ = [
+    "FILL_WORK_DIR",
+    "JsonlTail",
+    "RankStats",
+    "build_report",
+    "fill_job_status",
+    "rank_log_paths",
+    "read_jsonl",
+    "write_report",
+]
 
 _TRAINER_LOG = "events.jsonl"
 _FILL_LOG = "fill-events.jsonl"
+FILL_WORK_DIR = "filljobs"
+"""The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
 
 
 class JsonlTail:
@@ -152,6 +165,30 @@ def _rank_stats(trainer: list[dict[str, Any]], fill: list[dict[str, Any]]) -> di
     return stats.summary()
 
 
+def fill_job_status(work_dir: Path, name: str) -> dict[str, Any] | None:
+    """``{"committed", "total", "phase"}`` of fill job ``name`` from its status file (None when it has none yet).
+
+    The status file is the job's merged state, written by whichever executor reported last (with slices, several
+    executors report one job; their writes are merged), so it, not any one rank's events, says the phase. The total
+    comes from the job's manifest beside it (None when that is gone).
+    """
+    try:
+        status = json.loads((work_dir / f"{name}.status.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    total: int | None = None
+    try:
+        manifest = yaml.safe_load((work_dir / f"{name}.yaml").read_text(encoding="utf-8"))
+        total = int(manifest["spec"]["totalSamples"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        pass
+    return {
+        "committed": int(status.get("samplesDone") or 0),
+        "total": total,
+        "phase": str(status.get("phase") or "Queued"),
+    }
+
+
 def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, Any]:
     """Everything ``report.json`` holds."""
     ranks = []
@@ -165,6 +202,12 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
                 row["committed"] = max(row["committed"], int(e.get("end", e.get("committed", 0)) or 0))
                 row["total"] = e.get("total", row["total"])
                 row["phase"] = e.get("phase", row["phase"])
+    for name, row in fill_jobs.items():  # events of several ranks interleave; the merged status says where it is
+        status = fill_job_status(out_dir / FILL_WORK_DIR, name)
+        if status is not None:
+            row["committed"] = max(row["committed"], status["committed"])
+            row["phase"] = status["phase"]
+            row["total"] = status["total"] if status["total"] is not None else row["total"]
     trainer0, _ = _logs(out_dir, 0)
     steps = [e for e in trainer0 if e.get("type") == "step"]
     later = [e["step_s"] for e in steps[len(steps) // 3 :]] or [e["step_s"] for e in steps]

@@ -18,12 +18,12 @@ from pathlib import Path
 import yaml
 
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
+from pipefill.local.report import FILL_WORK_DIR
 from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to_obj
 
 __all__ = ["LocalRun", "RunOutcome", "load_manifests", "prepare"]
 
 _POLL_S = 0.2
-_WORK_DIR = "filljobs"
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -69,7 +69,7 @@ def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tu
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
-    work_dir = out_dir / _WORK_DIR
+    work_dir = out_dir / FILL_WORK_DIR
     work_dir.mkdir(exist_ok=True)
     for fill in fills:
         target = work_dir / f"{fill.name}.yaml"
@@ -99,7 +99,7 @@ class LocalRun:
     @property
     def work_dir(self) -> Path:
         """The fill executors' work source: the FillJob manifests and their ``<job>.status.json``."""
-        return self.out_dir / _WORK_DIR
+        return self.out_dir / FILL_WORK_DIR
 
     def _spawn(self, spec_file: Path, work_dir: Path, channel_root: Path) -> None:
         self.procs = local_processes(

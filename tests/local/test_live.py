@@ -236,3 +236,28 @@ def test_ctrl_c_under_the_terminal_view_stops_everything_and_restores_the_termin
     assert screen.rfind("\x1b[?25h") > screen.rfind("\x1b[?25l")  # the cursor is shown again
     children = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert [c for c in children if int(c) != os.getpid()] == []
+
+
+def test_a_split_jobs_phase_and_total_come_from_its_merged_status_not_the_last_ranks_events(tmp_path: Path) -> None:
+    """Rank 1 logged Running after rank 0 finished the job: the merged status file, not rank order, says Succeeded."""
+    job = load_training_job(_job(tmp_path, steps=1, fill=True))
+    work = tmp_path / "filljobs"
+    work.mkdir()
+    (work / "embed.yaml").write_text(yaml.safe_dump({"spec": {"totalSamples": 4096}}))
+    (work / "embed.status.json").write_text(json.dumps({"phase": "Succeeded", "samplesDone": 4096}))
+    for rank, events in enumerate(
+        [
+            [{"event": "commit", "job": "embed", "end": 4096}, {"event": "job", "job": "embed", "phase": "Succeeded"}],
+            [{"event": "commit", "job": "embed", "end": 2048}, {"event": "job", "job": "embed", "phase": "Running"}],
+        ]
+    ):
+        _, fill_log = rank_log_paths(tmp_path, rank)
+        fill_log.parent.mkdir(parents=True)
+        fill_log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    report = build_report(job, tmp_path, outcome={})
+    assert report["fill_jobs"]["embed"] == {"committed": 4096, "total": 4096, "phase": "Succeeded"}
+    # a job of an earlier run (not among this run's manifests) shows its manifest's total in the live view
+    state = LiveState(world_size=2, out_dir=tmp_path, work_dir=work, fills=[], steps=1)
+    state.poll([], RunOutcome(code=1, reason="running"))
+    row = state.fill_jobs["embed"]
+    assert (row.committed, row.total, row.phase) == (4096, 4096, "Succeeded")
