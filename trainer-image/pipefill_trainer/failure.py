@@ -73,7 +73,9 @@ class PeerMonitor:
         import torch.distributed as dist
 
         self.rank, self.world_size, self.period_s = rank, world_size, period_s
-        self._store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=10))
+        self._store = dist.TCPStore(  # type: ignore[attr-defined]
+            host, port, world_size, is_master=False, timeout=timedelta(seconds=10)
+        )
         self._thread = threading.Thread(target=self._run, name="pipefill-heartbeat", daemon=True)
         self._thread.start()
 

@@ -64,7 +64,7 @@ class TrainerMetrics:
 
     def _init_nvml(self, device_index: int) -> None:
         try:
-            import pynvml
+            import pynvml  # type: ignore[import-untyped]
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)

@@ -105,6 +105,13 @@ class _DeferrableLinear(torch.autograd.Function):
         return grad_in, grad_w, grad_b, None
 
 
+def _deferrable_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, store: WeightGradStore | None
+) -> torch.Tensor:
+    out: torch.Tensor = _DeferrableLinear.apply(x, weight, bias, store)  # type: ignore[no-untyped-call]
+    return out
+
+
 class Linear(nn.Module):
     """``nn.Linear`` whose weight gradient can be deferred to a later ``W`` action."""
 
@@ -115,7 +122,7 @@ class Linear(nn.Module):
         self.store: WeightGradStore | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DeferrableLinear.apply(x, self.weight, self.bias, self.store)
+        return _deferrable_linear(x, self.weight, self.bias, self.store)
 
 
 class Block(nn.Module):
@@ -135,7 +142,8 @@ class Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
         x = x + self.proj(y)
-        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+        out: torch.Tensor = x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+        return out
 
 
 class StageModule(nn.Module):
@@ -194,8 +202,9 @@ class StageModule(nn.Module):
         if self.is_last:
             x = self.ln_f(x)
             if self.cfg.tied_embeddings:
-                return _DeferrableLinear.apply(x, self.wte.weight, None, self._head_store)
-            return self.head(x)
+                return _deferrable_linear(x, self.wte.weight, None, self._head_store)
+            logits: torch.Tensor = self.head(x)  # (B, T, V)
+            return logits
         return x
 
 

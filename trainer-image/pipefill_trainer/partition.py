@@ -69,7 +69,7 @@ def measure_parts(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats
             out = forward()
             sync()
             mid = time.perf_counter()
-            out.backward()
+            torch.autograd.backward(out)
             sync()
             fwd.append(mid - start)
             bwd.append(time.perf_counter() - mid)

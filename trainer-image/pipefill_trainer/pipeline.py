@@ -143,13 +143,13 @@ class PipelineRank:
         """Average gradients over the data-parallel group, then sum the tied embedding's two copies."""
         params = [p for p in self.parameters() if p.grad is not None]
         if self._dp_group is not None and params:
-            flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
             dist.all_reduce(flat, group=self._dp_group)
             flat /= self.topo.data_parallel
             offset = 0
             for p in params:
                 numel = p.numel()
-                p.grad.copy_(flat[offset : offset + numel].view_as(p))  # type: ignore[union-attr]
+                p.grad.copy_(flat[offset : offset + numel].view_as(p))
                 offset += numel
         if self._tied_group is not None:
             wte = self.stages[self.stage_ids[0] if 0 in self.stages else self.schedule.num_stages - 1].wte.weight
@@ -160,7 +160,7 @@ class PipelineRank:
     def grad_sq_norm(self) -> torch.Tensor:
         """Sum of squared gradients of the parameters this rank owns (the last stage's tied copy is not owned)."""
         total = torch.zeros((), device=self.device, dtype=torch.float32)
-        skip = set()
+        skip: set[int] = set()
         if self._tied_group is not None and 0 not in self.stages:
             skip.add(id(self.stages[self.schedule.num_stages - 1].wte.weight))
         for p in self.parameters():

@@ -48,9 +48,8 @@ def finish_profile(trainer: Trainer, medians: dict[int, dict[str, float]]) -> Bu
     """Build the profile JSON, this rank's bubble slots, and the announcer (installed as the executor's hooks)."""
     schedule, pp_rank = trainer.schedule, trainer.topo.pp_rank
     mine = {"medians": medians, "extra": _stage_extra(trainer)}
-    if trainer.replay:
-        gathered = [mine]
-    else:
+    gathered: list[Any] = [mine]
+    if not trainer.replay:
         gathered = [None] * trainer.cfg.world_size
         dist.all_gather_object(gathered, mine)
         gathered = [gathered[r] for r in trainer.topo.pipeline_ranks]

@@ -87,7 +87,7 @@ class Trainer:
         if not self.replay:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             timeout = timedelta(seconds=cfg.comm_timeout_s)
-            store = dist.TCPStore(
+            store = dist.TCPStore(  # type: ignore[attr-defined]
                 cfg.master_addr, cfg.master_port, cfg.world_size, is_master=cfg.rank == 0, timeout=timeout
             )
             dist.init_process_group(backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
@@ -126,11 +126,12 @@ class Trainer:
         self.layer_ranges = ranges
         params = self.pr.parameters()
         opt = spec.optimizer
+        groups: list[dict[str, Any]] = [
+            {"params": [p for p in params if p.dim() >= 2]},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
         self.optimizer = torch.optim.AdamW(
-            [
-                {"params": [p for p in params if p.dim() >= 2]},
-                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-            ],
+            groups,
             lr=opt.learning_rate,
             betas=(opt.beta1, opt.beta2),
             weight_decay=opt.weight_decay,
@@ -151,6 +152,7 @@ class Trainer:
             cfg, device=self.device, stage_idx=self.pr.stage_ids[0], num_stages=self.schedule.num_stages
         )
         self.announcer: BubbleAnnouncer | None = None
+        self.replay_step_s = 0.0  # replay: the modeled step (the slowest rank's finish), set by the profile
         self._durations: list[list[float]] = []
         self._stop = False
         self.start_step = 0
@@ -281,7 +283,7 @@ class Trainer:
     def _step_end(self, loss_local: float, t0: int) -> tuple[float, float, bool]:
         if self.replay:
             self.transport.flush()
-            timeline_end_s = getattr(self, "replay_step_s", 0.0)
+            timeline_end_s = self.replay_step_s
             while time.monotonic_ns() < t0 + int(timeline_end_s * 1e9):  # the slowest rank's modeled finish
                 time.sleep(min(1e-3, max(0.0, (t0 + timeline_end_s * 1e9 - time.monotonic_ns()) / 1e9)))
             return float(self.pr.grad_sq_norm()), loss_local, self._stop
