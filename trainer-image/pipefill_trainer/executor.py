@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from pipefill.schedules.model import Action, Kind, Schedule
 from pipefill.schedules.validate import p2p_streams
 from pipefill_trainer.comm import RecvHandle, Stream, Transport
+from pipefill_trainer.devsync import DeviceSync, device_sync
 from pipefill_trainer.model import StageModule, WeightGradStore
 
 __all__ = ["NoHooks", "PipelineExecutor", "StepHooks", "StepTiming"]
@@ -47,7 +48,11 @@ class NoHooks:
 
 @dataclass
 class StepTiming:
-    """Monotonic ns of the last step: per action its compute span, and the blocked wait before it (0 if none)."""
+    """Monotonic ns of the last step: per action its compute span, and the blocked wait before it (0 if none).
+
+    On CUDA the spans are the GPU's with :attr:`PipelineExecutor.exact_spans`; without, a span is when the CPU queued
+    the action, except that one after a blocking wait starts when the GPU had its input.
+    """
 
     step_start_ns: int
     start_ns: list[int]
@@ -67,6 +72,7 @@ class PipelineExecutor:
 
     ``pipeline_ranks[i]``: global rank of pipeline rank ``i`` in this data-parallel replica. ``mb_shape``: (B, T) of a
     microbatch; ``hidden``: C. ``prefetch``: a receive is posted ``2 × prefetch`` actions ahead of its first use.
+    ``sync``: what a wait point means on the device (default: :func:`~pipefill_trainer.devsync.device_sync`).
     """
 
     def __init__(
@@ -82,10 +88,12 @@ class PipelineExecutor:
         device: torch.device,
         autocast_dtype: torch.dtype | None = None,
         prefetch: int = 4,
+        sync: DeviceSync | None = None,
     ) -> None:
         self.schedule, self.pp_rank, self.stages = schedule, pp_rank, stages
         self.actions: tuple[Action, ...] = schedule.ranks[pp_rank]
         self.transport, self.device = transport, device
+        self.sync: DeviceSync = sync if sync is not None else device_sync(device)
         self.act_shape = (*mb_shape, hidden)
         self.autocast_dtype, self.prefetch = autocast_dtype, prefetch
         self.num_stages, self.m = schedule.num_stages, schedule.num_microbatches
@@ -99,6 +107,9 @@ class PipelineExecutor:
         self.waiting_on: int | None = None  # global rank this rank waits for right now (for failure messages)
         self.waiting_what: str | None = None
         self.timing: StepTiming | None = None
+        self.exact_spans = False
+        """Drain the device at the step start and after each action, so every span ends when the device finished it
+        (the profiling steps set it: it costs CUDA its run-ahead; on CPU there is nothing to drain)."""
 
     def _plan_of(self, a: Action, place: Sequence[int], ranks: Sequence[int]) -> _Plan:
         me, s = self.pp_rank, a.stage_idx
@@ -146,10 +157,14 @@ class PipelineExecutor:
         """One step's actions. ``tokens``/``targets``: per-microbatch (B, T) on the ranks holding the first/last stage.
 
         Gradients accumulate into the stages' ``.grad`` (the caller zeroes them); returns the summed loss
-        (mean over the step's tokens) on the rank holding the last stage, else 0.
+        (mean over the step's tokens) on the rank holding the last stage, else 0. Returns once the device has run
+        the step's actions (on CUDA the end-of-step bubble begins then, not when the CPU has queued them).
         """
         n = len(self.actions)
         start_ns, end_ns, wait_ns = [0] * n, [0] * n, [0] * n
+        sync, exact = self.sync, self.exact_spans
+        if exact:
+            sync.drain()  # the previous step's optimizer may still run on the GPU
         step_start = time.monotonic_ns()
         self.transport.step_begin(step_start)
         handles: dict[int, RecvHandle] = {}
@@ -174,14 +189,14 @@ class PipelineExecutor:
             if plan.recv_stream is not None:
                 handle = handles.pop(idx)
                 self.waiting_on, self.waiting_what = plan.recv_src, f"waiting for the input of action {a}"
-                if not handle.done():
+                if not handle.done() and sync.idle_before(handle):
                     t0 = time.monotonic_ns()
                     hooks.wait_begin(idx)
-                    received = handle.wait()
+                    received = sync.wait(handle)
                     hooks.wait_end(idx)
                     wait_ns[idx] = time.monotonic_ns() - t0
                 else:
-                    received = handle.wait()
+                    received = handle.wait()  # arrived: on CUDA this only orders the compute stream after it
                 self.waiting_on = self.waiting_what = None
             start_ns[idx] = time.monotonic_ns()
             s, mb = a.stage_idx, a.mb_idx
@@ -222,6 +237,8 @@ class PipelineExecutor:
                         local_grad[(s - 1, mb)] = x.grad
             else:  # W
                 self.store.apply((s, mb))
+            if exact:
+                sync.drain()
             end_ns[idx] = time.monotonic_ns()
         self.timing = StepTiming(step_start, start_ns, end_ns, wait_ns)
         if saved or local_act or local_grad or len(self.store):
@@ -229,6 +246,7 @@ class PipelineExecutor:
                 f"schedule {self.schedule.name!r} left work undone on rank {self.pp_rank}: "
                 f"forwards without backward {sorted(saved)}, deferred weight grads {len(self.store)}"
             )
+        sync.drain()
         return float(loss_sum)
 
     def flush_sends(self) -> None:

@@ -2,8 +2,9 @@
 
 A step: the executor runs the rank's actions (bubbles inside it open and close around receive waits), then the
 end-of-step bubble spans sends draining, the data-parallel gradient all-reduce and one all-reduce of
-[grad-norm², loss, stop]; then clipping and AdamW. The stop flag makes a SIGTERM on any rank a job-wide, agreed stop
-after a checkpoint.
+[grad-norm², loss, stop]; then clipping and AdamW. On CUDA that bubble begins when the GPU has run the step's actions
+and ends when the all-reduce has completed on it (:mod:`pipefill_trainer.devsync`). The stop flag makes a SIGTERM on
+any rank a job-wide, agreed stop after a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipefill_trainer.channel_link import connect_producer
 from pipefill_trainer.comm import DistTransport, ReplayTransport
 from pipefill_trainer.config import ConfigError, TrainerConfig
 from pipefill_trainer.data import TokenSource
+from pipefill_trainer.devsync import WorkPending
 from pipefill_trainer.events import EventLog
 from pipefill_trainer.failure import EXIT_SIGTERM, PeerMonitor, Watchdog
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
@@ -251,6 +253,7 @@ class Trainer:
             tokens, targets = self.data.microbatches(step, dp_rank=self.topo.dp_rank, m=self.m)
         if self.announcer is not None:
             self.announcer.begin_step(step)
+        self.pr.executor.exact_spans = self.announcer is None  # profiling: spans as the device ran them
         t0 = time.monotonic_ns()
         loss_local = self.pr.executor.run_step(tokens if first else None, targets if last else None)
         end_idx = len(self.pr.executor.actions)
@@ -298,7 +301,9 @@ class Trainer:
                 torch.tensor(float(self._stop), device=self.device),
             ]
         )
-        dist.all_reduce(stats)
+        work = dist.all_reduce(stats, async_op=True)
+        assert work is not None
+        ex.sync.wait(WorkPending(work))  # on CUDA: until the GPU completed it (the slowest rank is done)
         ex.waiting_what = None
         dp = self.topo.data_parallel
         return float(stats[0]) / dp, float(stats[1]) / dp, bool(stats[2] > 0)
