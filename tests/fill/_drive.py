@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import torch
-from pipefill_fill.task import FillTask, TaskSpec
 
 from pipefill.spec import load_file
+from pipefill_fill.task import FillTask, TaskSpec
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from fill_helpers import HERE, subprocess_env, write_job
+
 from pipefill_fill.store import ProgressStore, read_outputs
 
 DRIVE = str(HERE / "_drive.py")

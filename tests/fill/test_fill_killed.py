@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
+
+from pipefill.spec import load_file
 from pipefill_fill.events import read_events
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
-
-from pipefill.spec import load_file
 
 pytestmark = pytest.mark.slow
 

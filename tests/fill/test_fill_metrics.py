@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pipefill_fill.metrics import FillMetrics
 from prometheus_client import CollectorRegistry
+
+from pipefill_fill.metrics import FillMetrics
 
 
 def test_bubble_accounting_and_recovery() -> None:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 from fill_helpers import write_job
+
+from pipefill.spec import load_file
 from pipefill_fill.profiler import profile_task
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
-
-from pipefill.spec import load_file
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+
 from pipefill_fill.events import read_events
 from pipefill_fill.store import ProgressStore
 

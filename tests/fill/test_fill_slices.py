@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 from fill_helpers import write_job
+
+from pipefill.spec import SpecError, load_file
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.work import Slice, plan_slices
-
-from pipefill.spec import SpecError, load_file
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16}
 CPU = torch.device("cpu")

@@ -18,13 +18,13 @@ import pytest
 import yaml
 from fill_helpers import subprocess_env, write_job
 from kubernetes import client
+
+from pipefill.spec import FillJobPhase
 from pipefill_fill.sources import Identity, ProgressReport, open_source
 from pipefill_fill.sources.base import merged_status
 from pipefill_fill.sources.files import FilesSource
 from pipefill_fill.sources.kubernetes import KubernetesSource
 from pipefill_fill.work import Slice
-
-from pipefill.spec import FillJobPhase
 
 ME = Identity(training_job="gpt", rank=1, labels={"pipefill.io/fill-pool": "demo"})
 

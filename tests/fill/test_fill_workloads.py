@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from fill_helpers import write_job
+
+from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.workload import load_workload_class
-
-from pipefill.spec import load_file
 
 
 def _task(manifest: Path) -> FillTask:

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
 from pipefill_fill.workload import Workload
 
 

@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from pipefill_trainer.devsync import CudaSync, WorkPending
 
 

@@ -24,6 +24,7 @@ from pipefill.schedules.validate import p2p_streams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _grad_common import batch, model_config
+
 from pipefill_trainer.comm import DistTransport, Transport
 from pipefill_trainer.partition import analytic_costs, partition_layers
 from pipefill_trainer.pipeline import PipelineRank, Topology

@@ -15,8 +15,9 @@ import time
 
 import pytest
 import torch
-from pipefill_trainer.devsync import BlockingSync, CudaSync, device_sync, poll_until
 from trainer_procs import HERE, launch, wait_all
+
+from pipefill_trainer.devsync import BlockingSync, CudaSync, device_sync, poll_until
 
 CUDA = torch.device("cuda")
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _grad_common import batch, model_config
-from pipefill_trainer.model import StageModule
 from trainer_procs import HERE, launch, wait_all
+
+from pipefill_trainer.model import StageModule
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+
+from pipefill.schedules.model import Action, Kind
+from pipefill.spec.training import Data, DataSource
 from pipefill_trainer import checkpoint as ckpt
 from pipefill_trainer.data import TokenSource, decode, encode
 from pipefill_trainer.instrument import BubbleAnnouncer, Slot
@@ -15,10 +19,6 @@ from pipefill_trainer.metrics import TrainerMetrics
 from pipefill_trainer.model import GPTConfig
 from pipefill_trainer.partition import LayerCosts, PartSeconds, measure_parts, partition_layers
 from pipefill_trainer.profile import model_peer_medians
-from prometheus_client import CollectorRegistry
-
-from pipefill.schedules.model import Action, Kind
-from pipefill.spec.training import Data, DataSource
 
 
 def test_partition_gives_end_stages_fewer_blocks_when_embedding_and_head_cost() -> None:

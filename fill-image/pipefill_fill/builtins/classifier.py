@@ -115,7 +115,7 @@ class TrainClassifier(Workload):
         y = torch.from_numpy(np.ascontiguousarray(rows["y"], dtype=np.int64)).to(self.device)
         loss = F.cross_entropy(self.model(x), y)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         self.opt.step()
         self.last_loss = float(loss.detach())
         self.steps += 1

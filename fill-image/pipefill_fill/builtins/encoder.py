@@ -44,7 +44,8 @@ class _Layer(nn.Module):
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])  # (B, H, T, D)
         x = self.norm1(x + self.proj(att.transpose(1, 2).reshape(b, t, c)))
-        return self.norm2(x + self.ff2(F.gelu(self.ff1(x))))
+        out: torch.Tensor = self.norm2(x + self.ff2(F.gelu(self.ff1(x))))
+        return out
 
 
 class Encoder(nn.Module):
@@ -64,7 +65,8 @@ class Encoder(nn.Module):
         for layer in self.layers:
             x = layer(x, keep)
         w = keep.to(x.dtype)[..., None]  # (B, T, 1)
-        return (x * w).sum(1) / w.sum(1)  # (B, C)
+        pooled: torch.Tensor = (x * w).sum(1) / w.sum(1)  # (B, C)
+        return pooled
 
 
 class EncoderInference(Workload):

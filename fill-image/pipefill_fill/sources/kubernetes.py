@@ -64,9 +64,9 @@ class KubernetesSource(WorkSource):
         self.label_selector = label_selector
         if api is None:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
-                config.load_kube_config()  # outside a cluster: the user's kubeconfig
+                config.load_kube_config()  # type: ignore[no-untyped-call]  # outside a cluster: the user's kubeconfig
             api = client.CustomObjectsApi()
         self.api = api
         self.namespace = namespace or _own_namespace()
@@ -75,8 +75,11 @@ class KubernetesSource(WorkSource):
 
     def poll(self) -> list[TaskSpec]:
         try:
-            listing = self.api.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, label_selector=self.label_selector or ""
+            listing = cast(
+                dict[str, Any],
+                self.api.list_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, label_selector=self.label_selector or ""
+                ),
             )
         except ApiException as exc:
             log.warning(
