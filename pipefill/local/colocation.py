@@ -51,7 +51,7 @@ TARGETS = {"slowdown_pipefill_max": 0.02, "bubble_recovery_min": 0.7}  # issue #
 # option: (type, default, --quick default, help)
 _OPTIONS: dict[str, tuple[type, Any, Any, str]] = {
     "reps": (int, 5, 1, "repetitions of A B C per configuration"),
-    "steps": (int, 20, 4, "measured training steps per run"),
+    "steps": (int, 40, 4, "measured training steps per run"),
     "warmup-steps": (int, 5, 30, "steps before the measured ones, at least (≥ 4: the trainer profiles 3 first)"),
     "warmup-s": (float, 5.0, 0.0, "and at least this long at the pace of training alone (0: no calibration run)"),
     "schedules": (str, "1f1b,gpipe", "1f1b", "comma-separated: 1f1b, gpipe"),
