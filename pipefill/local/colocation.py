@@ -12,8 +12,8 @@ A run is built as ``pipefill local`` builds one: manifests validated as admissio
 description (:func:`pipefill.local.procs.local_processes`). Only what the benchmark needs is remapped: one FillJob
 queue per rank (each stage's fill works on its own job), the fill container's command in mode C, explicit cores (or
 GPUs), and ``--replay-stage`` in replay mode. The measured steps follow a warm-up that covers ``--warmup-s`` at the pace
-of training alone (one short calibration run per configuration), so the fill has started up (imports, dataset,
-profile) before they begin; every mode measures the same step indices. Step times are the trainers' step events;
+of training alone (one short calibration run per configuration, see :func:`_plan`), so the fill has started up
+(imports, dataset, profile) before they begin; every mode measures the same step indices. Step times are the trainers' step events;
 bubble fraction and recovery are ``report.json``'s, limited to the measured steps; fill items/s is the work the fill's
 event log records inside the same window. Only processes are launched here: the core stays torch-free.
 """
@@ -184,7 +184,7 @@ def _manifests(
 
 
 def _processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJob], *, mode: str, run_dir: Path,
-               channel_root: Path) -> list[LocalProcess]:  # fmt: skip
+               channel_root: Path, profile_steps: int) -> list[LocalProcess]:  # fmt: skip
     spec_file, _ = prepare(job, [], run_dir)
     procs = local_processes(
         job, spec_file=spec_file, out_dir=run_dir, work_dir=run_dir / "queue", channel_root=channel_root,
@@ -199,7 +199,7 @@ def _processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[Fill
         else:
             p.env[env.DEVICE] = f"cuda:{slot[p.rank]}"
         if p.container == "trainer" and a.replay:
-            p.argv = [*p.argv, "--replay-stage", str(p.rank)]
+            p.argv = [*p.argv, "--replay-stage", str(p.rank), "--profile-steps", str(profile_steps)]
         elif p.container == "fill-executor":
             fill, queue = fills[slot[p.rank]], run_dir / "queue" / f"rank{p.rank}"  # one job per rank
             queue.mkdir(parents=True, exist_ok=True)
@@ -278,7 +278,7 @@ def _measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[s
 
 
 def _launch(
-    a: argparse.Namespace, schedule: str, m: int, mode: str, run_dir: Path, *, warmup_steps: int
+    a: argparse.Namespace, schedule: str, m: int, mode: str, run_dir: Path, *, warmup_steps: int, profile_steps: int = 3
 ) -> dict[str, Any]:
     """One run of one mode: its processes, then what their event logs say about the measured steps."""
     job, fills = _manifests(a, schedule, m, mode, run_dir, warmup_steps)
@@ -286,7 +286,10 @@ def _launch(
     channel_root = Path(tempfile.mkdtemp(prefix="pipefill-colocation-", dir=shm))
     try:
         notes = _run_processes(
-            _processes(a, job, fills, mode=mode, run_dir=run_dir, channel_root=channel_root), a.timeout_s
+            _processes(
+                a, job, fills, mode=mode, run_dir=run_dir, channel_root=channel_root, profile_steps=profile_steps
+            ),
+            a.timeout_s,
         )
     finally:
         shutil.rmtree(channel_root, ignore_errors=True)
@@ -318,7 +321,7 @@ def _median(values: list[Any]) -> float | None:
 
 
 def _summary(
-    a: argparse.Namespace, schedule: str, m: int, reps: list[dict[str, Any]], warmup_steps: int
+    a: argparse.Namespace, schedule: str, m: int, reps: list[dict[str, Any]], plan: tuple[int, int]
 ) -> dict[str, Any]:
     by = {mode: [r for r in reps if r["mode"] == mode] for mode in MODES}
     base, pipefill, naive = (_median([r["step_s"] for r in by[mode]]) or 0.0 for mode in MODES)
@@ -349,7 +352,8 @@ def _summary(
             ]
             for mode in MODES[1:]
         },
-        "warmup_steps": warmup_steps,
+        "warmup_steps": plan[0],
+        "trainer_profile_steps": plan[1],
         "measured_steps": a.steps,
         "reps": reps,
     }
@@ -365,27 +369,43 @@ def _progress(a: argparse.Namespace, run_dir: Path, text: str) -> None:
 def _run_all(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     """Calibrate each configuration, then every repetition's A B C, interleaved; the runs' summaries."""
     configs = [(s, m) for s in a.schedules for m in a.microbatches]
-    warmup: dict[tuple[str, int], int] = {}
-    for schedule, m in configs:  # steps that cover --warmup-s at the pace of training alone (a run not counted)
-        warmup[(schedule, m)] = a.warmup_steps
-        if a.warmup_s <= 0:
-            continue
-        run_dir = root / f"{schedule}-m{m}" / "calibration"
-        step_s = _launch(a, schedule, m, "baseline", run_dir, warmup_steps=a.warmup_steps)["step_s"]
-        warmup[(schedule, m)] = a.warmup_steps + math.ceil(a.warmup_s / step_s)
-        _progress(a, run_dir, f"{schedule} m={m}: {step_s:.4f} s per step alone; {warmup[(schedule, m)]} warm-up steps")
+    plans = {c: _plan(a, *c, root) for c in configs}  # (warm-up steps, trainer profile steps)
     reps: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
     for rep in range(a.reps):
         for schedule, m in configs:
+            warmup_steps, profile_steps = plans[(schedule, m)]
             for mode in MODES:  # interleaved: A B C, A B C, …
                 run_dir = root / f"{schedule}-m{m}" / f"rep{rep}" / mode
-                r = _launch(a, schedule, m, mode, run_dir, warmup_steps=warmup[(schedule, m)])
+                r = _launch(a, schedule, m, mode, run_dir, warmup_steps=warmup_steps, profile_steps=profile_steps)
                 reps[(schedule, m)].append({"rep": rep, **r})
                 recovery = "-" if r["bubble_recovery"] is None else f"{r['bubble_recovery']:.3f}"
                 _progress(a, run_dir, f"[{sum(map(len, reps.values()))}/{len(configs) * len(MODES) * a.reps}] "
                           f"{schedule} m={m} rep {rep} {mode}: step {r['step_s']:.4f} s, recovery {recovery}, "
                           f"fill {r['fill_items_per_s']:.0f} items/s {' '.join(r['fill_notes'])}")  # fmt: skip
-    return [_summary(a, s, m, reps[(s, m)], warmup[(s, m)]) for s, m in configs]
+    return [_summary(a, s, m, reps[(s, m)], plans[(s, m)]) for s, m in configs]
+
+
+def _plan(a: argparse.Namespace, schedule: str, m: int, root: Path) -> tuple[int, int]:
+    """Warm-up steps and trainer profile steps of a configuration, from a short run of training alone (not counted).
+
+    The fill needs about ``--warmup-s`` to start up (imports, dataset, its profile inside the first bubbles), so the
+    measured steps begin that long, at the pace of training alone, after ``--warmup-steps``. A replayed trainer's
+    timeline stays what its profile measured, so in replay mode the profile is taken only once the fill has started
+    up (before the profile a replayed step is its compute alone, no modeled waits), and the warm-up goes on as long
+    again after it.
+    """
+    if a.warmup_s <= 0:
+        return a.warmup_steps, 3
+    run_dir = root / f"{schedule}-m{m}" / "calibration"
+    alone = _launch(a, schedule, m, "baseline", run_dir, warmup_steps=a.warmup_steps)
+    settle = math.ceil(a.warmup_s / alone["step_s"])
+    plan = (a.warmup_steps + settle, 3)
+    if a.replay:
+        profile_steps = 3 + math.ceil(a.warmup_s / (alone["step_s"] * (1 - (alone["bubble_fraction"] or 0))))
+        plan = (profile_steps + max(a.warmup_steps, settle), profile_steps)
+    _progress(a, run_dir, f"{schedule} m={m}: {alone['step_s']:.4f} s per step alone; warm-up {plan[0]} steps, "
+              f"trainer profile {plan[1]}")  # fmt: skip
+    return plan
 
 
 def _machine(a: argparse.Namespace, gpus: list[str]) -> dict[str, Any]:
