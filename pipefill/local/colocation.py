@@ -13,9 +13,10 @@ description (:func:`pipefill.local.procs.local_processes`). Only what the benchm
 queue per rank (each stage's fill works on its own job), the fill container's command in mode C, explicit cores (or
 GPUs), and ``--replay-stage`` in replay mode. The measured steps follow a warm-up that covers ``--warmup-s`` at the pace
 of training alone (one short calibration run per configuration, see :func:`_plan`), so the fill has started up
-(imports, dataset, profile) before they begin; every mode measures the same step indices. Step times are the trainers' step events;
-bubble fraction and recovery are ``report.json``'s, limited to the measured steps; fill items/s is the work the fill's
-event log records inside the same window. Only processes are launched here: the core stays torch-free.
+(imports, dataset, profile) before they begin; every mode measures the same step indices. Step times are the
+trainers' step events; bubble fraction and recovery are ``report.json``'s, limited to the measured steps; fill items/s
+is the work the fill's event log records inside the same window. Only processes are launched here: the core stays
+torch-free (the GPU check asks torch in a child process).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ spec:
   checkpoint: {{path: {ckpt}, intervalSteps: 0}}
   resources: {{gpus: 0, cpu: "1", memory: 2Gi}}
   gpuSharing: {{mode: none}}
-  fill: {{enabled: {fill}, reservedMemory: 512Mi, minBubbleMilliseconds: {a.min_bubble_ms}, guardMilliseconds: {a.guard_ms}}}
+  fill: {{enabled: {fill}, reservedMemory: 512Mi, minBubbleMilliseconds: {a.min_bubble_ms},
+         guardMilliseconds: {a.guard_ms}}}
 """
 _FILL = """\
 apiVersion: pipefill.io/v1alpha1
