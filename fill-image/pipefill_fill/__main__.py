@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from typing import Protocol
 
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
@@ -21,14 +22,34 @@ from pipefill_fill.attach import attach
 from pipefill_fill.device import cap_memory, pin_cpus, select_device
 from pipefill_fill.events import EventLog
 from pipefill_fill.metrics import FillMetrics
-from pipefill_fill.runner import Runner
+from pipefill_fill.runner import Link, Runner
 from pipefill_fill.settings import Settings
-from pipefill_fill.sources import Identity, open_source
+from pipefill_fill.sources import Identity, WorkSource, open_source
 
 log = logging.getLogger("pipefill_fill")
 
 
-def main() -> int:
+class _Runner(Protocol):
+    def run(self) -> int: ...
+
+
+class RunnerFactory(Protocol):
+    """What runs the fill work once the executor is attached: :class:`Runner`, or the benchmark's naive runner."""
+
+    def __call__(
+        self,
+        *,
+        link: Link,
+        source: WorkSource,
+        device: torch.device,
+        settings: Settings,
+        metrics: FillMetrics,
+        events: EventLog,
+    ) -> _Runner: ...
+
+
+def main(runner_cls: RunnerFactory = Runner) -> int:
+    """Attach, set up and run the fill executor; ``runner_cls`` runs the work (the default: bubbles only)."""
     logging.basicConfig(
         level=os.environ.get("PIPEFILL_LOG_LEVEL", "INFO"),
         format="%(asctime)s fill-executor %(levelname)s %(message)s",
@@ -78,7 +99,7 @@ def main() -> int:
         settings.reserved_bytes,
         settings.guard_s * 1e3,
     )
-    runner = Runner(link=link, source=source, device=device, settings=settings, metrics=metrics, events=events)
+    runner = runner_cls(link=link, source=source, device=device, settings=settings, metrics=metrics, events=events)
     try:
         return runner.run()
     finally:

@@ -189,10 +189,9 @@ class NaiveRunner:
 
 def main() -> int:
     """The fill executor's ``main`` with :class:`NaiveRunner` in place of its runner."""
-    from pipefill_fill import __main__ as executor
+    from pipefill_fill.__main__ import main as executor_main
 
-    executor.Runner = NaiveRunner  # type: ignore[attr-defined,assignment]
-    return executor.main()
+    return executor_main(runner_cls=NaiveRunner)
 
 
 if __name__ == "__main__":
