@@ -29,7 +29,7 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs up to 
 	$(BIN)/pipefill crds --check crds/ charts/pipefill/crds/ --docs docs/api.md
 
 demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
-	rm -rf runs/cpu-demo
+	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
 test: lint ## lint, then the whole test suite
