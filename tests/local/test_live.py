@@ -57,7 +57,12 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     """A tiny job with a fill job, run to the end with stdout into a pipe (so: plain lines)."""
     tmp = tmp_path_factory.mktemp("plain")
     out = tmp / "out"
-    manifests = ["-f", str(_job(tmp, steps=STEPS, fill=True)), "-f", str(_fill(tmp))]
+    job_file = _job(tmp, steps=STEPS, fill=True)
+    job = yaml.safe_load(job_file.read_text())
+    # the demo's model size: the tiniest model's bubbles (~1 ms) are too short for any fill step, so fill may never run
+    job["spec"]["model"] = {"layers": 4, "hiddenSize": 128, "heads": 4, "seqLen": 64, "vocabSize": 256}
+    job_file.write_text(yaml.safe_dump(job))
+    manifests = ["-f", str(job_file), "-f", str(_fill(tmp))]
     done = subprocess.run(
         [*LOCAL, *manifests, "--out", str(out), "--status-every", "0.5", "--metrics-port", "0"],
         capture_output=True,
