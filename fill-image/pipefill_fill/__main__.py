@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -22,9 +23,9 @@ from pipefill_fill.attach import attach
 from pipefill_fill.device import cap_memory, pin_cpus, select_device
 from pipefill_fill.events import EventLog
 from pipefill_fill.metrics import FillMetrics
-from pipefill_fill.runner import Link, Runner
+from pipefill_fill.runner import Attached, Runner
 from pipefill_fill.settings import Settings
-from pipefill_fill.sources import Identity, WorkSource, open_source
+from pipefill_fill.sources import Identity, open_source
 
 log = logging.getLogger("pipefill_fill")
 
@@ -33,22 +34,7 @@ class _Runner(Protocol):
     def run(self) -> int: ...
 
 
-class RunnerFactory(Protocol):
-    """What runs the fill work once the executor is attached: :class:`Runner`, or the benchmark's naive runner."""
-
-    def __call__(
-        self,
-        *,
-        link: Link,
-        source: WorkSource,
-        device: torch.device,
-        settings: Settings,
-        metrics: FillMetrics,
-        events: EventLog,
-    ) -> _Runner: ...
-
-
-def main(runner_cls: RunnerFactory = Runner) -> int:
+def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     """Attach, set up and run the fill executor; ``runner_cls`` runs the work (the default: bubbles only)."""
     logging.basicConfig(
         level=os.environ.get("PIPEFILL_LOG_LEVEL", "INFO"),
@@ -99,7 +85,9 @@ def main(runner_cls: RunnerFactory = Runner) -> int:
         settings.reserved_bytes,
         settings.guard_s * 1e3,
     )
-    runner = runner_cls(link=link, source=source, device=device, settings=settings, metrics=metrics, events=events)
+    runner = runner_cls(
+        Attached(link=link, source=source, device=device, settings=settings, metrics=metrics, events=events)
+    )
     try:
         return runner.run()
     finally:

@@ -26,12 +26,9 @@ import torch
 
 from pipefill.plan import ProfilePoint
 from pipefill.spec import FillJobPhase
-from pipefill_fill.events import EventLog
-from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.profiler import profile_task
-from pipefill_fill.runner import Link
-from pipefill_fill.settings import Settings
-from pipefill_fill.sources import ProgressReport, WorkSource
+from pipefill_fill.runner import Attached
+from pipefill_fill.sources import ProgressReport
 from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -47,22 +44,11 @@ def best_batch_size(points: tuple[ProfilePoint, ...] | list[ProfilePoint], budge
 
 
 class NaiveRunner:
-    """Same constructor as :class:`pipefill_fill.runner.Runner`; ``run`` returns the exit code."""
+    """Built like :class:`pipefill_fill.runner.Runner`, from what the executor attached; ``run`` returns the exit code."""
 
-    def __init__(
-        self,
-        *,
-        link: Link,
-        source: WorkSource,
-        device: torch.device,
-        settings: Settings,
-        metrics: FillMetrics,
-        events: EventLog,
-        work_interval_s: float = 0.1,
-        trainer_grace_s: float = 1.0,
-    ) -> None:
-        self.link, self.source, self.device, self.settings = link, source, device, settings
-        self.metrics, self.events = metrics, events
+    def __init__(self, attached: Attached, *, work_interval_s: float = 0.1, trainer_grace_s: float = 1.0) -> None:
+        self.link, self.source, self.device = attached.link, attached.source, attached.device
+        self.settings, self.metrics, self.events = attached.settings, attached.metrics, attached.events
         self.work_interval_ns = int(work_interval_s * 1e9)
         self.trainer_grace_s = trainer_grace_s  # as the executor: a restarted trainer re-creates the channel
         self.failed: set[str] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -24,7 +25,7 @@ from pipefill_fill.predict import Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
 
-__all__ = ["Link", "Runner"]
+__all__ = ["Attached", "Link", "Runner"]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -43,20 +44,31 @@ class Link(Protocol):
     def recent_bubbles(self) -> list[ObservedBubble]: ...
 
 
+@dataclass(frozen=True)
+class Attached:
+    """What the executor's start-up (``pipefill_fill.__main__``) hands to the runner of the work: the channel, the
+    work source, the device and the settings, metrics and event log (the same for :class:`Runner` and the benchmark's
+    naive runner, so both sides of a comparison share every setting)."""
+
+    link: Link
+    source: WorkSource
+    device: torch.device
+    settings: Settings
+    metrics: FillMetrics
+    events: EventLog
+
+
 class Runner:
     def __init__(
         self,
+        attached: Attached,
         *,
-        link: Link,
-        source: WorkSource,
-        device: torch.device,
-        settings: Settings,
-        metrics: FillMetrics,
-        events: EventLog,
         max_active: int = 2,
         poll_interval_s: float = 5.0,
         trainer_grace_s: float = 1.0,
     ) -> None:
+        link, source, device, settings = attached.link, attached.source, attached.device, attached.settings
+        metrics, events = attached.metrics, attached.events
         self.link, self.source, self.device, self.settings = link, source, device, settings
         self.metrics, self.events = metrics, events
         self.poll_interval_s = poll_interval_s
