@@ -139,6 +139,10 @@ class PipelineRank:
         for p in self.parameters():
             p.grad = None
 
+    def has_grad_collectives(self) -> bool:
+        """Whether :meth:`sync_grads` talks to other ranks (data parallel, or a tied embedding split over stages)."""
+        return self._dp_group is not None or self._tied_group is not None
+
     def sync_grads(self) -> None:
         """Average gradients over the data-parallel group, then sum the tied embedding's two copies."""
         params = [p for p in self.parameters() if p.grad is not None]

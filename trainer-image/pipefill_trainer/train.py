@@ -258,8 +258,11 @@ class Trainer:
         loss_local = self.pr.executor.run_step(tokens if first else None, targets if last else None)
         end_idx = len(self.pr.executor.actions)
         hooks = self.pr.executor.hooks
+        # the grad norm is local work when no collective changes the gradients: done before the bubble opens, so
+        # the fill does not share the device with it
+        local_sq_norm = None if self.pr.has_grad_collectives() else self._local_sq_norm()
         hooks.wait_begin(end_idx)  # the end-of-step bubble: this rank is done, the slowest is not
-        sq_norm, loss, stop = self._step_end(loss_local, t0)
+        sq_norm, loss, stop = self._step_end(loss_local, t0, local_sq_norm)
         hooks.wait_end(end_idx)
         self._clip_and_step(step, sq_norm)
         step_s = (time.monotonic_ns() - t0) / 1e9
@@ -283,20 +286,28 @@ class Trainer:
         self.events.flush()
         return loss, step_s, stop
 
-    def _step_end(self, loss_local: float, t0: int) -> tuple[float, float, bool]:
+    def _local_sq_norm(self) -> torch.Tensor:
+        """The gradients' squared norm, with the device done computing it (a wait point follows)."""
+        sq_norm = self.pr.grad_sq_norm()
+        self.pr.executor.sync.drain()
+        return sq_norm
+
+    def _step_end(self, loss_local: float, t0: int, local_sq_norm: torch.Tensor | None) -> tuple[float, float, bool]:
+        """Inside the end-of-step bubble: the all-reduce of [grad norm², loss, stop]; ``local_sq_norm`` when known."""
         if self.replay:
             self.transport.flush()
             timeline_end_s = self.replay_step_s
             while time.monotonic_ns() < t0 + int(timeline_end_s * 1e9):  # the slowest rank's modeled finish
                 time.sleep(min(1e-3, max(0.0, (t0 + timeline_end_s * 1e9 - time.monotonic_ns()) / 1e9)))
-            return float(self.pr.grad_sq_norm()), loss_local, self._stop
+            sq_norm = self.pr.grad_sq_norm() if local_sq_norm is None else local_sq_norm
+            return float(sq_norm), loss_local, self._stop
         ex = self.pr.executor
         ex.waiting_on, ex.waiting_what = None, "draining sends and in the step-end all-reduce"
         ex.flush_sends()
         self.pr.sync_grads()
         stats = torch.stack(
             [
-                self.pr.grad_sq_norm(),
+                self.pr.grad_sq_norm() if local_sq_norm is None else local_sq_norm,
                 torch.tensor(loss_local, dtype=torch.float32, device=self.device),
                 torch.tensor(float(self._stop), device=self.device),
             ]
