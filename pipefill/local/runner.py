@@ -9,6 +9,7 @@ a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everyth
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -136,12 +137,12 @@ class LocalRun:
                     if code in policy.restart_on_exit_codes and self.outcome.job_restarts < policy.backoff_limit:
                         self.outcome.job_restarts += 1
                         self._note(
-                            f"{proc.name} exited {code} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
+                            f"{proc.name} {exit_text(code)} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
                         )
                         stop_all(self.procs)
                         self._spawn(spec_file, work_dir, channel_root)
                         continue
-                    self.outcome.code, self.outcome.reason = 1, f"{proc.name} exited with code {code}: {tail}"
+                    self.outcome.code, self.outcome.reason = 1, f"{proc.name} {exit_text(code)}: {tail}"
                     self._note(self.outcome.reason)
                     return self.outcome
                 if all(c == 0 for c in codes):
@@ -155,7 +156,7 @@ class LocalRun:
                         i, time.monotonic() + _FILL_RESTART_BACKOFF_S[min(proc.restarts, 4)]
                     )
                     if time.monotonic() >= due:
-                        self._note(f"{proc.name} exited {proc.poll()}: restarted (training goes on)")
+                        self._note(f"{proc.name} {exit_text(proc.poll())}: restarted (training goes on)")
                         proc.close()
                         proc.restarts += 1
                         self.outcome.fill_restarts += 1
@@ -176,6 +177,16 @@ class LocalRun:
         finally:
             stop_all(self.procs)
             shutil.rmtree(channel_root, ignore_errors=True)
+
+
+def exit_text(code: int | None) -> str:
+    """How a process ended, as a person reads it: ``exited with code 75`` or ``was killed by SIGKILL``."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _tail(path: Path, lines: int = 3) -> str:

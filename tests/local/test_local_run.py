@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from pipefill.local.report import read_jsonl
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+LOCAL_ARGS = [sys.executable, "-m", "pipefill", "local"]
 
 
 def _job(tmp: Path, *, steps: int, fill: bool) -> Path:
@@ -98,3 +100,71 @@ def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> Non
     assert (tmp_path / "ckpt").exists()
     children = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert [c for c in children if int(c) != os.getpid()] == []
+
+
+def _child_pid(out: Path, rank: int, container: str) -> int | None:
+    """The pid of the local process that runs ``container`` of ``rank`` (found by its PIPEFILL_OUT_DIR)."""
+    want = f"PIPEFILL_OUT_DIR={out / 'ranks' / str(rank) / container}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in environ:
+            return int(entry.name)
+    return None
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_stops_the_job(tmp_path: Path) -> None:
+    """A killed sidecar is restarted while training goes on; a killed trainer (SIGKILL is not a retryable exit code)
+    ends the run with a message naming the rank and the signal, and no process is left behind."""
+    out = tmp_path / "out"
+    fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
+    fill["spec"]["output"]["path"] = str(tmp_path / "fill-out")
+    (tmp_path / "fill.yaml").write_text(yaml.safe_dump(fill))
+    proc = subprocess.Popen(
+        [
+            *LOCAL_ARGS,
+            "-f",
+            str(_job(tmp_path, steps=100000, fill=True)),
+            "-f",
+            str(tmp_path / "fill.yaml"),
+            "--out",
+            str(out),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+        _wait_for(lambda: sum(1 for e in read_jsonl(events) if e.get("type") == "step") >= 3)
+        fill_pid = _child_pid(out, 0, "fill-executor")
+        assert fill_pid is not None
+        os.kill(fill_pid, signal.SIGKILL)
+        _wait_for(lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid))  # restarted: a new process
+        steps_then = sum(1 for e in read_jsonl(events) if e.get("type") == "step")
+        _wait_for(lambda: sum(1 for e in read_jsonl(events) if e.get("type") == "step") > steps_then + 2)
+        trainer_pid = _child_pid(out, 1, "trainer")
+        assert trainer_pid is not None
+        os.kill(trainer_pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, output
+    assert "rank0/fill-executor was killed by SIGKILL: restarted (training goes on)" in output
+    assert "rank1/trainer was killed by SIGKILL" in output
+    report = json.loads((out / "report.json").read_text())
+    assert report["outcome"]["fill_restarts"] >= 1 and report["outcome"]["code"] == 1
+    assert all(_child_pid(out, r, c) is None for r in (0, 1) for c in ("trainer", "fill-executor"))
