@@ -202,6 +202,24 @@ class Pipeline:
             "[size(self.layersPerStage), self.stages * self.virtualStages])",
             field_path=".layersPerStage",
         ),
+        # The schedule generators' own arithmetic rules (pipefill.schedules.generators.build_schedule), held by
+        # admission too so `kubectl apply` refuses what the trainer would refuse at start.
+        Rule(
+            rule="self.schedule != '1f1b' || self.microbatches >= self.stages",
+            message="spec.pipeline.microbatches must be at least stages for schedule 1f1b",
+            message_expression="'spec.pipeline.microbatches %d is fewer than the %d stages: schedule 1f1b needs"
+            " microbatches >= stages; raise microbatches or use gpipe'.format([self.microbatches, self.stages])",
+            field_path=".microbatches",
+        ),
+        Rule(
+            rule="!(self.schedule in ['interleaved-1f1b', 'zero-bubble-h1']) || self.microbatches % (self.microbatches"
+            " / self.stages > 1 ? self.microbatches / self.stages : 1) == 0",
+            message="spec.pipeline.microbatches must be a multiple of its rounds max(1, microbatches / stages)",
+            message_expression="'spec.pipeline.microbatches %d is not a multiple of its rounds max(1, microbatches /"
+            " stages) = %d, which schedule %s needs; use a multiple of stages (%d)'.format([self.microbatches,"
+            " self.microbatches / self.stages, self.schedule, self.stages])",
+            field_path=".microbatches",
+        ),
     )
 
 
@@ -387,6 +405,14 @@ class PipelineTrainingJobSpec:
             rule="self.gpuSharing.mode == 'none' || self.resources.gpus >= 1",
             message="spec.gpuSharing.mode dra or visibleDevices needs spec.resources.gpus >= 1; set mode: none to train on CPU",
             field_path=".gpuSharing.mode",
+        ),
+        Rule(
+            rule="self.gpuSharing.mode != 'visibleDevices' || self.resources.gpus == 1",
+            message="spec.gpuSharing.mode visibleDevices supports exactly one GPU per rank",
+            message_expression="'spec.resources.gpus is %d but gpuSharing mode visibleDevices supports exactly one GPU"
+            " per rank (the fill selects the trainer\\'s GPU by its UUID); set gpus: 1 or use mode dra'.format("
+            "[self.resources.gpus])",
+            field_path=".resources.gpus",
         ),
         Rule(
             rule="!self.gpuSharing.mps.enabled || self.gpuSharing.mode != 'none'",
