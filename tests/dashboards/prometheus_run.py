@@ -153,6 +153,7 @@ def run_scraped(tmp: Path) -> Iterator[ScrapedRun]:
                 cwd=tmp,
             )
             end_s = time.time()
+            (tmp / "local.log").write_text(done.stdout + done.stderr)
             assert done.returncode == 0, done.stdout + done.stderr
             fill_job = yaml.safe_load((tmp / "fill.yaml").read_text())["metadata"]["name"]
             yield ScrapedRun(Prometheus(url), start_s, end_s, version.splitlines()[0], fill_job)

@@ -51,15 +51,31 @@ def _pip(*args: str | Path, timeout_s: float = 300) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The distribution's wheel, built like the Dockerfiles' build stage from a copy of the build context."""
+    """The distribution's wheel, built as the Dockerfiles' build stage builds it: from a copy of the build context,
+    in a fresh venv holding only setuptools from the lock, without build isolation."""
     tmp = tmp_path_factory.mktemp("context")
     context = tmp / "src"
     for path in context_files():
         target = context / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "wheels", context)
-    (built,) = (tmp / "wheels").glob("pipefill_operator-*.whl")
+    build = tmp / "build"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", build], check=True)
+    _pip(
+        "--python", build / "bin" / "python", "install", "-q", "-c", context / "requirements" / "lock.txt", "setuptools"
+    )
+    _pip(
+        "--python",
+        build / "bin" / "python",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        tmp / "w",
+        context,
+    )
+    (built,) = (tmp / "w").glob("pipefill_operator-*.whl")
     yield built
 
 
