@@ -14,7 +14,7 @@ Values are cached per (profile, rank capacity): ranks of equal training jobs and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -55,7 +55,7 @@ class Demand:
     def known(self) -> bool:
         return bool(self.points)
 
-    @property
+    @functools.cached_property
     def best_units_per_s(self) -> float:
         """Units of work per second at the fastest batch size, memory ignored: the job on a dedicated device."""
         return max((p.items / p.step_s for p in self.points), default=0.0)
@@ -86,6 +86,7 @@ class Rates:
         self._demand_ids: dict[Demand, int] = {}
         self._cap_ids: dict[RankCapacity, int] = {}
         self._rates: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._speeds: dict[tuple[int, int], float] = {}
 
     def demand_id(self, demand: Demand) -> int:
         return self._intern(demand, self._demand_ids, self.demands)
@@ -100,8 +101,16 @@ class Rates:
             found = self._rates[key] = _per_class(self.demands[demand_id], self.caps[cap_id])
         return found
 
+    def speed(self, demand_id: int, cap_id: int) -> float:
+        """``Σ v_c``: the job's normalized work per second on the rank, alone there."""
+        key = (demand_id, cap_id)
+        found = self._speeds.get(key)
+        if found is None:
+            found = self._speeds[key] = sum(self.per_class(demand_id, cap_id))
+        return found
+
     def fits(self, demand_id: int, cap_id: int) -> bool:
-        return any(v > 0 for v in self.per_class(demand_id, cap_id))
+        return self.speed(demand_id, cap_id) > 0
 
     @staticmethod
     def _intern(value: _T, ids: dict[_T, int], values: list[_T]) -> int:
@@ -128,11 +137,6 @@ def _per_class(demand: Demand, cap: RankCapacity) -> tuple[float, ...]:
             UNKNOWN_SHARE * c.duration_s * c.count_per_step / cap.step_s if c.free_bytes >= demand.peak_bytes else 0.0
             for c in cap.classes
         )
-    best = demand.best_units_per_s
-    return tuple(_value(c, demand.points, cap, best) for c in cap.classes)
-
-
-def _value(c: BubbleClass, points: Sequence[ProfilePoint], cap: RankCapacity, best: float) -> float:
-    if best <= 0:
-        return 0.0
-    return samples_per_bubble(c, points, guard_s=cap.guard_s) * c.count_per_step / cap.step_s / best
+    scale = 1.0 / (cap.step_s * demand.best_units_per_s)
+    units = samples_per_bubble(cap.classes, demand.points, guard_s=cap.guard_s)
+    return tuple(n * c.count_per_step * scale for n, c in zip(units, cap.classes, strict=True))

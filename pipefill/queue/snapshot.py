@@ -127,9 +127,11 @@ class FillJobView:
             raise ValueError(f"{where}: maxParallelRanks {self.max_parallel_ranks} must be ≥ 1")
         if self.slices:
             check_plan([s.slice for s in self.slices], total=self.total, field=f"{where}: status.slices")
+        if self.assignments and not self.slices:
+            raise ValueError(f"{where}: assignments without status.slices; the plan is written before any assignment")
         bounds = {(s.start, s.end) for s in self.slices}
         for a in self.assignments:
-            if a.fill_job != self.name or (self.slices and (a.start, a.end) not in bounds):
+            if a.fill_job != self.name or (a.start, a.end) not in bounds:
                 raise ValueError(
                     f"{where}: assignment of slice [{a.start}, {a.end}) to {a.training_job}/{a.rank} names job "
                     f"{a.fill_job!r} or a slice outside the plan; assignments must be slices of this job's plan"

@@ -33,7 +33,7 @@ class Host:
     cap: RankCapacity
     cap_id: int
     jobs: set[tuple[str, str]] = field(default_factory=set)
-    demand_ids: list[int] = field(default_factory=list)  # of the jobs placed here
+    work: list[tuple[int, int]] = field(default_factory=list)  # (demand id, remaining units) of the slices placed here
     groups: list[Group] = field(default_factory=list)
     load: int = 0  # len(jobs), read in every inner loop
 
@@ -50,6 +50,7 @@ class Group:
     key: tuple[Any, ...]
     hosts: list[Host]
     buckets: list[deque[Host]]
+    by_cap: dict[int, list[Host]] = field(default_factory=dict)  # hosts of equal bubble capacity share rates
 
 
 @dataclass(eq=False)
@@ -143,7 +144,8 @@ class State:
             frozenset((u.training_job, u.rank) for u in view.unfit),
             epoch=view.epoch,
         )
-        done = {(s.start, s.end) for s in slices if s.done}
+        by_bounds = {(s.start, s.end): s for s in slices}
+        done = {b for b, s in by_bounds.items() if s.done}
         held: set[tuple[int, int]] = set()
         for a in sorted(view.assignments, key=lambda a: (a.start, a.epoch)):
             gone = a.pod_uid not in self.live or (a.training_job, a.rank) in job.unfit
@@ -155,7 +157,7 @@ class State:
             job.pods.add(a.pod_uid)
             host = self.by_uid.get(a.pod_uid)
             if host is not None:
-                self._occupy(host, job)
+                self._occupy(host, job, by_bounds[a.start, a.end])
         job.open = deque(
             sorted(
                 (s for s in slices if not s.done and (s.start, s.end) not in held),
@@ -186,6 +188,7 @@ class State:
         group = Group(key, hosts, buckets)
         for h in hosts:
             h.groups.append(group)
+            group.by_cap.setdefault(h.cap_id, []).append(h)
         self._groups[key] = group
         return group
 
@@ -208,13 +211,13 @@ class State:
         )
         job.new.append(p)
         job.pods.add(host.rank.pod_uid)
-        self._occupy(host, job)
+        self._occupy(host, job, s)
         return p
 
-    def _occupy(self, host: Host, job: Job) -> None:
+    def _occupy(self, host: Host, job: Job, s: SliceStatus) -> None:
         host.jobs.add(job.view.key)
         host.load = len(host.jobs)
-        host.demand_ids.append(job.demand_id)
+        host.work.append((job.demand_id, s.remaining))
         if host.load < self.max_jobs:
             for g in host.groups:
                 g.buckets[host.load].append(host)
