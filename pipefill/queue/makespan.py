@@ -98,6 +98,10 @@ def place_makespan(state: State) -> None:
                     wait_s = ready[wait.order] + work_s / kind.speed[wait.order]
                     if wait_s < _WORTH_WAITING * now_s:
                         ready[wait.order] = wait_s  # booked: the slice waits for this rank
+                        job.note = (
+                            f"waiting for rank {wait.name}: it finishes the job sooner once free than any free rank "
+                            "would (makespan)"
+                        )
                         heapq.heappush(kind.fast, (wait_s, wait.order))
                         break
             if host is None:

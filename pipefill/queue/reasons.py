@@ -34,7 +34,7 @@ def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> str:
     """The reason ``job`` (open work, no pod of a running host) waits; ``memo`` shares answers within a pass."""
     if not job.open:
         return _draining(job)
-    key = (job.group.key, job.demand_id, job.unfit, frozenset(job.pods))
+    key = (job.group.key, job.demand_id, job.unfit, frozenset(job.pods), job.note)
     found = memo.reasons.get(key)
     if found is None:
         found = memo.reasons[key] = _funnel(state, job, policy, memo)
@@ -64,9 +64,9 @@ def _funnel(state: State, job: Job, policy: str, memo: Memo) -> str:
         if (h.tj.name, h.rank.rank) not in unfit and h.rank.pod_uid not in job.pods and fits(job.demand_id, h.cap_id)
     )
     if free_fitting and policy == "makespan":
-        return (
-            f"waiting: on the {free_fitting} free ranks that fit, the jobs already there use every bubble class as "
-            "well or better (makespan places a job only where it adds work)"
+        return job.note or (
+            f"waiting: on the {free_fitting} free ranks that fit, other jobs use every bubble class the job could "
+            "(makespan places a job only where it adds work)"
         )
     if free_fitting:
         return f"waiting behind jobs ahead of it under policy {policy}"

@@ -70,6 +70,7 @@ class Job:
     open: deque[SliceStatus] = field(default_factory=deque)
     pods: set[str] = field(default_factory=set)
     epoch: int = 0
+    note: str = ""  # why a policy chose to let it wait (makespan)
 
     @property
     def allowance(self) -> int:
