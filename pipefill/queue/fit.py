@@ -87,9 +87,23 @@ class Rates:
         self._cap_ids: dict[RankCapacity, int] = {}
         self._rates: dict[tuple[int, int], tuple[float, ...]] = {}
         self._speeds: dict[tuple[int, int], float] = {}
+        self._by_job_key: dict[tuple[object, ...], tuple[Demand, int]] = {}
 
     def demand_id(self, demand: Demand) -> int:
         return self._intern(demand, self._demand_ids, self.demands)
+
+    def demand_id_of(self, job: FillJobView) -> tuple[Demand, int]:
+        """The job's demand and its id, keyed by the raw numbers (cheaper to hash than the frozen dataclasses)."""
+        key = (
+            tuple((p.batch_size, p.step_s, p.peak_bytes, p.items_per_step) for p in job.profile),
+            job.estimate_step_s,
+            job.estimate_peak_bytes,
+        )
+        found = self._by_job_key.get(key)
+        if found is None:
+            demand = demand_of(job)
+            found = self._by_job_key[key] = (demand, self.demand_id(demand))
+        return found
 
     def cap_id(self, cap: RankCapacity) -> int:
         return self._intern(cap, self._cap_ids, self.caps)

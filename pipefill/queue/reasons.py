@@ -70,12 +70,16 @@ def _funnel(state: State, job: Job, policy: str, memo: Memo) -> str:
         )
     if free_fitting:
         return f"waiting behind jobs ahead of it under policy {policy}"
-    reported = [h for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit]
-    if any(fits(job.demand_id, h.cap_id) for h in reported):
+    if unfit:
+        somewhere = any(fits(job.demand_id, h.cap_id) for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit)
+    else:  # ranks of equal capacity answer alike
+        somewhere = any(fits(job.demand_id, cap_id) for cap_id in job.group.by_cap)
+    if somewhere:
         return (
             f"waiting for a free rank: every rank whose bubbles fit runs {state.max_jobs} fill jobs already "
             "(PIPEFILL_FILL_MAX_ACTIVE_JOBS)"
         )
+    reported = [h for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit]
     h = reported[0]
     return (
         f"no bubble class of the {len(reported)} eligible ranks fits the job ({h.name}: {why_unfit(job.demand, h.cap)})"

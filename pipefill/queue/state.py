@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipefill.queue.fit import Demand, RankCapacity, Rates, demand_of
+from pipefill.queue.fit import Demand, RankCapacity, Rates
 from pipefill.queue.predict import predict_ranks
 from pipefill.queue.slices import plan_slices
 from pipefill.queue.snapshot import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView
@@ -134,11 +134,11 @@ class State:
                 SliceStatus(s.start, s.end, s.start)
                 for s in plan_slices(view.total, parallel_ranks=view.parallel_ranks)
             )
-        demand = demand_of(view)
+        demand, demand_id = self.rates.demand_id_of(view)
         job = Job(
             view,
             demand,
-            self.rates.demand_id(demand),
+            demand_id,
             slices,
             planned_now,
             self.group(view),
