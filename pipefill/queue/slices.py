@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "check_plan", "plan_slices"]
+__all__ = ["MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "check_plan", "plan_bounds", "plan_slices"]
 
 SLICES_PER_RANK = 4
 """Slices per allowed rank (spec.maxParallelRanks): several, so a faster rank takes more and the tail is short."""
@@ -42,9 +42,13 @@ class Slice:
 def plan_slices(total: int, *, parallel_ranks: int) -> list[Slice]:
     """Equal slices of ``[0, total)``: ``SLICES_PER_RANK`` per rank, none below ``MIN_SLICE_UNITS``; one slice when
     only one rank may work on the job."""
+    return [Slice(a, b) for a, b in itertools.pairwise(plan_bounds(total, parallel_ranks=parallel_ranks))]
+
+
+def plan_bounds(total: int, *, parallel_ranks: int) -> list[int]:
+    """The bounds ``[0, b1, …, total]`` of :func:`plan_slices` (what ``slices.json`` and the status record)."""
     count = 1 if parallel_ranks <= 1 else max(1, min(parallel_ranks * SLICES_PER_RANK, total // MIN_SLICE_UNITS))
-    bounds = [total * i // count for i in range(count + 1)]
-    return [Slice(a, b) for a, b in itertools.pairwise(bounds)]
+    return [total * i // count for i in range(count + 1)]
 
 
 def check_plan(slices: Sequence[Slice], *, total: int, field: str = "slices") -> None:

@@ -9,13 +9,14 @@ that rank reported the job unfit (its executor let go of the job).
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipefill.queue.fit import Demand, RankCapacity, Rates
 from pipefill.queue.predict import predict_ranks
-from pipefill.queue.slices import plan_slices
+from pipefill.queue.slices import plan_bounds
 from pipefill.queue.snapshot import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView
 from pipefill.queue.snapshot import selector_key as _selector_key
 from pipefill.schedules import ScheduleError
@@ -130,10 +131,8 @@ class State:
         slices = view.slices
         planned_now = not slices
         if planned_now:
-            slices = tuple(
-                SliceStatus(s.start, s.end, s.start)
-                for s in plan_slices(view.total, parallel_ranks=view.parallel_ranks)
-            )
+            planned = plan_bounds(view.total, parallel_ranks=view.parallel_ranks)
+            slices = tuple(SliceStatus(a, b, a) for a, b in itertools.pairwise(planned))
         demand, demand_id = self.rates.demand_id_of(view)
         job = Job(
             view,
@@ -145,26 +144,27 @@ class State:
             frozenset((u.training_job, u.rank) for u in view.unfit),
             epoch=view.epoch,
         )
-        by_bounds = {(s.start, s.end): s for s in slices}
-        done = {b for b, s in by_bounds.items() if s.done}
         held: set[tuple[int, int]] = set()
-        for a in sorted(view.assignments, key=lambda a: (a.start, a.epoch)):
-            gone = a.pod_uid not in self.live or (a.training_job, a.rank) in job.unfit
-            if gone or (a.start, a.end) in done or (a.start, a.end) in held or a.pod_uid in job.pods:
-                job.released.append(a)
-                continue
-            job.kept.append(a)
-            held.add((a.start, a.end))
-            job.pods.add(a.pod_uid)
-            host = self.by_uid.get(a.pod_uid)
-            if host is not None:
-                self._occupy(host, job, by_bounds[a.start, a.end])
-        job.open = deque(
-            sorted(
-                (s for s in slices if not s.done and (s.start, s.end) not in held),
-                key=lambda s: (s.committed == s.start, s.start),  # started slices first: resume before fresh work
-            )
-        )
+        if view.assignments:
+            by_bounds = {(s.start, s.end): s for s in slices}
+            for a in sorted(view.assignments, key=lambda a: (a.start, a.epoch)):
+                bounds = (a.start, a.end)
+                gone = a.pod_uid not in self.live or (a.training_job, a.rank) in job.unfit
+                if gone or by_bounds[bounds].done or bounds in held or a.pod_uid in job.pods:
+                    job.released.append(a)
+                    continue
+                job.kept.append(a)
+                held.add(bounds)
+                job.pods.add(a.pod_uid)
+                host = self.by_uid.get(a.pod_uid)
+                if host is not None:
+                    self._occupy(host, job, by_bounds[bounds])
+        started: list[SliceStatus] = []  # started slices first: resume before fresh work
+        fresh: list[SliceStatus] = []
+        for s in slices:
+            if s.committed < s.end and (s.start, s.end) not in held:
+                (fresh if s.committed == s.start else started).append(s)
+        job.open = deque(started + fresh)
         return job
 
     def group(self, view: FillJobView) -> Group:
