@@ -21,21 +21,29 @@ from typing import TypeVar
 from pipefill.plan import BubbleClass, ProfilePoint, plan_class, samples_per_bubble
 from pipefill.queue.snapshot import FillJobView
 
-__all__ = ["UNKNOWN_SHARE", "Demand", "RankCapacity", "Rates", "demand_of", "why_unfit"]
+__all__ = ["UNKNOWN_RANK_SPEED", "UNKNOWN_SHARE", "Demand", "RankCapacity", "Rates", "demand_of", "why_unfit"]
 
 _T = TypeVar("_T")
 
 UNKNOWN_SHARE = 0.5
 """Fraction of a class's bubble time a job without profile or estimates is assumed to use (until profiled)."""
+UNKNOWN_RANK_SPEED = 0.01
+"""Normalized work per second assumed of a rank whose bubbles are not known: positive, so it hosts work, and below
+what known ranks offer typically (a bubble fraction of 10–50 % well used), so they are preferred."""
 
 
 @dataclass(frozen=True)
 class RankCapacity:
-    """A rank's bubble classes per training step, its step time and the fill's guard."""
+    """A rank's bubble classes per training step, its step time and the fill's guard. ``known`` is false for a rank
+    that reported nothing and whose prediction offers no bubble worth announcing (a model the GPU cost model makes
+    microseconds fast, a job training on CPU, a custom schedule without its CSV): such a rank is taken to fit every
+    job until its executor reports (an unfit report then steers the job away); makespan puts one job at a time
+    there and prefers known ranks."""
 
     classes: tuple[BubbleClass, ...]
     step_s: float
     guard_s: float
+    known: bool = True
 
     @property
     def bubble_fraction(self) -> float:
@@ -120,7 +128,8 @@ class Rates:
         key = (demand_id, cap_id)
         found = self._speeds.get(key)
         if found is None:
-            found = self._speeds[key] = sum(self.per_class(demand_id, cap_id))
+            known = self.caps[cap_id].known
+            found = self._speeds[key] = sum(self.per_class(demand_id, cap_id)) if known else UNKNOWN_RANK_SPEED
         return found
 
     def fits(self, demand_id: int, cap_id: int) -> bool:

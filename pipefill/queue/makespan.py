@@ -207,5 +207,7 @@ def _gain(state: State, demand_id: int, host: Host, best: list[float]) -> float:
     """Normalized work per second the job adds on ``host``: its classes that no job there uses yet. (A class some job
     uses already is not counted even where the newcomer is better: the executor would hand it over and stall the
     job that has it, trading one job's progress for a little more of another's.)"""
+    if not host.cap.known:  # one job at a time on a rank whose bubbles are not known yet
+        return 0.0 if host.work else state.rates.speed(demand_id, host.cap_id)
     rates = state.rates.per_class(demand_id, host.cap_id)
     return sum(v for v, b in zip(rates, best, strict=True) if b <= 0)

@@ -109,11 +109,6 @@ def _selectors(state: State, job: Job) -> str:
             f"the fill-job selector of every matching training job refuses this job's labels "
             f"{format_labels(v.labels)} ({t.name} admits {format_selector(t.fill_job_selector)})"
         )
-    if not job.group.hosts:
-        why = "; ".join(f"{k[1]}: {msg}" for k, msg in state.unpredictable.items() if k[0] == ns)
-        return (
-            f"no rank of {_names(t.name for t in admitted)} reported bubble classes and none can be predicted ({why})"
-        )
     return ""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipefill.queue.fit import Demand, RankCapacity, Rates
-from pipefill.queue.predict import predict_ranks
+from pipefill.queue.predict import PredictedRank, predict_ranks
 from pipefill.queue.slices import plan_bounds
 from pipefill.queue.snapshot import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView
 from pipefill.queue.snapshot import selector_key as _selector_key
@@ -91,7 +91,6 @@ class State:
         self.max_jobs, self.rates = max_jobs, rates
         self.live = snapshot.live()
         self.training_jobs = sorted(snapshot.training_jobs, key=lambda t: t.key)
-        self.unpredictable: dict[tuple[str, str], str] = {}
         self.hosts: list[Host] = []
         for tj in self.training_jobs:
             if tj.running and tj.fill_enabled:
@@ -108,23 +107,22 @@ class State:
                 self.inactive.append(view)
 
     def _add_hosts(self, tj: TrainingJobView) -> None:
-        predicted = None
+        predicted: tuple[PredictedRank, ...] | None = None
         for r in sorted(tj.ranks, key=lambda r: r.rank):
             classes, step_s = r.bubble_classes, r.step_s
             if (not classes or step_s is None) and tj.spec is not None:
                 if predicted is None:
                     try:
                         predicted = predict_ranks(tj.spec, schedule_csv=tj.schedule_csv)
-                    except (ValueError, ScheduleError) as exc:
-                        self.unpredictable[tj.key] = str(exc)
+                    except (ValueError, ScheduleError):  # a custom schedule without its CSV
                         predicted = ()
-                if not predicted:
-                    continue
-                guess = predicted[r.rank % len(predicted)]
-                classes, step_s = classes or guess.classes, step_s if step_s is not None else guess.step_s
-            if step_s is None:
-                continue
-            cap = RankCapacity(tuple(classes), step_s, tj.guard_s)
+                guess = predicted[r.rank % len(predicted)] if predicted else None
+                if guess is not None:
+                    classes, step_s = classes or guess.classes, step_s if step_s is not None else guess.step_s
+            if classes and step_s is not None:
+                cap = RankCapacity(tuple(classes), step_s, tj.guard_s)
+            else:  # nothing reported, nothing predicted worth announcing: learn by placing (unfit reports correct it)
+                cap = RankCapacity((), 1.0, tj.guard_s, known=False)
             self.hosts.append(Host(len(self.hosts), tj, r, cap, self.rates.cap_id(cap)))
 
     def _job(self, view: FillJobView) -> Job:

@@ -247,13 +247,22 @@ def test_ranks_without_reports_use_the_simulators_prediction() -> None:
     assert result.jobs["default", "slow"].reason.startswith("no bubble class of the 4 eligible ranks fits the job")
 
 
-def test_custom_schedule_without_its_csv_cannot_be_predicted() -> None:
+def test_ranks_whose_bubbles_are_unknown_host_jobs_until_they_report() -> None:
+    """A custom schedule without its CSV cannot be predicted: its ranks still host jobs (learning by placing; an
+    unfit report would steer a job away), makespan one per rank and preferring ranks whose bubbles are known."""
     job = parse(_manifest("custom"))
-    view = TrainingJobView.from_spec(
-        job, ranks=tuple(replace(r, bubble_classes=(), step_s=None) for r in ranks("predicted", LONG, 2))
-    )  # type: ignore[arg-type]
-    o = schedule_pass(Snapshot((_job("j"),), (view,))).jobs["default", "j"]
-    assert "reported bubble classes and none can be predicted" in o.reason and "CSV" in o.reason
+    unknown = TrainingJobView.from_spec(
+        job,  # type: ignore[arg-type]
+        ranks=tuple(replace(r, bubble_classes=(), step_s=None) for r in ranks("predicted", LONG, 2)),
+    )
+    jobs = tuple(_job(f"j{i}", created_unix_s=float(i), profile=LIGHT) for i in range(3))
+    for policy in ("fifo", "makespan"):
+        result = schedule_pass(Snapshot(jobs, (unknown,)), policy=policy)
+        placed = [p for o in result.jobs.values() for p in o.assignments]
+        assert len(placed) == (3 if policy == "fifo" else 2), placed  # makespan: one job per unknown rank
+    known = training_job("known", LONG, 1)
+    result = schedule_pass(Snapshot(jobs[:1], (unknown, known)), policy="makespan")
+    assert [p.training_job for p in result.jobs["default", "j0"].assignments] == ["known"]
 
 
 def test_a_pass_depends_only_on_the_snapshot() -> None:
@@ -302,3 +311,32 @@ def test_bad_input_names_the_field() -> None:
             epoch=1,
             assignments=(Placement("j", 0, 100, "t", 0, "p", "u", 2),),
         )
+
+
+def test_views_from_the_example_manifests_place_the_demo_job() -> None:
+    """The demo's FillJob and training job, as the operator will build their views from the typed specs."""
+    from pipefill.spec import load_file
+
+    (fill,) = load_file("examples/fill-inference.yaml")
+    (train,) = load_file("examples/cpu-demo.yaml")
+    est = {"estimates": {"stepMilliseconds": 4.0, "memory": "256Mi"}}
+    raw = {"apiVersion": "pipefill.io/v1alpha1", "kind": "FillJob", "metadata": {"name": "x", "labels": {"a": "b"}}}
+    with_estimates = parse({**raw, "spec": {**_spec_of(fill), **est}})
+    view = FillJobView.from_spec(with_estimates, namespace="ns", created_unix_s=5.0)  # type: ignore[arg-type]
+    assert (view.total, view.max_parallel_ranks, view.priority, view.labels) == (16384, 2, 10, {"a": "b"})
+    assert (view.estimate_step_s, view.estimate_peak_bytes) == (0.004, 256 << 20)
+    demo = FillJobView.from_spec(fill)  # type: ignore[arg-type]
+    host = TrainingJobView.from_spec(train, ranks=ranks("cpu-demo", (), 2))  # type: ignore[arg-type]
+    assert host.labels == {"pipefill.io/fill-pool": "demo"} and host.guard_s == 0.0005
+    result = schedule_pass(Snapshot((demo,), (host,)))
+    assert [(p.training_job, p.rank) for p in result.jobs["default", "embed-corpus"].assignments] == [
+        ("cpu-demo", 0),
+        ("cpu-demo", 1),
+    ]
+
+
+def _spec_of(job: object) -> dict[str, object]:
+    from pipefill.spec import to_obj
+
+    spec: dict[str, object] = to_obj(job)["spec"]  # type: ignore[index]
+    return spec
