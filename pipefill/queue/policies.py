@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from pipefill.queue.state import Host, Job, State
 
-__all__ = ["POLICIES", "Policy", "order_key", "place_in_order"]
+__all__ = ["POLICIES", "Policy", "place_in_order"]
 
 
 class Policy(enum.StrEnum):
@@ -58,11 +58,6 @@ _KEYS: dict[Policy, Callable[[Job], tuple[float | str, ...]]] = {
     Policy.SJF: _sjf,
     Policy.DEADLINE: _deadline,
 }
-
-
-def order_key(policy: Policy) -> Callable[[Job], tuple[float | str, ...]]:
-    """The sort key of ``policy`` (not ``makespan``, which has no single order)."""
-    return _KEYS[policy]
 
 
 def place_in_order(state: State, policy: Policy) -> None:

@@ -7,7 +7,7 @@ equal), the others have none and are predicted. One in five admits only ``tier=b
 not Running, one in twenty has fill disabled. FillJobs run one of 20 workloads (profiles of 7 batch sizes): 80 %
 with a measured profile, 12 % with a spec estimate, 8 % with neither; sizes spread over three orders of magnitude;
 a mix of priorities, deadlines, hostSelectors and maxParallelRanks. The running third was placed by a ``fifo`` pass
-over it and has made progress; one in ten queued jobs carries an unfit report; a tenth of the queue has finished.
+over it and has made progress; of the others about one in ten has finished and one in ten carries an unfit report.
 """
 
 from __future__ import annotations
