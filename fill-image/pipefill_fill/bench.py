@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipefill_fill.events import read_events
+from pipefill.events import FILL_EVENTS, FillEvent, read_events
 
 __all__ = ["main"]
 
@@ -67,15 +67,14 @@ def _run_one(
     ]  # fmt: skip
     subprocess.run(producer, env=env, check=True, stdout=subprocess.DEVNULL)
     fill.wait(timeout=120)
-    events = read_events(work / "fill" / "fill-events.jsonl")
-    bubbles = [e for e in events if e["event"] == "bubble"]
-    first = next((i for i, b in enumerate(bubbles) if b["batch_size"] is not None), len(bubbles))
+    bubbles = [e for e in read_events(work / "fill" / FILL_EVENTS) if isinstance(e, FillEvent)]
+    first = next((i for i, b in enumerate(bubbles) if b.batch_size is not None), len(bubbles))
     measured = bubbles[first:]
-    offered = sum((b["expected_end_ns"] - b["open_ns"]) / 1e9 for b in measured)
-    busy = sum(b["used_s"] for b in measured)
-    overruns = [b["overrun_s"] * 1e3 for b in measured if b["steps"]]
-    switch = [(b["woke_ns"] - b["open_ns"]) / 1e6 for b in measured]
-    batches = sorted({b["batch_size"] for b in measured if b["batch_size"]})
+    offered = sum((b.expected_end_ns - b.open_ns) / 1e9 for b in measured)
+    busy = sum(b.used_s for b in measured)
+    overruns = [b.overrun_s * 1e3 for b in measured if b.steps]
+    switch = [(b.woke_ns - b.open_ns) / 1e6 for b in measured]
+    batches = sorted({b.batch_size for b in measured if b.batch_size})
     return {
         "bubble_ms": bubble_ms,
         "recovery": round(busy / offered, 4) if offered else 0.0,
@@ -84,8 +83,8 @@ def _run_one(
         "target_overrun_ms": max(2.0, 0.05 * bubble_ms),
         "wakeup_p50_ms": round(_quantile(switch, 0.5), 3),
         "bubbles": len(measured),
-        "bubbles_used": sum(1 for b in measured if b["steps"]),
-        "samples": sum(b["items"] for b in measured),
+        "bubbles_used": sum(1 for b in measured if b.steps),
+        "samples": sum(b.items for b in measured),
         "batch_sizes": batches,
         "fill_exit_code": fill.returncode,
     }

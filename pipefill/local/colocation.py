@@ -40,8 +40,9 @@ from typing import Any, cast
 import yaml
 
 from pipefill import env
+from pipefill.events import BubbleEvent, CommitEvent, FillEvent, JobEvent, StepEvent, WorkEvent, read_events
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
-from pipefill.local.report import RankStats, rank_log_paths, read_jsonl
+from pipefill.local.report import RankStats, rank_log_paths
 from pipefill.local.runner import prepare
 from pipefill.spec import FillJob, PipelineTrainingJob, parse, to_obj
 
@@ -247,35 +248,35 @@ def _items_inside(spans: list[tuple[int, int, int]], t0: int, t1: int) -> float:
 
 
 def _measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[str, Any]:
-    trainer, fill = (read_jsonl(path) for path in rank_log_paths(run_dir, rank))
-    steps = [e for e in trainer if e.get("type") == "step" and first <= e["step"] < first + count]
+    trainer, fill = (read_events(path) for path in rank_log_paths(run_dir, rank))
+    steps = [e for e in trainer if isinstance(e, StepEvent) and first <= e.step < first + count]
     if len(steps) < count:
         raise BenchError(f"{run_dir} rank {rank}: {len(steps)} of {count} measured steps in the trainer's event log")
-    t0, t1 = min(e["t_ns"] for e in steps), max(e["t_ns"] + int(e["step_s"] * 1e9) for e in steps)
-    measured = {e["step"] for e in steps}
-    bubbles = [e for e in fill if e.get("event") == "bubble"]
+    t0, t1 = min(e.start_ns for e in steps), max(e.start_ns + int(e.step_s * 1e9) for e in steps)
+    measured = {e.step for e in steps}
+    bubbles = [e for e in fill if isinstance(e, FillEvent)]
     rank_stats = RankStats()  # report.json's figures, fed the measured steps' events only
     for e in trainer:
-        if e.get("step") in measured:
-            rank_stats.add_trainer(e)
-    for e in bubbles:
-        if t0 <= e["woke_ns"] < t1:
-            rank_stats.add_fill(e)
+        if isinstance(e, StepEvent | BubbleEvent) and e.step in measured:
+            rank_stats.add(e)
+    for b in bubbles:
+        if t0 <= b.woke_ns < t1:
+            rank_stats.add(b)
     stats = rank_stats.summary()
-    spans = [(e["woke_ns"], e["yielded_ns"], e["items"]) for e in bubbles if e["items"]]
-    spans += [(e["start_ns"], e["end_ns"], e["items"]) for e in fill if e.get("event") == "work" and e["items"]]
+    spans = [(b.woke_ns, b.yielded_ns, b.items) for b in bubbles if b.items]
+    spans += [(e.start_ns, e.end_ns, e.items) for e in fill if isinstance(e, WorkEvent) and e.items]
     window_s = (t1 - t0) / 1e9
     return {
         "rank": rank,
-        "step_s": statistics.median(e["step_s"] for e in steps),
+        "step_s": statistics.median(e.step_s for e in steps),
         "window_s": window_s,
         **{k: stats[k] for k in ("bubble_fraction", "announced_bubble_s", "fill_busy_s", "fill_overrun_max_s")},
         "bubble_recovery": stats["bubble_recovery"],
         "fill_items_per_s": _items_inside(spans, t0, t1) / window_s,
-        "fill_committed": max((e["end"] for e in fill if e.get("event") == "commit"), default=0),
+        "fill_committed": max((e.end for e in fill if isinstance(e, CommitEvent)), default=0),
         # > 0: the fill began working only this long after the measured steps began (raise --warmup-s)
         "fill_late_s": (min(s for s, _, _ in spans) - t0) / 1e9 if spans else None,
-        "fill_job_finished": any(e.get("event") == "job" and e.get("phase") == "Succeeded" for e in fill),
+        "fill_job_finished": any(isinstance(e, JobEvent) and e.phase == "Succeeded" for e in fill),
     }
 
 

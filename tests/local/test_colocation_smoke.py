@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 
+from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, WorkEvent, read_events
 from pipefill.local import colocation
-from pipefill.local.report import read_jsonl
 from pipefill.spec import load_file
 
 RUN_KEYS = {
@@ -165,10 +165,10 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     naive_cmd = [sys.executable, "-m", "pipefill_fill.naive"]
     try:
         first = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.DEVNULL)
-        _wait_for("a commit", lambda: any(e["event"] == "commit" for e in read_jsonl(log)))
+        _wait_for("a commit", lambda: any(isinstance(e, CommitEvent) for e in read_events(log)))
         first.send_signal(signal.SIGKILL)  # mid-work, uncommitted samples in flight
         first.wait(timeout=10)
-        committed_at_kill = max(e["end"] for e in read_jsonl(log) if e["event"] == "commit")
+        committed_at_kill = max(e.end for e in read_events(log) if isinstance(e, CommitEvent))
         second = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.PIPE, text=True)
         status = jobs / "enc.status.json"
         _wait_for(
@@ -180,13 +180,13 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     _, err = second.communicate(timeout=30)
     assert second.returncode == 0, err
     assert "stopping: trainer gone" in err
-    events = read_jsonl(log)
-    resumed = [e for e in events if e["event"] == "job" and e["phase"] == "Running"]
-    assert resumed[-1]["committed"] >= committed_at_kill > 0
-    assert not any(e["event"] == "bubble" for e in events)  # it never waited for one
-    assert {e["batch_size"] for e in events if e["event"] == "profile"} == {4}
-    work = [e["items"] for e in events if e["event"] == "work" and e["pid"] == second.pid]
-    assert sum(work) == TOTAL - resumed[-1]["committed"]  # the restart did exactly what was left
+    events = read_events(log)
+    resumed = [e.committed or 0 for e in events if isinstance(e, JobEvent) and e.phase == "Running"]
+    assert resumed[-1] >= committed_at_kill > 0
+    assert not any(isinstance(e, FillEvent) for e in events)  # it never waited for one
+    assert {e.batch_size for e in events if isinstance(e, ProfileEvent)} == {4}
+    work = [e.items for e in events if isinstance(e, WorkEvent) and e.pid == second.pid]
+    assert sum(work) == TOTAL - resumed[-1]  # the restart did exactly what was left
     rows = read_outputs(out)
     assert rows["sample_id"].tolist() == list(range(TOTAL))  # every sample exactly once, in order
     assert rows.tobytes() == _reference_outputs(tmp_path).tobytes()  # byte-identical to an uninterrupted run

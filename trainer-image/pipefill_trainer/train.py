@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from pipefill.events import TRAINER_EVENTS, ActionEvent, BubbleEvent, EventWriter, RestartEvent, StepEvent
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.model import Schedule
 from pipefill.schedules.validate import p2p_streams
@@ -31,7 +32,6 @@ from pipefill_trainer.comm import DistTransport, ReplayTransport
 from pipefill_trainer.config import ConfigError, TrainerConfig
 from pipefill_trainer.data import TokenSource
 from pipefill_trainer.devsync import WorkPending
-from pipefill_trainer.events import EventLog
 from pipefill_trainer.failure import EXIT_SIGTERM, PeerMonitor, Watchdog
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
 from pipefill_trainer.metrics import TrainerMetrics
@@ -149,7 +149,7 @@ class Trainer:
         gpu_index = self.device.index or 0 if self.device.type == "cuda" else None
         self.metrics = TrainerMetrics(self.registry, device_index=gpu_index)
         TrainerMetrics.serve(cfg.metrics_port, self.registry)
-        self.events = EventLog(cfg.out_dir / "events.jsonl" if cfg.out_dir else None)
+        self.events = EventWriter(cfg.out_dir / TRAINER_EVENTS if cfg.out_dir else None, flush_each=False)
         self.producer: Any = connect_producer(
             cfg, device=self.device, stage_idx=self.pr.stage_ids[0], num_stages=self.schedule.num_stages
         )
@@ -195,6 +195,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = step
+        self.events.write(RestartEvent(step=step, checkpoint=str(root)))
         self._log(f"resumed from {root} at step {step}")
 
     def save(self, step: int) -> None:
@@ -274,14 +275,7 @@ class Trainer:
         self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
         self._after_step(step)
         self.events.write(
-            {
-                "type": "step",
-                "step": step,
-                "loss": loss,
-                "step_s": step_s,
-                "tokens_per_s": tokens_per_step / step_s,
-                "t_ns": t0,
-            }
+            StepEvent(step=step, loss=loss, step_s=step_s, tokens_per_s=tokens_per_step / step_s, start_ns=t0)
         )
         self.events.flush()
         return loss, step_s, stop
@@ -339,14 +333,9 @@ class Trainer:
         if self.events.enabled:
             for idx, a in enumerate(actions):
                 self.events.write(
-                    {
-                        "type": "action",
-                        "step": step,
-                        "idx": idx,
-                        "action": str(a),
-                        "start_ns": timing.start_ns[idx],
-                        "end_ns": timing.end_ns[idx],
-                    }
+                    ActionEvent(
+                        step=step, idx=idx, action=str(a), start_ns=timing.start_ns[idx], end_ns=timing.end_ns[idx]
+                    )
                 )
         if self.announcer is not None:
             for rec in self.announcer.end_step():
@@ -355,16 +344,15 @@ class Trainer:
                     kind=rec.kind, measured_s=measured_s, predicted_s=rec.predicted_s, announced=rec.announced
                 )
                 self.events.write(
-                    {
-                        "type": "bubble",
-                        "step": step,
-                        "idx": rec.action_idx,
-                        "kind": rec.kind,
-                        "start_ns": rec.start_ns,
-                        "end_ns": rec.end_ns,
-                        "predicted_s": rec.predicted_s,
-                        "announced": rec.announced,
-                    }
+                    BubbleEvent(
+                        step=step,
+                        idx=rec.action_idx,
+                        kind=rec.kind,
+                        start_ns=rec.start_ns,
+                        end_ns=rec.end_ns,
+                        predicted_s=rec.predicted_s,
+                        announced=rec.announced,
+                    )
                 )
             return
         profiled = step - self.start_step
