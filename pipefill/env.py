@@ -23,6 +23,7 @@ __all__ = [
     "FILL_OFFLOAD",
     "FILL_RESERVED_BYTES",
     "JOB_NAME",
+    "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
     "RANK",
@@ -43,6 +44,7 @@ METRICS_PORT = "PIPEFILL_METRICS_PORT"  # Prometheus port of this container; 0 d
 CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
 DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
 OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace (local runs and debugging)
+LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, INFO, WARNING, ERROR); default INFO
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap

@@ -70,7 +70,7 @@ def start_producer(
     args += ["--cpu", str(cpu)] if cpu is not None else []
     args += ["--log", str(log)] if log is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "pipefill_fill.synthetic_trainer", *args],
+        [sys.executable, "-m", "pipefill.bench.synthetic_trainer", *args],
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         text=True,

@@ -1,8 +1,9 @@
-"""``python -m pipefill_fill.naive``: naive co-location — the fill workload run back to back, bubbles ignored.
+"""``python -m pipefill_fill.bench_worker``: naive co-location — the fill workload run back to back, bubbles ignored.
 
-The stand-in for GPU time-slicing without coordination in ``pipefill bench colocation`` (mode C): the same FillJob
-runs at the same OS priority on the trainer's core (or GPU) the whole time, as two uncoordinated processes sharing a
-device would. Only the runner differs from the fill executor's: start-up is the executor's own
+The fill image's one benchmark worker; only benchmarks start it, the executor's runtime never imports it. The stand-in
+for GPU time-slicing without coordination in ``pipefill bench colocation`` (mode C, :mod:`pipefill.bench.colocation`):
+the same FillJob runs at the same OS priority on the trainer's core (or GPU) the whole time, as two uncoordinated
+processes sharing a device would. Only the runner differs from the fill executor's: start-up is the executor's own
 (:func:`pipefill_fill.__main__.main`: the environment contract, CPU pinning, channel attach, device selection, memory
 cap, work source, metrics, event log), so both sides of the comparison share every setting. :class:`NaiveRunner` takes
 the first job it can acquire, profiles it (or loads the profile cache), and runs ``step`` at the batch size of the

@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 
+from pipefill.bench import colocation
 from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, WorkEvent, read_events
-from pipefill.local import colocation
 from pipefill.spec import load_file
 
 RUN_KEYS = {
@@ -158,11 +158,11 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
         "PIPEFILL_CPU_AFFINITY": cpu,
     }
     producer = subprocess.Popen(
-        [sys.executable, "-m", "pipefill_fill.synthetic_trainer", "--channel-dir", str(tmp_path / "channel"),
+        [sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(tmp_path / "channel"),
          "--bubbles-ms", "5", "--compute-ms", "5", "--count", "1000000", "--cpu", cpu],
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    naive_cmd = [sys.executable, "-m", "pipefill_fill.naive"]
+    naive_cmd = [sys.executable, "-m", "pipefill_fill.bench_worker"]
     try:
         first = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.DEVNULL)
         _wait_for("a commit", lambda: any(isinstance(e, CommitEvent) for e in read_events(log)))
