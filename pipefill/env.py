@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_CHANNEL_DIR = "/run/pipefill"
+"""Where both containers mount the memory-backed emptyDir of the bubble channel; ``CHANNEL_DIR`` overrides it."""
 
 # Both containers
 CHANNEL_DIR = "PIPEFILL_CHANNEL_DIR"  # directory of the bubble channel (memory-backed emptyDir); default /run/pipefill

@@ -36,7 +36,7 @@ class _Runner(Protocol):
 def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     """Attach, set up and run the fill executor; ``runner_cls`` runs the work (the default: bubbles only)."""
     logging.basicConfig(
-        level=os.environ.get("PIPEFILL_LOG_LEVEL", "INFO"),
+        level=os.environ.get(env.LOG_LEVEL, "INFO"),
         format="%(asctime)s fill-executor %(levelname)s %(message)s",
         stream=sys.stderr,
     )

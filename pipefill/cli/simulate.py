@@ -28,6 +28,7 @@ from pipefill.schedules import (
     simulate,
 )
 from pipefill.schedules.report import format_report
+from pipefill.schedules.trace import chrome_trace
 
 __all__ = ["add_arguments", "run"]
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(timeline, fill, units="units" if source == "uniform" else "s"))
     if args.trace:
-        Path(args.trace).write_text(json.dumps(timeline.to_chrome_trace()))
+        Path(args.trace).write_text(json.dumps(chrome_trace(timeline)))
     if args.plot:
         from pipefill.schedules.plot import plot_timeline
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pipefill.schedules.csvio import load_csv
 from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError, looped_placement, v_placement
+from pipefill.schedules.validate import validate_schedule
 
 __all__ = ["SCHEDULE_NAMES", "build_schedule", "canonical_name"]
 
@@ -83,7 +85,7 @@ def build_schedule(
     orders = [_GENERATORS[canon](r, ranks, microbatches, v) for r in range(ranks)]
     placement = v_placement(ranks, v) if canon == "zbv" else looped_placement(ranks, v)
     schedule = Schedule.from_orders(canon, orders, placement, microbatches)
-    schedule.validate()
+    validate_schedule(schedule)
     return schedule
 
 
@@ -95,7 +97,7 @@ def _check_positive(field: str, value: int) -> None:
 def _custom(csv_text: str | None, *, ranks: int, microbatches: int, virtual_stages: int | None) -> Schedule:
     if csv_text is None:
         raise ValueError("schedule 'custom' needs csv_text: torch's compute-only CSV, one row per rank")
-    schedule = Schedule.from_csv(csv_text, microbatches=microbatches, ranks=ranks)
+    schedule = load_csv(csv_text, microbatches=microbatches, ranks=ranks)
     if virtual_stages is not None and schedule.virtual_stages != virtual_stages:
         raise ScheduleError(
             f"custom schedule holds {schedule.virtual_stages} stages per rank, but virtual_stages={virtual_stages}; "

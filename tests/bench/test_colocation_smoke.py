@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from pipefill import env
 from pipefill.bench import colocation
 from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, WorkEvent, read_events
 from pipefill.spec import load_file
@@ -148,28 +149,28 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     jobs, out, log = tmp_path / "jobs", tmp_path / "out", tmp_path / "fill" / "fill-events.jsonl"
     _fill_job(jobs, out)
     cpu = str(min(os.sched_getaffinity(0)))
-    env = {
+    environ = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PIPEFILL_CHANNEL_DIR": str(tmp_path / "channel"),
-        "PIPEFILL_WORK_SOURCE": f"files:{jobs}",
-        "PIPEFILL_OUT_DIR": str(tmp_path / "fill"),
-        "PIPEFILL_DEVICE": "cpu",
-        "PIPEFILL_CPU_AFFINITY": cpu,
+        env.CHANNEL_DIR: str(tmp_path / "channel"),
+        env.WORK_SOURCE: f"files:{jobs}",
+        env.OUT_DIR: str(tmp_path / "fill"),
+        env.DEVICE: "cpu",
+        env.CPU_AFFINITY: cpu,
     }
     producer = subprocess.Popen(
         [sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(tmp_path / "channel"),
          "--bubbles-ms", "5", "--compute-ms", "5", "--count", "1000000", "--cpu", cpu],
-        env=env, stdout=subprocess.DEVNULL,
+        env=environ, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     naive_cmd = [sys.executable, "-m", "pipefill_fill.bench_worker"]
     try:
-        first = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.DEVNULL)
+        first = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.DEVNULL)
         _wait_for("a commit", lambda: any(isinstance(e, CommitEvent) for e in read_events(log)))
         first.send_signal(signal.SIGKILL)  # mid-work, uncommitted samples in flight
         first.wait(timeout=10)
         committed_at_kill = max(e.end for e in read_events(log) if isinstance(e, CommitEvent))
-        second = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.PIPE, text=True)
+        second = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.PIPE, text=True)
         status = jobs / "enc.status.json"
         _wait_for(
             "the job to succeed", lambda: status.exists() and json.loads(status.read_text())["phase"] == "Succeeded"
