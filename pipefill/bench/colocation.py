@@ -29,8 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipefill.bench.colocation_run import BenchError, launch
+from pipefill.bench.colocation_run import BenchError, launch, manifests
 from pipefill.bench.machine import describe_machine, visible_gpus
+from pipefill.spec import SpecError
 
 __all__ = ["MODES", "TARGETS", "main"]
 
@@ -110,8 +111,12 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
         )
     if args.warmup_steps < 4 or args.steps < 1 or args.reps < 1:
         raise ValueError("--warmup-steps must be ≥ 4 (the trainer profiles 3 steps first), --steps and --reps ≥ 1")
-    if "1f1b" in args.schedules and min(args.microbatches) < args.stages:
-        raise ValueError(f"1f1b needs microbatches ≥ stages ({args.stages}): raise --microbatches or use gpipe")
+    for schedule in args.schedules:  # admission's checks, the schedule's rules among them, on every configuration
+        for m in args.microbatches:
+            try:
+                manifests(args, schedule, m, "baseline", Path(tempfile.gettempdir()), args.warmup_steps)
+            except SpecError as exc:
+                raise ValueError(f"--schedules {schedule} with --microbatches {m}: {exc}") from None
     return args
 
 

@@ -14,7 +14,7 @@
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.csvio import dump_csv, load_csv
 from pipefill.schedules.fill import FillProfile, FillProjection, project_fill
-from pipefill.schedules.generators import SCHEDULE_NAMES, build_schedule, canonical_name
+from pipefill.schedules.generators import SCHEDULE_NAMES, ScheduleRuleError, build_schedule, canonical_name
 from pipefill.schedules.memory import MemoryModel
 from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError, looped_placement, v_placement
 from pipefill.schedules.simulate import simulate
@@ -35,6 +35,7 @@ __all__ = [
     "RankTimeline",
     "Schedule",
     "ScheduleError",
+    "ScheduleRuleError",
     "Timeline",
     "build_schedule",
     "canonical_name",

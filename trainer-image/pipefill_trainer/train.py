@@ -23,9 +23,8 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from pipefill.events import TRAINER_EVENTS, ActionEvent, BubbleEvent, EventWriter, RestartEvent, StepEvent
-from pipefill.schedules.generators import build_schedule
-from pipefill.schedules.model import Schedule
 from pipefill.schedules.validate import p2p_streams
+from pipefill.spec.shape import PipelineShape, ShapeError, from_spec
 from pipefill_trainer import checkpoint as ckpt
 from pipefill_trainer.channel_link import connect_producer
 from pipefill_trainer.comm import DistTransport, ReplayTransport
@@ -43,19 +42,11 @@ from pipefill_trainer.profile import finish_profile
 __all__ = ["Trainer"]
 
 
-def _schedule(cfg: TrainerConfig) -> Schedule:
-    pipe = cfg.job.spec.pipeline
-    v = pipe.virtual_stages if pipe.schedule != "custom" or pipe.virtual_stages > 1 else None
+def _shape(cfg: TrainerConfig) -> PipelineShape:
     try:
-        return build_schedule(
-            str(pipe.schedule),
-            ranks=pipe.stages,
-            microbatches=pipe.microbatches,
-            virtual_stages=v,
-            csv_text=cfg.schedule_csv,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"spec.pipeline.schedule {str(pipe.schedule)!r}: {exc}") from None
+        return from_spec(cfg.job, schedule_csv=cfg.schedule_csv)
+    except ShapeError as exc:  # admission checked all but a custom schedule's CSV
+        raise ConfigError(str(exc)) from None
 
 
 class Trainer:
@@ -70,7 +61,8 @@ class Trainer:
         else:
             torch.cuda.set_device(self.device)
         self.replay = cfg.replay_stage is not None
-        self.schedule = _schedule(cfg)
+        self.shape = _shape(cfg)
+        self.schedule = self.shape.schedule
         layers, hidden, heads = spec.model.dims()
         self.model_cfg = GPTConfig(
             layers=layers,
@@ -82,8 +74,8 @@ class Trainer:
             activation_checkpointing=pipe.activation_checkpointing,
             seed=spec.data.seed,
         )
-        self.m = pipe.microbatches
-        self.mb_size = pipe.global_batch // (pipe.data_parallel * self.m)
+        self.m = self.shape.microbatches
+        self.mb_size = self.shape.microbatch_size
         self.topo = Topology(rank=cfg.rank, stages=pipe.stages, data_parallel=1 if self.replay else pipe.data_parallel)
         self.watchdog = Watchdog(timeout_s=cfg.comm_timeout_s + 30, rank=cfg.rank)
         if not self.replay:
@@ -142,8 +134,8 @@ class Trainer:
             spec.data,
             vocab_size=spec.model.vocab_size,
             seq_len=spec.model.seq_len,
-            global_batch=pipe.global_batch,
-            data_parallel=self.topo.data_parallel,
+            replica_batch=self.shape.replica_batch,
+            replicas=self.shape.data_parallel,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         gpu_index = self.device.index or 0 if self.device.type == "cuda" else None
@@ -246,7 +238,7 @@ class Trainer:
     def step(self, step: int) -> tuple[float, float, bool]:
         """One optimizer step: (loss, step seconds, stop requested by any rank)."""
         spec = self.cfg.job.spec
-        tokens_per_step = spec.pipeline.global_batch * spec.model.seq_len
+        tokens_per_step = self.shape.global_batch * spec.model.seq_len
         first, last = self.pr.has_first_stage(), self.pr.has_last_stage()
         self.pr.zero_grad()
         tokens = targets = None
