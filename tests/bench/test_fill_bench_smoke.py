@@ -16,7 +16,7 @@ import pytest
 def test_bench_fill_measures_a_bubble_length_from_the_event_log() -> None:
     cpu = str(min(os.sched_getaffinity(0)))
     done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--seconds", "2",
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--seconds", "8",
          "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu],
         capture_output=True, text=True, timeout=100,
     )  # fmt: skip
