@@ -26,6 +26,7 @@ __all__ = [
     "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
+    "POD_NAMESPACE",
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
@@ -58,6 +59,7 @@ FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill m
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
+POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 
 # Trainer exit codes; the operator restarts the job on the retryable ones (spec.runPolicy.restartOnExitCodes).
 EXIT_OK = 0
