@@ -25,8 +25,10 @@ __all__ = [
     "FILL_OFFLOAD",
     "FILL_RESERVED_BYTES",
     "JOB_NAME",
+    "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
+    "POD_NAMESPACE",
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 DEFAULT_CHANNEL_DIR = "/run/pipefill"
+"""Where both containers mount the memory-backed emptyDir of the bubble channel; ``CHANNEL_DIR`` overrides it."""
 
 # Both containers
 CHANNEL_DIR = "PIPEFILL_CHANNEL_DIR"  # directory of the bubble channel (memory-backed emptyDir); default /run/pipefill
@@ -45,6 +48,7 @@ METRICS_PORT = "PIPEFILL_METRICS_PORT"  # Prometheus port of this container; 0 d
 CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
 DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
 OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace (local runs and debugging)
+LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, INFO, WARNING, ERROR); default INFO
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
@@ -57,6 +61,7 @@ FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill m
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
+POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"

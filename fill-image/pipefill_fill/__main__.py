@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -19,9 +18,9 @@ import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
 from pipefill import env
+from pipefill.events import FILL_EVENTS, EventWriter, StartEvent
 from pipefill_fill.attach import attach
 from pipefill_fill.device import cap_memory, pin_cpus, select_device
-from pipefill_fill.events import EventLog
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.runner import Attached, Runner
 from pipefill_fill.settings import Settings
@@ -37,7 +36,7 @@ class _Runner(Protocol):
 def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     """Attach, set up and run the fill executor; ``runner_cls`` runs the work (the default: bubbles only)."""
     logging.basicConfig(
-        level=os.environ.get("PIPEFILL_LOG_LEVEL", "INFO"),
+        level=os.environ.get(env.LOG_LEVEL, "INFO"),
         format="%(asctime)s fill-executor %(levelname)s %(message)s",
         stream=sys.stderr,
     )
@@ -64,17 +63,17 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     metrics.memory_budget_bytes.set(settings.reserved_bytes)
     if settings.metrics_port > 0:
         start_http_server(settings.metrics_port, registry=registry)
-    events = EventLog(settings.out_dir)
+    events = EventWriter(settings.out_dir / FILL_EVENTS if settings.out_dir is not None else None)
     events.write(
-        "start",
-        device=str(device),
-        cpus=sorted(cpus) if cpus else None,
-        memory_budget_bytes=settings.reserved_bytes,
-        memory_fraction=fraction,
-        guard_s=settings.guard_s,
-        training_job=identity.training_job,
-        rank=identity.rank,
-        clock_ns=time.monotonic_ns(),
+        StartEvent(
+            device=str(device),
+            cpus=sorted(cpus) if cpus else None,
+            memory_budget_bytes=settings.reserved_bytes,
+            memory_fraction=fraction,
+            guard_s=settings.guard_s,
+            training_job=identity.training_job,
+            rank=identity.rank,
+        )
     )
     log.info(
         "attached to %s (job %s rank %d) on %s, budget %d bytes, guard %.2f ms",

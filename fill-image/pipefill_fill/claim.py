@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from pipefill_fill.events import EventLog
+from pipefill.events import EventWriter, SliceEvent
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import WorkSource
 from pipefill_fill.task import FillTask
@@ -22,7 +22,7 @@ def claim_slice(
     *,
     device: torch.device,
     memory_budget_bytes: int,
-    events: EventLog,
+    events: EventWriter,
 ) -> FillTask | None:
     """Claim and open an unfinished slice of ``job``; None when there is none for this executor now.
 
@@ -43,14 +43,15 @@ def claim_slice(
             source.release(spec.name, s)
             raise
         events.write(
-            "slice",
-            job=spec.name,
-            start=s.start,
-            end=s.end,
-            phase="done" if recovered.done else "claimed",
-            position=recovered.end,
-            adopted=recovered.adopted,
-            removed=recovered.removed,
+            SliceEvent(
+                job=spec.name,
+                start=s.start,
+                end=s.end,
+                phase="done" if recovered.done else "claimed",
+                position=recovered.end,
+                adopted=recovered.adopted,
+                removed=recovered.removed,
+            )
         )
         if not recovered.done:
             return task

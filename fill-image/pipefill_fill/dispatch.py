@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from pipefill.events import AssignEvent, EventWriter
 from pipefill.plan import BubbleClass, JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles, plan_class
-from pipefill_fill.events import EventLog
 from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
 from pipefill_fill.jobs import ActiveJob, Jobs
 from pipefill_fill.predict import Estimator
@@ -52,7 +52,7 @@ class Dispatcher:
         device: torch.device,
         settings: Settings,
         switch: Estimator,
-        events: EventLog,
+        events: EventWriter,
     ) -> None:
         self.jobs, self.is_open, self.recent_bubbles = jobs, is_open, recent_bubbles
         self.device, self.settings, self.switch, self.events = device, settings, switch, events
@@ -131,6 +131,5 @@ class Dispatcher:
         assignment = assign_jobs(classes, jobs, guard_s=self.settings.guard_s, switch_s=self.switch.predict_s())
         self._assignment = {a.bubble.duration_s: a.job for a in assignment if a.job is not None}
         self._generation, self._bubbles_since_assign = self.jobs.generation, 0
-        self.events.write(
-            "assign", classes={f"{a.bubble.duration_s * 1e3:.3f}ms": a.job for a in assignment}, jobs=list(ready)
-        )
+        by_class = {f"{a.bubble.duration_s * 1e3:.3f}ms": a.job for a in assignment}
+        self.events.write(AssignEvent(classes=by_class, jobs=list(ready)))

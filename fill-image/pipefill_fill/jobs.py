@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.spec import FillJobPhase
 from pipefill_fill.claim import claim_slice
-from pipefill_fill.events import EventLog
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
@@ -73,7 +73,7 @@ class Jobs:
         device: torch.device,
         settings: Settings,
         metrics: FillMetrics,
-        events: EventLog,
+        events: EventWriter,
         max_active: int = 2,
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
@@ -113,7 +113,7 @@ class Jobs:
         self.generation += 1
         if a.profile is not None:
             self.profiled(a)
-        self.events.write("job", job=spec.name, phase="Running", committed=job.committed(), total=spec.total)
+        self.events.write(JobEvent(job=spec.name, phase="Running", committed=job.committed(), total=spec.total))
         self._report(spec, job, FillJobPhase.RUNNING, start_time=a.started)
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
@@ -130,20 +130,15 @@ class Jobs:
         points = a.profile.points
         a.predictor = StepPredictor({p.batch_size: p.step_s for p in points})
         self.metrics.profile(a.name, [(p.batch_size, p.step_s, p.peak_bytes) for p in points])
-        self.events.write(
-            "profile",
-            job=a.name,
-            cached=a.profile.cached,
-            device=a.profile.device_key,
-            points=[{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points],
-        )
+        rows = [{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points]
+        self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))
         log.info("job %s: profile %s", a.name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
         if not points:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
             message = "no batch size fits this rank's bubbles and memory budget; left for another executor"
             log.warning("job %s: %s", a.name, message)
             self._remove(a.name)
             self.failed.add(a.name)
-            self.events.write("job", job=a.name, phase="Queued", message=message)
+            self.events.write(JobEvent(job=a.name, phase="Queued", message=message))
             self.source.release(a.name)
             self._report(a.spec, a.job, FillJobPhase.QUEUED, message=message)
             return
@@ -181,7 +176,7 @@ class Jobs:
             return
         s = a.slice
         self.source.release(a.name, s)
-        self.events.write("slice", job=a.name, start=s.start, end=s.end, phase="done", position=a.task.committed)
+        self.events.write(SliceEvent(job=a.name, start=s.start, end=s.end, phase="done", position=a.task.committed))
         log.info("job %s: slice %s done", a.name, s)
         try:
             task = None if complete else self._claim(a.spec, a.job)
@@ -204,7 +199,7 @@ class Jobs:
 
     def _succeeded(self, spec: TaskSpec, job: JobDir, *, started: str | None) -> None:
         self.source.release(spec.name)
-        self.events.write("job", job=spec.name, phase="Succeeded", committed=spec.total, total=spec.total)
+        self.events.write(JobEvent(job=spec.name, phase="Succeeded", committed=spec.total, total=spec.total))
         log.info("job %s: succeeded (%d/%d)", spec.name, spec.total, spec.total)
         self._report(spec, job, FillJobPhase.SUCCEEDED, start_time=started, completion_time=now_rfc3339())
 
@@ -215,7 +210,7 @@ class Jobs:
         a = self._remove(name)
         spec = spec or (a.spec if a is not None else None)
         self.failed.add(name)
-        self.events.write("job", job=name, phase="Failed", message=message)
+        self.events.write(JobEvent(job=name, phase="Failed", message=message))
         self.source.release(name)
         if spec is not None:
             committed = a.job.committed() if a is not None else 0
@@ -250,16 +245,16 @@ class Jobs:
         )
 
     def _commit_event(self, a: ActiveJob, committed: int, *, written: int, commit_s: float, at: str = "") -> None:
-        fields = {"at": at} if at else {}
         self.events.write(
-            "commit",
-            job=a.name,
-            end=committed,
-            slice=[a.slice.start, a.slice.end],
-            position=a.task.committed,
-            bytes=written,
-            commit_s=commit_s,
-            **fields,
+            CommitEvent(
+                job=a.name,
+                end=committed,
+                slice=[a.slice.start, a.slice.end],
+                position=a.task.committed,
+                bytes=written,
+                commit_s=commit_s,
+                at=at or None,
+            )
         )
 
     def _remove(self, name: str) -> ActiveJob | None:

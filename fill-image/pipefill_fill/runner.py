@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
+from pipefill.events import EventWriter, ExitEvent, FillEvent
 from pipefill.plan import ObservedBubble
 from pipefill_fill.dispatch import Dispatcher, JobError
-from pipefill_fill.events import EventLog
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import FillMetrics
@@ -55,7 +55,7 @@ class Attached:
     device: torch.device
     settings: Settings
     metrics: FillMetrics
-    events: EventLog
+    events: EventWriter
 
 
 class Runner:
@@ -109,7 +109,7 @@ class Runner:
             dead_since = None
             self._on_bubble(bubble, woke_ns=time.monotonic_ns())
         self.jobs.shutdown()
-        self.events.write("exit", reason=self._stop)
+        self.events.write(ExitEvent(reason=self._stop))
         self.source.close()
         return 0
 
@@ -139,23 +139,24 @@ class Runner:
         if job is not None and out.items:
             self.metrics.items.labels(job).inc(out.items)
         self.events.write(
-            "bubble",
-            id=bubble.id,
-            kind=str(getattr(bubble, "kind", "")),
-            open_ns=bubble.open_ns,
-            expected_end_ns=bubble.expected_end_ns,
-            woke_ns=woke_ns,
-            yielded_ns=yielded_ns,
-            free_bytes=getattr(bubble, "free_bytes", None),
-            job=job,
-            batch_size=batch,
-            steps=out.steps,
-            items=out.items,
-            used_s=round(used_s, 9),
-            overrun_s=round(overrun_s, 9),
-            commit_s=round(out.commit_ns / 1e9, 9),
-            stop=out.stop or reason,
-            spans_ns=out.spans_ns,
+            FillEvent(
+                id=bubble.id,
+                kind=str(getattr(bubble, "kind", "")),
+                open_ns=bubble.open_ns,
+                expected_end_ns=bubble.expected_end_ns,
+                woke_ns=woke_ns,
+                yielded_ns=yielded_ns,
+                free_bytes=getattr(bubble, "free_bytes", None),
+                job=job,
+                batch_size=batch,
+                steps=out.steps,
+                items=out.items,
+                used_s=round(used_s, 9),
+                overrun_s=round(overrun_s, 9),
+                commit_s=round(out.commit_ns / 1e9, 9),
+                stop=out.stop or reason,
+                spans_ns=out.spans_ns,
+            )
         )
         if job is not None:
             self.jobs.after_bubble(job, out)

@@ -16,12 +16,10 @@ import weakref
 from pathlib import Path
 
 from pipefill.channel.errors import ChannelBusyError, ChannelError
+from pipefill.env import CHANNEL_DIR, DEFAULT_CHANNEL_DIR
 
 __all__ = ["CHANNEL_FILE", "DEFAULT_CHANNEL_DIR", "FILL_LOCK", "TRAINER_LOCK", "OwnerLock", "resolve_dir"]
 
-DEFAULT_CHANNEL_DIR = "/run/pipefill"
-"""Where both containers mount the memory-backed emptyDir; ``PIPEFILL_CHANNEL_DIR`` overrides it."""
-CHANNEL_ENV = "PIPEFILL_CHANNEL_DIR"
 CHANNEL_FILE = "channel"
 TRAINER_LOCK = "trainer.lock"
 FILL_LOCK = "fill.lock"
@@ -37,7 +35,7 @@ def resolve_dir(channel_dir: str | os.PathLike[str] | None) -> Path:
     """``channel_dir``, else ``$PIPEFILL_CHANNEL_DIR``, else ``/run/pipefill``."""
     if channel_dir is not None:
         return Path(channel_dir)
-    return Path(os.environ.get(CHANNEL_ENV) or DEFAULT_CHANNEL_DIR)
+    return Path(os.environ.get(CHANNEL_DIR) or DEFAULT_CHANNEL_DIR)
 
 
 def _require_ofd() -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """Run one benchmark; it prints one JSON object on stdout.
 
 Benchmarks measure speed on purpose and are never part of the tests. Each compares against a baseline taken in
-the same run (interleaved repetitions, medians). Benchmarks that need torch live in the image packages and are
-found by module name, so the core never imports them.
+the same run (interleaved repetitions, medians). They live in :mod:`pipefill.bench`; the parts that need torch run
+as worker processes of the images, so the core never imports them.
 """
 
 from __future__ import annotations
@@ -10,29 +10,17 @@ from __future__ import annotations
 import argparse
 import importlib
 
-__all__ = ["add_arguments", "run"]
+from pipefill.bench import BENCHMARKS
 
-# benchmark name -> module with ``main(argv: list[str]) -> int``
-_BENCHMARKS: dict[str, str] = {
-    "channel": "pipefill.channel.bench",
-    "colocation": "pipefill.local.colocation",
-    "fill": "pipefill_fill.bench",
-    "scheduler": "pipefill.queue.bench",
-    "trainer": "pipefill_trainer.bench",
-}
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(_BENCHMARKS), help="which benchmark")
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="options of that benchmark (see NAME --help)")
 
 
 def run(args: argparse.Namespace) -> int:
-    module_name = _BENCHMARKS[args.name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        print(f"benchmark {args.name!r} needs {exc.name!r}, which is not installed; install with `make venv`")
-        return 2
+    module = importlib.import_module(BENCHMARKS[args.name])
     code: int = module.main(list(args.bench_args))
     return code

@@ -12,13 +12,12 @@ import json
 import sys
 from typing import Any
 
+from pipefill.cli.units import parse_duration_s, parse_size_bytes
 from pipefill.plan import (
     BubbleClass,
     JobProfile,
     ProfilePoint,
     assign_jobs,
-    parse_duration_s,
-    parse_size_bytes,
     plan_job,
 )
 

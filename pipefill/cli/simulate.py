@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,15 @@ from pipefill.schedules import (
     FillProfile,
     FillProjection,
     MemoryModel,
-    Schedule,
     Timeline,
-    build_schedule,
+    canonical_name,
     project_fill,
     simulate,
 )
 from pipefill.schedules.report import format_report
+from pipefill.schedules.trace import chrome_trace
+from pipefill.spec import PipelineTrainingJob, load_training_job
+from pipefill.spec.shape import PipelineShape, ShapeNames, derive_shape, from_spec
 
 __all__ = ["add_arguments", "run"]
 
@@ -81,15 +84,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--plot", metavar="FILE", help="draw the timeline (PNG; needs matplotlib)")
 
 
+FLAG_NAMES = ShapeNames(
+    schedule="--schedule",
+    stages="--stages",
+    microbatches="--microbatches",
+    virtual_stages="--virtual-stages",
+    global_batch="--global-batch",
+    data_parallel="--data-parallel",
+    microbatch_size="--microbatch-size",
+    custom_schedule="--schedule-csv",
+)
+"""How errors name the shape's inputs when flags give (or override) them."""
+_SHAPE_FLAGS = (
+    "schedule",
+    "stages",
+    "microbatches",
+    "virtual_stages",
+    "global_batch",
+    "data_parallel",
+    "microbatch_size",
+)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What the analytic cost and memory models need beyond the pipeline's shape (manifest, then flags)."""
+
+    layers: int | None
+    hidden_size: int | None
+    params: float | None
+    vocab_size: int
+    seq_len: int
+    tied: bool
+    activation_checkpointing: bool
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        job = _job_settings(args)
-        schedule = _schedule(job)
+        job = load_training_job(args.manifest) if args.manifest else None
+        shape = _shape(args, job)
         if args.order:
-            print(json.dumps({"ranks": schedule.order_dict()}))
+            print(json.dumps({"ranks": shape.schedule.order_dict()}))
             return 0
-        costs, memory, source = _costs(args, job, schedule)
-        timeline = simulate(schedule, costs, memory, validate=False)  # build_schedule validated it
+        costs, memory, source = _costs(args, _model(args, job), shape)
+        timeline = simulate(shape.schedule, costs, memory, validate=False)  # the shape's schedule is validated
         fill = _fill(args, timeline)
     except (ValueError, OSError) as exc:
         print(f"pipefill simulate: error: {exc}", file=sys.stderr)
@@ -101,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(timeline, fill, units="units" if source == "uniform" else "s"))
     if args.trace:
-        Path(args.trace).write_text(json.dumps(timeline.to_chrome_trace()))
+        Path(args.trace).write_text(json.dumps(chrome_trace(timeline)))
     if args.plot:
         from pipefill.schedules.plot import plot_timeline
 
@@ -109,91 +147,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Merge the manifest (if any) and the flags; flags win."""
-    job: dict[str, Any] = {"schedule": "1f1b", "vocab_size": 50304, "seq_len": 2048, "data_parallel": 1}
-    if args.manifest:
-        from pipefill.spec import load_training_job
-
-        spec = load_training_job(args.manifest).spec
-        layers, hidden, _heads = spec.model.dims()
-        pipe = spec.pipeline
-        job.update(
-            schedule=pipe.schedule.value,
-            stages=pipe.stages,
-            microbatches=pipe.microbatches,
-            virtual_stages=pipe.virtual_stages,
-            global_batch=pipe.global_batch,
-            data_parallel=pipe.data_parallel,
-            activation_checkpointing=pipe.activation_checkpointing,
-            layers=layers,
-            hidden_size=hidden,
-            seq_len=spec.model.seq_len,
-            vocab_size=spec.model.vocab_size,
-            tied=spec.model.tied_embeddings,
-        )
-    for key in (
-        "schedule",
-        "stages",
-        "microbatches",
-        "virtual_stages",
-        "global_batch",
-        "data_parallel",
-        "layers",
-        "hidden_size",
-        "seq_len",
-        "vocab_size",
-        "microbatch_size",
-        "params",
-        "activation_checkpointing",
-        "schedule_csv",
-    ):
-        value = getattr(args, key)
-        if value is not None:
-            job[key] = value
-    if "stages" not in job:
-        raise ValueError("--stages is required (pipeline ranks p), or pass a manifest with -f")
-    dp, gb = job["data_parallel"], job.get("global_batch")
-    if gb is not None and "microbatch_size" not in job and "microbatches" in job:
-        per_replica, rest = divmod(gb, dp * job["microbatches"])
-        if rest or per_replica < 1:
-            raise ValueError(
-                f"global batch {gb} is not divisible by data_parallel × microbatches = "
-                f"{dp * job['microbatches']}; change one of them"
-            )
-        job["microbatch_size"] = per_replica
-    if "microbatches" not in job:
-        if gb is None:
-            raise ValueError("--microbatches is required (or --global-batch with --data-parallel)")
-        mbs = job.setdefault("microbatch_size", 1)
-        job["microbatches"], rest = divmod(gb, dp * mbs)
-        if rest or job["microbatches"] < 1:
-            raise ValueError(f"global batch {gb} is not divisible by data_parallel × microbatch_size = {dp * mbs}")
-    job.setdefault("microbatch_size", 1)
-    return job
+def _first(*values: Any) -> Any:
+    """The first value that is not None (a flag, then the manifest's value, then a default)."""
+    return next((v for v in values if v is not None), None)
 
 
-def _schedule(job: dict[str, Any]) -> Schedule:
+def _shape(args: argparse.Namespace, job: PipelineTrainingJob | None) -> PipelineShape:
+    """The manifest's shape as the trainer derives it (:func:`pipefill.spec.shape.from_spec`), or, with flags, the
+    manifest's values overridden by them (errors then name the flags)."""
+    pipe = job.spec.pipeline if job is not None else None
+    schedule = _first(args.schedule, pipe and str(pipe.schedule), "1f1b")
     csv_text = None
-    if job["schedule"] == "custom":
-        path = job.get("schedule_csv")
-        if path is None:
+    if canonical_name(schedule) == "custom":
+        if args.schedule_csv is None:
             raise ValueError("schedule custom needs --schedule-csv FILE (torch's compute-only CSV, one row per rank)")
-        csv_text = Path(path).read_text()
-    return build_schedule(
-        job["schedule"],
-        ranks=job["stages"],
-        microbatches=job["microbatches"],
-        virtual_stages=job.get("virtual_stages"),
+        csv_text = Path(args.schedule_csv).read_text()
+    if job is not None and all(getattr(args, flag) is None for flag in _SHAPE_FLAGS):
+        return from_spec(job, schedule_csv=csv_text)
+    stages = _first(args.stages, pipe and pipe.stages)
+    if stages is None:
+        raise ValueError("--stages is required (pipeline ranks p), or pass a manifest with -f")
+    return derive_shape(
+        schedule=schedule,
+        stages=stages,
+        microbatches=_first(args.microbatches, pipe and pipe.microbatches),
+        global_batch=_first(args.global_batch, pipe and pipe.global_batch),
+        data_parallel=_first(args.data_parallel, pipe and pipe.data_parallel, 1),
+        microbatch_size=args.microbatch_size,
+        virtual_stages=_first(args.virtual_stages, pipe and pipe.virtual_stages),
         csv_text=csv_text,
+        names=FLAG_NAMES,
     )
 
 
-def _costs(args: argparse.Namespace, job: dict[str, Any], schedule: Schedule) -> tuple[Costs, MemoryModel | None, str]:
+def _model(args: argparse.Namespace, job: PipelineTrainingJob | None) -> _Model:
+    spec = job.spec if job is not None else None
+    layers, hidden, _heads = spec.model.dims() if spec is not None else (None, None, None)
+    return _Model(
+        layers=_first(args.layers, layers),
+        hidden_size=_first(args.hidden_size, hidden),
+        params=args.params,
+        vocab_size=_first(args.vocab_size, spec and spec.model.vocab_size, 50304),
+        seq_len=_first(args.seq_len, spec and spec.model.seq_len, 2048),
+        tied=bool(spec and spec.model.tied_embeddings),
+        activation_checkpointing=bool(
+            _first(args.activation_checkpointing, spec and spec.pipeline.activation_checkpointing, False)
+        ),
+    )
+
+
+def _costs(args: argparse.Namespace, model: _Model, shape: PipelineShape) -> tuple[Costs, MemoryModel | None, str]:
+    schedule = shape.schedule
     source = args.costs or (
-        "profile" if args.profile else "analytic" if ("params" in job or "layers" in job) else "uniform"
+        "profile"
+        if args.profile
+        else "analytic"
+        if (model.params is not None or model.layers is not None)
+        else "uniform"
     )
-    checkpointing = bool(job.get("activation_checkpointing", False))
+    checkpointing = model.activation_checkpointing
     reserve = int(args.reserve_gib * _GIB)
     if source == "uniform":
         return Costs.uniform(), None, source
@@ -203,14 +215,13 @@ def _costs(args: argparse.Namespace, job: dict[str, Any], schedule: Schedule) ->
         data = json.loads(Path(args.profile).read_text())
         profiled = MemoryModel.from_profile(data, activation_checkpointing=checkpointing, reserve_bytes=reserve)
         return Costs.from_profile(data), profiled, source
-    layers, hidden = job.get("layers"), job.get("hidden_size")
-    params = job.get("params")
+    layers, hidden, params = model.layers, model.hidden_size, model.params
     if params is None:
         if layers is None or hidden is None:
             raise ValueError("analytic costs need --params, or --layers and --hidden-size (or a manifest)")
-        embeddings = job["vocab_size"] * hidden * (1 if job.get("tied") else 2)
+        embeddings = model.vocab_size * hidden * (1 if model.tied else 2)
         params = 12 * layers * hidden * hidden + embeddings
-    tokens = job["seq_len"] * job["microbatch_size"]
+    tokens = model.seq_len * shape.microbatch_size
     tp = args.tensor_parallel
     costs = Costs.analytic(
         params=params,
@@ -221,7 +232,7 @@ def _costs(args: argparse.Namespace, job: dict[str, Any], schedule: Schedule) ->
         hidden_size=hidden,
         mfu=args.mfu,
         tensor_parallel=tp,
-        data_parallel=job["data_parallel"],
+        data_parallel=shape.data_parallel,
         virtual_stages=schedule.virtual_stages,
         activation_checkpointing=checkpointing,
         p2p_bandwidth_bytes_per_s=args.p2p_gbps * 1e9,

@@ -1,7 +1,7 @@
 """The live view of ``pipefill local``: per rank its step, loss, tokens/s, bubble fraction and fill recovery, a progress
 bar per fill job, and warnings (fill overruns, process restarts, job restarts) while the run goes on.
 
-It reads only what the processes write anyway: the event logs, by byte offset at each tick (``report.JsonlTail``),
+It reads only what the processes write anyway: the event logs, by byte offset at each tick (``pipefill.events.EventTail``),
 summed with the report's own ``RankStats`` so that the live figures and ``report.json`` agree, and the fill jobs'
 ``<job>.status.json`` in the work directory (re-read when it changes). On a terminal it draws with ``rich``; into a
 pipe or a file, or with ``--plain``, it prints plain lines instead: a status line every ``interval_s`` and each
@@ -23,8 +23,9 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from pipefill.events import EventTail, FillEvent
 from pipefill.local.procs import LocalProcess
-from pipefill.local.report import JsonlTail, RankStats, fill_job_status, rank_log_paths
+from pipefill.local.report import RankStats, fill_job_status, rank_log_paths
 from pipefill.local.runner import RunOutcome
 from pipefill.spec import FillJob
 
@@ -63,7 +64,7 @@ class LiveState:
         self.fill_jobs = {f.name: FillProgress(f.name, f.spec.total) for f in fills}
         self.procs: list[LocalProcess] = []
         self.outcome = RunOutcome(code=1, reason="not started")
-        self._tails = [tuple(JsonlTail(p) for p in rank_log_paths(out_dir, r)) for r in range(world_size)]
+        self._tails = [tuple(EventTail(p) for p in rank_log_paths(out_dir, r)) for r in range(world_size)]
         self._work_dir = work_dir
         self._status_mtime_ns: dict[str, int] = {}
         self._overruns = [_Overruns() for _ in range(world_size)]
@@ -79,13 +80,12 @@ class LiveState:
         for rank, (trainer, fill) in enumerate(self._tails):
             stats, overruns = self.ranks[rank], self._overruns[rank]
             for e in trainer.read(final=final):
-                stats.add_trainer(e)
+                stats.add(e)
             for e in fill.read(final=final):
-                stats.add_fill(e)
-                overrun_s = float(e.get("overrun_s") or 0.0) if e.get("event") == "bubble" else 0.0
-                if overrun_s > OVERRUN_WARN_S and float(e.get("t_unix_s", 0.0)) >= self._since_unix_s:
+                stats.add(e)
+                if isinstance(e, FillEvent) and e.overrun_s > OVERRUN_WARN_S and e.wall_s >= self._since_unix_s:
                     overruns.count += 1
-                    overruns.worst_s = max(overruns.worst_s, overrun_s)
+                    overruns.worst_s = max(overruns.worst_s, e.overrun_s)
             if overruns.count and (final or now - overruns.warned_at >= _OVERRUN_WARN_EVERY_S):
                 messages.append(
                     f"{time.strftime('%H:%M:%S')} warning: rank {rank} fill overran {overruns.count} bubble(s), "
@@ -136,9 +136,9 @@ def _rank_cells(state: LiveState, rank: int) -> list[str]:
     if last is None:
         return ["—", "—", "—", _pct(summary["bubble_fraction"]), _pct(summary["bubble_recovery"])]
     return [
-        f"{last['step'] + 1}/{state.steps_total}",
-        f"{last['loss']:.3f}",
-        f"{last['tokens_per_s']:,.0f}",
+        f"{last.step + 1}/{state.steps_total}",
+        f"{last.loss:.3f}",
+        f"{last.tokens_per_s:,.0f}",
         _pct(summary["bubble_fraction"]),
         _pct(summary["bubble_recovery"]),
     ]

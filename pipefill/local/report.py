@@ -1,4 +1,4 @@
-"""The report of a local run, built from the event logs the trainers and fill executors write.
+"""The report of a local run, built from the event logs the trainers and fill executors write (:mod:`pipefill.events`).
 
 ``report.json`` (configuration, step times, bubbles per rank and kind, fill work, recovery), ``report.md``,
 ``trace.json`` (Chrome/Perfetto: one process per rank with tracks for the trainer's actions, the announced bubbles and
@@ -8,7 +8,6 @@ the fill work inside them) and ``timeline.png`` (the same, for the last steps; n
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -16,93 +15,49 @@ from typing import Any
 
 import yaml
 
+from pipefill.events import (
+    FILL_EVENTS,
+    TRAINER_EVENTS,
+    ActionEvent,
+    BubbleEvent,
+    CommitEvent,
+    Event,
+    FillEvent,
+    JobEvent,
+    StepEvent,
+    read_events,
+)
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = [
-    "FILL_WORK_DIR",
-    "JsonlTail",
-    "RankStats",
-    "build_report",
-    "fill_job_status",
-    "rank_log_paths",
-    "read_jsonl",
-    "write_report",
-]
+__all__ = ["FILL_WORK_DIR", "RankStats", "build_report", "fill_job_status", "rank_log_paths", "write_report"]
 
-_TRAINER_LOG = "events.jsonl"
-_FILL_LOG = "fill-events.jsonl"
 FILL_WORK_DIR = "filljobs"
 """The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
-
-
-class JsonlTail:
-    """The complete lines appended to a JSONL log since the last read, found by byte offset (never re-reading).
-
-    A partial last line (a writer mid-line, or a torn line after a crash) waits until its newline arrives;
-    ``read(final=True)`` takes it too when it parses. A file that shrank or was replaced is read again from its start.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0  # bytes consumed, including the pending partial line
-        self._inode: int | None = None
-        self._partial = b""
-
-    def read(self, *, final: bool = False) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as fh:
-                st = os.fstat(fh.fileno())
-                if st.st_ino != self._inode or st.st_size < self.offset:
-                    self._inode, self.offset, self._partial = st.st_ino, 0, b""
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = b"" if final else lines.pop()
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line.decode("utf-8", errors="replace")))
-            except json.JSONDecodeError:
-                continue  # an empty line, or a torn one
-        return out
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSONL log; a torn last line (a crash mid-write) is skipped."""
-    return JsonlTail(path).read(final=True)
 
 
 def rank_log_paths(out_dir: Path, rank: int) -> tuple[Path, Path]:
     """The trainer's and the fill executor's event logs of ``rank``."""
     base = out_dir / "ranks" / str(rank)
-    return base / "trainer" / _TRAINER_LOG, base / "fill-executor" / _FILL_LOG
+    return base / "trainer" / TRAINER_EVENTS, base / "fill-executor" / FILL_EVENTS
 
 
-def _logs(out_dir: Path, rank: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _logs(out_dir: Path, rank: int) -> tuple[list[Event], list[Event]]:
     trainer, fill = rank_log_paths(out_dir, rank)
-    return read_jsonl(trainer), read_jsonl(fill)
+    return read_events(trainer), read_events(fill)
 
 
-def _fill_spans(fill: list[dict[str, Any]]) -> list[tuple[int, int]]:
+def _fill_spans(fill: list[Event]) -> list[tuple[int, int]]:
     """(start_ns, end_ns) of the fill's work inside each bubble it used."""
-    return [(int(e["woke_ns"]), int(e["yielded_ns"])) for e in fill if _used(e)]
-
-
-def _used(e: dict[str, Any]) -> bool:
-    """A fill ``bubble`` event in which at least one step ran."""
-    return e.get("event") == "bubble" and bool(e.get("steps"))
+    return [(e.woke_ns, e.yielded_ns) for e in fill if isinstance(e, FillEvent) and e.steps]
 
 
 class RankStats:
-    """One rank's figures in the report, fed one event at a time: the report feeds whole logs, the live view each
-    tick's new lines. Bubble fraction is idle ÷ step time over the steps with measured bubbles; recovery is fill busy
+    """One rank's figures in the report, fed one record at a time: the report feeds whole logs, the live view each
+    tick's new records. Bubble fraction is idle ÷ step time over the steps with measured bubbles; recovery is fill busy
     time ÷ announced bubble time."""
 
     def __init__(self) -> None:
-        self.last_step: dict[str, Any] | None = None  # the newest ``step`` event
+        self.last_step: StepEvent | None = None  # the newest step
         self._measured_steps: set[int] = set()
         self._step_s: float = 0  # over steps with measured bubbles
         self._unmeasured_s: dict[int, list[float]] = defaultdict(list)  # steps whose bubbles are not seen (yet)
@@ -113,29 +68,28 @@ class RankStats:
         self._bubbles_used = 0
         self._overrun_max_s: float | None = None
 
-    def add_trainer(self, e: dict[str, Any]) -> None:
-        if e.get("type") == "step":
+    def add(self, e: Event) -> None:
+        """Take in one record of the rank's trainer or fill executor (other records are ignored)."""
+        if isinstance(e, StepEvent):
             self.last_step = e
-            if e["step"] in self._measured_steps:
-                self._step_s += e["step_s"]
+            if e.step in self._measured_steps:
+                self._step_s += e.step_s
             else:
-                self._unmeasured_s[e["step"]].append(e["step_s"])
-        elif e.get("type") == "bubble":
-            if e["step"] not in self._measured_steps:
-                self._measured_steps.add(e["step"])
-                for step_s in self._unmeasured_s.pop(e["step"], []):
+                self._unmeasured_s[e.step].append(e.step_s)
+        elif isinstance(e, BubbleEvent):
+            if e.step not in self._measured_steps:
+                self._measured_steps.add(e.step)
+                for step_s in self._unmeasured_s.pop(e.step, []):
                     self._step_s += step_s
-            d = (e["end_ns"] - e["start_ns"]) / 1e9
-            row = self._by_kind[e["kind"]]
+            d = (e.end_ns - e.start_ns) / 1e9
+            row = self._by_kind[e.kind]
             row["count"] += 1
             row["total_s"] += d
-            row["announced_s"] += d if e.get("announced") else 0.0
-
-    def add_fill(self, e: dict[str, Any]) -> None:
-        if _used(e):
-            self._busy_ns += int(e["yielded_ns"]) - int(e["woke_ns"])
+            row["announced_s"] += d if e.announced else 0.0
+        elif isinstance(e, FillEvent) and e.steps:
+            self._busy_ns += e.yielded_ns - e.woke_ns
             self._bubbles_used += 1
-            overrun_s = float(e.get("overrun_s") or 0.0)
+            overrun_s = e.overrun_s
             self._overrun_max_s = overrun_s if self._overrun_max_s is None else max(self._overrun_max_s, overrun_s)
 
     def summary(self) -> dict[str, Any]:
@@ -156,12 +110,10 @@ class RankStats:
         }
 
 
-def _rank_stats(trainer: list[dict[str, Any]], fill: list[dict[str, Any]]) -> dict[str, Any]:
+def _rank_stats(trainer: list[Event], fill: list[Event]) -> dict[str, Any]:
     stats = RankStats()
-    for e in trainer:
-        stats.add_trainer(e)
-    for e in fill:
-        stats.add_fill(e)
+    for e in (*trainer, *fill):
+        stats.add(e)
     return stats.summary()
 
 
@@ -197,11 +149,14 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         trainer, fill = _logs(out_dir, rank)
         ranks.append({"rank": rank, **_rank_stats(trainer, fill)})
         for e in fill:
-            if e.get("event") in ("commit", "job") and e.get("job"):
-                row = fill_jobs.setdefault(e["job"], {"committed": 0, "total": None, "phase": "Running"})
-                row["committed"] = max(row["committed"], int(e.get("end", e.get("committed", 0)) or 0))
-                row["total"] = e.get("total", row["total"])
-                row["phase"] = e.get("phase", row["phase"])
+            if isinstance(e, CommitEvent):
+                row = fill_jobs.setdefault(e.job, {"committed": 0, "total": None, "phase": "Running"})
+                row["committed"] = max(row["committed"], e.end)
+            elif isinstance(e, JobEvent):
+                row = fill_jobs.setdefault(e.job, {"committed": 0, "total": None, "phase": "Running"})
+                row["committed"] = max(row["committed"], e.committed or 0)
+                row["total"] = e.total if e.total is not None else row["total"]
+                row["phase"] = e.phase
     for name, row in fill_jobs.items():  # events of several ranks interleave; the merged status says where it is
         status = fill_job_status(out_dir / FILL_WORK_DIR, name)
         if status is not None:
@@ -209,8 +164,8 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
             row["phase"] = status["phase"]
             row["total"] = status["total"] if status["total"] is not None else row["total"]
     trainer0, _ = _logs(out_dir, 0)
-    steps = [e for e in trainer0 if e.get("type") == "step"]
-    later = [e["step_s"] for e in steps[len(steps) // 3 :]] or [e["step_s"] for e in steps]
+    steps = [e for e in trainer0 if isinstance(e, StepEvent)]
+    later = [e.step_s for e in steps[len(steps) // 3 :]] or [e.step_s for e in steps]
     announced = sum(r["announced_bubble_s"] for r in ranks)
     busy = sum(r["fill_busy_s"] for r in ranks)
     fractions = [r["bubble_fraction"] for r in ranks if r["bubble_fraction"] is not None]
@@ -219,10 +174,10 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         "outcome": outcome,
         "emulation": "CPU: one core plays one GPU; a stage's trainer and fill executor share it",
         "steps": len(steps),
-        "loss_first": steps[0]["loss"] if steps else None,
-        "loss_last": steps[-1]["loss"] if steps else None,
+        "loss_first": steps[0].loss if steps else None,
+        "loss_last": steps[-1].loss if steps else None,
         "step_s_median": statistics.median(later) if later else None,
-        "tokens_per_s_median": statistics.median(e["tokens_per_s"] for e in steps) if steps else None,
+        "tokens_per_s_median": statistics.median(e.tokens_per_s for e in steps) if steps else None,
         "bubble_fraction": statistics.fmean(fractions) if fractions else None,
         "bubble_recovery": busy / announced if announced else None,
         "fill_busy_s": busy,
@@ -231,30 +186,33 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
     }
 
 
+def _spans(trainer: list[Event]) -> list[ActionEvent | BubbleEvent]:
+    """The trainer's timed spans: actions and bubbles."""
+    return [e for e in trainer if isinstance(e, ActionEvent | BubbleEvent)]
+
+
 def _trace(job: PipelineTrainingJob, out_dir: Path) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     logs = [_logs(out_dir, r) for r in range(job.world_size)]
-    starts = [e["start_ns"] for t, _ in logs for e in t if "start_ns" in e]
+    starts = [e.start_ns for t, _ in logs for e in t if isinstance(e, ActionEvent | BubbleEvent | StepEvent)]
     t0 = min(starts, default=0)
     for rank, (trainer, fill) in enumerate(logs):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         for tid, name in ((1, "trainer actions"), (2, "bubbles"), (3, "fill work")):
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-        for e in trainer:
-            if e.get("type") in ("action", "bubble"):
-                tid = 1 if e["type"] == "action" else 2
-                name = e["action"] if tid == 1 else e["kind"]
-                events.append(
-                    {
-                        "ph": "X",
-                        "pid": rank,
-                        "tid": tid,
-                        "name": name,
-                        "ts": (e["start_ns"] - t0) / 1e3,
-                        "dur": (e["end_ns"] - e["start_ns"]) / 1e3,
-                        "args": {"step": e["step"]},
-                    }
-                )
+        for e in _spans(trainer):
+            tid, name = (1, e.action) if isinstance(e, ActionEvent) else (2, e.kind)
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": rank,
+                    "tid": tid,
+                    "name": name,
+                    "ts": (e.start_ns - t0) / 1e3,
+                    "dur": (e.end_ns - e.start_ns) / 1e3,
+                    "args": {"step": e.step},
+                }
+            )
         for s, end in _fill_spans(fill):
             events.append(
                 {"ph": "X", "pid": rank, "tid": 3, "name": "fill", "ts": (s - t0) / 1e3, "dur": (end - s) / 1e3}
@@ -270,32 +228,27 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    logs = [_logs(out_dir, r) for r in range(job.world_size)]
-    final = max((e["step"] for t, _ in logs for e in t if e.get("type") == "action"), default=-1)
+    logs = [(_spans(trainer), fill) for trainer, fill in (_logs(out_dir, r) for r in range(job.world_size))]
+    final = max((e.step for t, _ in logs for e in t if isinstance(e, ActionEvent)), default=-1)
     keep = set(range(final - last_steps + 1, final + 1))
     # A restarted job appends to the same logs: take the newest occurrence of the kept steps (the clock only grows).
-    firsts = [e["start_ns"] for t, _ in logs for e in t if e.get("type") == "action" and e["step"] == min(keep)]
+    firsts = [e.start_ns for t, _ in logs for e in t if isinstance(e, ActionEvent) and e.step == min(keep)]
     begin = max(firsts, default=0) - 1
-    spans = [
-        e
-        for t, _ in logs
-        for e in t
-        if e.get("type") in ("action", "bubble") and e["step"] in keep and e["start_ns"] >= begin - 10**9
-    ]
+    spans = [e for t, _ in logs for e in t if e.step in keep and e.start_ns >= begin - 10**9]
     if not spans:
         return False
-    t0 = min(e["start_ns"] for e in spans)
-    t1 = max(e["end_ns"] for e in spans)
+    t0 = min(e.start_ns for e in spans)
+    t1 = max(e.end_ns for e in spans)
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * job.world_size))
     colors = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#8172b3"}
     for rank, (trainer, fill) in enumerate(logs):
         y = job.world_size - 1 - rank
         for e in trainer:
-            if e.get("step") not in keep or e.get("type") not in ("action", "bubble") or e["start_ns"] < t0:
+            if e.step not in keep or e.start_ns < t0:
                 continue
-            x, w = (e["start_ns"] - t0) / 1e6, (e["end_ns"] - e["start_ns"]) / 1e6
-            if e["type"] == "action":
-                kind = next((c for c in e["action"] if c in colors), "F")
+            x, w = (e.start_ns - t0) / 1e6, (e.end_ns - e.start_ns) / 1e6
+            if isinstance(e, ActionEvent):
+                kind = next((c for c in e.action if c in colors), "F")
                 ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors=colors[kind])
             else:
                 ax.broken_barh([(x, w)], (y + 0.1, 0.8), facecolors="none", edgecolors="grey", hatch="//")

@@ -4,7 +4,6 @@ from pipefill.plan.assign import Assignment, JobProfile, assign_jobs
 from pipefill.plan.bulk import samples_per_bubble
 from pipefill.plan.classes import BubbleLike, ObservedBubble, classes_from_bubbles
 from pipefill.plan.planner import BubbleClass, ClassPlan, JobPlan, ProfilePoint, plan_class, plan_job
-from pipefill.plan.units import parse_duration_s, parse_size_bytes
 
 __all__ = [
     "Assignment",
@@ -17,8 +16,6 @@ __all__ = [
     "ProfilePoint",
     "assign_jobs",
     "classes_from_bubbles",
-    "parse_duration_s",
-    "parse_size_bytes",
     "plan_class",
     "plan_job",
     "samples_per_bubble",

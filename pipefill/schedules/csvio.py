@@ -14,6 +14,7 @@ import csv
 import io
 
 from pipefill.schedules.model import Action, Schedule, ScheduleError
+from pipefill.schedules.validate import validate_schedule
 
 __all__ = ["dump_csv", "load_csv"]
 
@@ -77,5 +78,5 @@ def load_csv(
     placement = tuple(stage_rank[s][0] for s in range(num_stages))
     schedule = Schedule.from_orders(name, orders, placement, m)
     if validate:
-        schedule.validate()
+        validate_schedule(schedule)
     return schedule

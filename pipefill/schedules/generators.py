@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pipefill.schedules.csvio import load_csv
 from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError, looped_placement, v_placement
+from pipefill.schedules.validate import validate_schedule
 
-__all__ = ["SCHEDULE_NAMES", "build_schedule", "canonical_name"]
+__all__ = ["PARAMETER_NAMES", "SCHEDULE_NAMES", "ScheduleRuleError", "build_schedule", "canonical_name"]
 
 SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble-h1", "zbv", "custom")
 
@@ -28,6 +30,30 @@ _ALIASES: dict[str, str] = {
     "zbvzerobubble": "zbv",
     "custom": "custom",
 }
+
+
+PARAMETER_NAMES: dict[str, str] = {"ranks": "ranks", "microbatches": "microbatches", "virtual_stages": "virtual_stages"}
+"""How :func:`build_schedule` names its parameters in messages; a caller renders a :class:`ScheduleRuleError` with its
+own names (a spec's field paths, a command's flags)."""
+
+
+class ScheduleRuleError(ValueError):
+    """A combination of ``ranks``, ``microbatches`` and ``virtual_stages`` a schedule cannot run.
+
+    ``param`` is the parameter to change, ``value`` its value, ``rule`` the rule and ``text`` the message with the fix,
+    both with ``{ranks}``, ``{microbatches}`` and ``{virtual_stages}`` where the parameters' names go, so that
+    :meth:`render` can name them as the caller knows them.
+    """
+
+    def __init__(self, *, param: str, value: object, rule: str, text: str) -> None:
+        self.param, self.value, self.rule, self.text = param, value, rule, text
+        super().__init__(self.render(PARAMETER_NAMES))
+
+    def render(self, names: dict[str, str]) -> str:
+        return self.text.format(**names)
+
+    def rendered_rule(self, names: dict[str, str]) -> str:
+        return self.rule.format(**names)
 
 
 def canonical_name(name: str) -> str:
@@ -55,47 +81,76 @@ def build_schedule(
     canon = canonical_name(name)
     _check_positive("ranks", ranks)
     _check_positive("microbatches", microbatches)
+    _check_rules(canon, ranks=ranks, microbatches=microbatches, virtual_stages=virtual_stages)
     if canon == "custom":
         return _custom(csv_text, ranks=ranks, microbatches=microbatches, virtual_stages=virtual_stages)
     if csv_text is not None:
         raise ValueError(f"csv_text is only read by schedule 'custom', not {canon!r}; drop it or use 'custom'")
     v = virtual_stages if virtual_stages is not None else (2 if canon == "zbv" else 1)
-    _check_positive("virtual_stages", v)
-    if canon in ("gpipe", "1f1b") and v != 1:
-        raise ValueError(
-            f"schedule {canon!r} holds one stage per rank, got virtual_stages={v}; use "
-            "'interleaved-1f1b' or 'zero-bubble-h1' for several stages per rank"
-        )
-    if canon == "1f1b" and microbatches < ranks:
-        raise ValueError(
-            f"schedule '1f1b' needs microbatches >= ranks, got microbatches={microbatches} < "
-            f"ranks={ranks}; raise the microbatches or use 'gpipe'"
-        )
-    if canon == "zbv" and v != 2:
-        raise ValueError(f"schedule 'zbv' holds exactly 2 stages per rank (V-shaped), got virtual_stages={v}")
-    if canon in ("interleaved-1f1b", "zero-bubble-h1"):
-        rounds = max(1, microbatches // ranks)
-        if microbatches % rounds:
-            raise ValueError(
-                f"schedule {canon!r} needs microbatches to be a multiple of the rounds max(1, microbatches // ranks) "
-                f"= {rounds}, got microbatches={microbatches} with ranks={ranks}; use a multiple of ranks"
-            )
     orders = [_GENERATORS[canon](r, ranks, microbatches, v) for r in range(ranks)]
     placement = v_placement(ranks, v) if canon == "zbv" else looped_placement(ranks, v)
     schedule = Schedule.from_orders(canon, orders, placement, microbatches)
-    schedule.validate()
+    validate_schedule(schedule)
     return schedule
 
 
-def _check_positive(field: str, value: int) -> None:
+def _check_positive(field: str, value: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        raise ScheduleRuleError(
+            param=field,
+            value=value,
+            rule=f"{{{field}}} >= 1",
+            text=f"{{{field}}} must be a positive integer, got {value!r}",
+        )
+
+
+def _check_rules(canon: str, *, ranks: int, microbatches: int, virtual_stages: int | None) -> None:
+    """The rules of ``canon`` on (ranks, microbatches, virtual stages) torch's schedules enforce too (custom: the CSV's)."""
+    if canon == "custom":
+        return
+    v = virtual_stages if virtual_stages is not None else (2 if canon == "zbv" else 1)
+    _check_positive("virtual_stages", v)
+    if canon in ("gpipe", "1f1b") and v != 1:
+        raise ScheduleRuleError(
+            param="virtual_stages",
+            value=v,
+            rule=f"schedule {canon}: {{virtual_stages}} == 1",
+            text=f"schedule {canon!r} holds one stage per rank, got {{virtual_stages}}={v}; use "
+            "'interleaved-1f1b' or 'zero-bubble-h1' for several stages per rank",
+        )
+    if canon == "1f1b" and microbatches < ranks:
+        raise ScheduleRuleError(
+            param="microbatches",
+            value=microbatches,
+            rule="schedule 1f1b: {microbatches} >= {ranks}",
+            text=f"schedule '1f1b' needs {{microbatches}} >= {{ranks}}, got {{microbatches}}={microbatches} < "
+            f"{{ranks}}={ranks}; raise {{microbatches}} to at least {ranks} or use schedule 'gpipe'",
+        )
+    if canon == "zbv" and v != 2:
+        raise ScheduleRuleError(
+            param="virtual_stages",
+            value=v,
+            rule="schedule zbv: {virtual_stages} == 2",
+            text=f"schedule 'zbv' holds exactly 2 stages per rank (V-shaped), got {{virtual_stages}}={v}; set it to 2",
+        )
+    if canon in ("interleaved-1f1b", "zero-bubble-h1"):
+        rounds = max(1, microbatches // ranks)
+        if microbatches % rounds:
+            fits = [k * ranks for k in (microbatches // ranks, microbatches // ranks + 1) if k]
+            raise ScheduleRuleError(
+                param="microbatches",
+                value=microbatches,
+                rule=f"schedule {canon}: {{microbatches}} % max(1, {{microbatches}} // {{ranks}}) == 0",
+                text=f"schedule {canon!r} needs {{microbatches}} to be a multiple of the rounds max(1, "
+                f"{{microbatches}} // {{ranks}}) = {rounds}, got {{microbatches}}={microbatches} with "
+                f"{{ranks}}={ranks}; use a multiple of {{ranks}} such as {' or '.join(map(str, fits))}",
+            )
 
 
 def _custom(csv_text: str | None, *, ranks: int, microbatches: int, virtual_stages: int | None) -> Schedule:
     if csv_text is None:
         raise ValueError("schedule 'custom' needs csv_text: torch's compute-only CSV, one row per rank")
-    schedule = Schedule.from_csv(csv_text, microbatches=microbatches, ranks=ranks)
+    schedule = load_csv(csv_text, microbatches=microbatches, ranks=ranks)
     if virtual_stages is not None and schedule.virtual_stages != virtual_stages:
         raise ScheduleError(
             f"custom schedule holds {schedule.virtual_stages} stages per rank, but virtual_stages={virtual_stages}; "

@@ -93,7 +93,8 @@ class Schedule:
     """Per-rank ordered compute actions of one training step, plus the stage → rank placement.
 
     ``ranks[r]`` is rank ``r``'s action order; ``placement[stage_idx]`` is the rank holding that stage.
-    Construction does not check anything; call :meth:`validate` (generators and :meth:`from_csv` do).
+    Construction does not check anything: :func:`~pipefill.schedules.validate.validate_schedule` does (the generators
+    and :func:`~pipefill.schedules.csvio.load_csv` call it). This module imports no other of the package.
     """
 
     name: str
@@ -132,33 +133,6 @@ class Schedule:
     def order_dict(self) -> dict[str, list[str]]:
         """Every rank's order in torch's spelling, keyed by the rank as a string (JSON-ready)."""
         return {str(r): [str(a) for a in actions] for r, actions in enumerate(self.ranks)}
-
-    def validate(self) -> None:
-        """Raise :class:`ScheduleError` unless every action can run exactly once; see :mod:`.validate`."""
-        from pipefill.schedules.validate import validate_schedule
-
-        validate_schedule(self)
-
-    def to_csv(self) -> str:
-        """torch's compute-only CSV: one row per rank, one action per cell (``_load_csv`` reads it)."""
-        from pipefill.schedules.csvio import dump_csv
-
-        return dump_csv(self)
-
-    @classmethod
-    def from_csv(
-        cls,
-        text: str,
-        *,
-        microbatches: int | None = None,
-        ranks: int | None = None,
-        name: str = "custom",
-        validate: bool = True,
-    ) -> Schedule:
-        """Read torch's compute-only CSV (empty cells are idle slots and are skipped); see :mod:`.csvio`."""
-        from pipefill.schedules.csvio import load_csv
-
-        return load_csv(text, microbatches=microbatches, ranks=ranks, name=name, validate=validate)
 
     @classmethod
     def from_orders(

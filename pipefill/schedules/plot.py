@@ -6,10 +6,8 @@ matplotlib is optional (the ``local`` extra); it is imported only when a picture
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pipefill.schedules.timeline import Timeline
+from pipefill.schedules.timeline import Timeline
 
 __all__ = ["plot_timeline"]
 

@@ -13,7 +13,7 @@ from pipefill.schedules.costs import Costs
 from pipefill.schedules.memory import MemoryModel, in_flight_after, peak_in_flight
 from pipefill.schedules.model import Kind, Schedule, ScheduleError
 from pipefill.schedules.timeline import ActionSpan, BubbleSpan, RankTimeline, Timeline
-from pipefill.schedules.validate import Key, dependencies, produces
+from pipefill.schedules.validate import Key, dependencies, produces, validate_schedule
 
 __all__ = ["simulate"]
 
@@ -28,7 +28,7 @@ def simulate(schedule: Schedule, costs: Costs, memory: MemoryModel | None = None
     a schedule you already validated; a deadlock is still reported).
     """
     if validate:
-        schedule.validate()
+        validate_schedule(schedule)
     spans = _run(schedule, costs)
     step_s = max((s[-1].end_s if s else 0.0) + costs.step_end_s for s in spans)
     ranks = tuple(_rank_timeline(schedule, costs, memory, r, spans[r], step_s) for r in range(schedule.num_ranks))
@@ -70,7 +70,7 @@ def _run(schedule: Schedule, costs: Costs) -> list[list[ActionSpan]]:
                 heads[rank] = i
                 moved = True
         if not moved:
-            schedule.validate()  # names the first action that can never run
+            validate_schedule(schedule)  # names the first action that can never run
             raise ScheduleError(f"schedule {schedule.name!r} deadlocks")  # pragma: no cover - validate raised
     return spans
 

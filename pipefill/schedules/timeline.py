@@ -117,12 +117,6 @@ class Timeline:
             return self.idle_s(rank) / self.step_s
         return sum(self.idle_s(r) for r in range(len(self.ranks))) / (len(self.ranks) * self.step_s)
 
-    def to_chrome_trace(self) -> dict[str, Any]:
-        """Chrome/Perfetto ``traceEvents`` JSON object (load in ui.perfetto.dev or chrome://tracing)."""
-        from pipefill.schedules.trace import chrome_trace
-
-        return chrome_trace(self)
-
     def to_dict(self, *, with_actions: bool = True) -> dict[str, Any]:
         """JSON-ready summary: schedule shape, step time, mean bubble fraction, and per rank its bubbles."""
         s = self.schedule

@@ -5,10 +5,9 @@ Open the file in https://ui.perfetto.dev or chrome://tracing. Times are microsec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipefill.schedules.timeline import Timeline
+from pipefill.schedules.timeline import Timeline
 
 __all__ = ["chrome_trace"]
 

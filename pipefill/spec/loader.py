@@ -1,4 +1,4 @@
-"""Load manifests from YAML and validate them exactly as admission would."""
+"""Load manifests from YAML and validate them exactly as admission would (plus the pipeline shape's rules)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import yaml
 from pipefill.spec._schema import from_obj
 from pipefill.spec.crd import GROUP, KINDS, VERSION, object_schema
 from pipefill.spec.filljob import FillJob
+from pipefill.spec.shape import shape_errors
 from pipefill.spec.training import PipelineTrainingJob
 from pipefill.spec.validation import FieldError, check_object
 
@@ -96,7 +97,10 @@ def validate(
             ],
         )
     obj.pop("status", None)  # the status subresource ignores status on create
-    return kind, name, check_object(object_schema(kind), obj, old)
+    errors = check_object(object_schema(kind), obj, old)
+    if not errors and kind == "PipelineTrainingJob":  # what the schema cannot say: the schedule's own rules
+        errors = shape_errors(from_obj(PipelineTrainingJob, obj))
+    return kind, name, errors
 
 
 def parse(obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None) -> Manifest:

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from pipefill import env as env_names
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -70,7 +72,7 @@ def start_producer(
     args += ["--cpu", str(cpu)] if cpu is not None else []
     args += ["--log", str(log)] if log is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "pipefill_fill.synthetic_trainer", *args],
+        [sys.executable, "-m", "pipefill.bench.synthetic_trainer", *args],
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         text=True,
@@ -82,13 +84,15 @@ def start_executor(
 ) -> subprocess.Popen[str]:
     """The fill executor (``python -m pipefill_fill``) of one rank, its work from the manifests in ``jobs``."""
     env = subprocess_env(
-        PIPEFILL_CHANNEL_DIR=str(channel),
-        PIPEFILL_WORK_SOURCE=f"files:{jobs}",
-        PIPEFILL_OUT_DIR=str(out),
-        PIPEFILL_RANK=str(rank),
-        PIPEFILL_DEVICE="cpu",
-        PIPEFILL_FILL_GUARD_MS="1",
+        **{
+            env_names.CHANNEL_DIR: str(channel),
+            env_names.WORK_SOURCE: f"files:{jobs}",
+            env_names.OUT_DIR: str(out),
+            env_names.RANK: str(rank),
+            env_names.DEVICE: "cpu",
+            env_names.FILL_GUARD_MS: "1",
+        },
     )
     if cpu is not None:
-        env["PIPEFILL_CPU_AFFINITY"] = str(cpu)
+        env[env_names.CPU_AFFINITY] = str(cpu)
     return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)

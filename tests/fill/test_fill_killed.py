@@ -19,8 +19,8 @@ import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
 
+from pipefill.events import FILL_EVENTS, CommitEvent, Event, FillEvent, SliceEvent, read_events
 from pipefill.spec import load_file
-from pipefill_fill.events import read_events
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -50,9 +50,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (task.spec.output_dir / "outputs.npy").read_bytes()
 
 
-def _events(out: Path) -> list[dict[str, Any]]:
-    path = out / "fill-events.jsonl"
-    return read_events(path) if path.exists() else []
+def _events(out: Path) -> list[Event]:
+    return read_events(out / FILL_EVENTS)
+
+
+def _slices(out: Path) -> list[SliceEvent]:
+    return [e for e in _events(out) if isinstance(e, SliceEvent)]
 
 
 def _status(jobs: Path) -> dict[str, Any]:
@@ -112,7 +115,7 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
         if rng.random() < 0.25:  # during start-up: attach, claim, recovery, profiling
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while it works: inside steps, commits, between slices
-            _wait("work", lambda d=log_dir: any(e["event"] == "bubble" and e["items"] for e in _events(d)), fill)
+            _wait("work", lambda d=log_dir: any(isinstance(e, FillEvent) and e.items for e in _events(d)), fill)
             time.sleep(rng.uniform(0.0, 1.0))
         if _status(jobs).get("phase") == "Succeeded":
             break
@@ -122,8 +125,8 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
     _stop([producer], [fill])
     assert kills >= 3
     _check_outputs(jobs, out, TOTAL, reference)
-    claims = [e for d in tmp_path.glob("fill-*") for e in _events(d) if e["event"] == "slice"]
-    assert any(e["phase"] == "claimed" and e["position"] > e["start"] for e in claims), "no kill left a slice half done"
+    claims = [e for d in tmp_path.glob("fill-*") for e in _slices(d)]
+    assert any(e.phase == "claimed" and e.position > e.start for e in claims), "no kill left a slice half done"
 
 
 def test_two_ranks_split_a_job_and_survive_a_sigkill(tmp_path: Path, reference: bytes) -> None:
@@ -140,7 +143,7 @@ def test_two_ranks_split_a_job_and_survive_a_sigkill(tmp_path: Path, reference: 
 
     def both_committed() -> bool:
         ranks_seen.update(a["rank"] for a in _status(jobs).get("assignments", []))
-        return all(any(e["event"] == "commit" for e in _events(tmp_path / f"fill-{r}")) for r in (0, 1))
+        return all(any(isinstance(e, CommitEvent) for e in _events(tmp_path / f"fill-{r}")) for r in (0, 1))
 
     _wait("both ranks to commit", both_committed, *fills, *producers)
     time.sleep(random.Random(7).uniform(0.0, 0.5))
@@ -150,15 +153,15 @@ def test_two_ranks_split_a_job_and_survive_a_sigkill(tmp_path: Path, reference: 
     _stop(producers, fills[:1])
     assert ranks_seen == {0, 1}  # the status showed both ranks at work
     _check_outputs(jobs, out, TOTAL, reference)
-    events = {r: _events(tmp_path / f"fill-{r}") for r in (0, 1)}
-    slices = {r: [e for e in events[r] if e["event"] == "slice"] for r in (0, 1)}
-    held = {(e["start"], e["end"]) for e in slices[1] if e["phase"] == "claimed"}
-    held -= {(e["start"], e["end"]) for e in slices[1] if e["phase"] == "done"}
+    slices = {r: _slices(tmp_path / f"fill-{r}") for r in (0, 1)}
+    held = {(e.start, e.end) for e in slices[1] if e.phase == "claimed"}
+    held -= {(e.start, e.end) for e in slices[1] if e.phase == "done"}
     assert len(held) <= 1  # none when the kill came between two slices
     for start, end in held:
-        taken_over = [e for e in slices[0] if e["phase"] == "claimed" and (e["start"], e["end"]) == (start, end)]
+        taken_over = [e for e in slices[0] if e.phase == "claimed" and (e.start, e.end) == (start, end)]
         assert len(taken_over) == 1, "rank 0 took over rank 1's slice"
-        committed_there = [e["position"] for e in events[1] if e["event"] == "commit" and e["slice"] == [start, end]]
-        assert taken_over[0]["position"] >= max(committed_there, default=start)  # resumed from rank 1's last commit
-    done_by = {r: [(e["start"], e["end"]) for e in slices[r] if e["phase"] == "done"] for r in (0, 1)}
+        commits = [e for e in _events(tmp_path / "fill-1") if isinstance(e, CommitEvent)]
+        committed_there = [e.position or 0 for e in commits if list(e.slice or ()) == [start, end]]
+        assert taken_over[0].position >= max(committed_there, default=start)  # resumed from rank 1's last commit
+    done_by = {r: [(e.start, e.end) for e in slices[r] if e.phase == "done"] for r in (0, 1)}
     assert sorted(done_by[0] + done_by[1]) == [(i * 750, i * 750 + 750) for i in range(8)]  # each slice once

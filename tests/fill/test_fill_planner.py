@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from pipefill.cli import main as cli_main
+from pipefill.cli.units import parse_duration_s, parse_size_bytes
 from pipefill.plan import (
     BubbleClass,
     JobProfile,
@@ -16,8 +17,6 @@ from pipefill.plan import (
     ProfilePoint,
     assign_jobs,
     classes_from_bubbles,
-    parse_duration_s,
-    parse_size_bytes,
     plan_class,
     plan_job,
 )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
 
-from pipefill_fill.events import read_events
+from pipefill.events import CommitEvent, ExitEvent, FillEvent, read_events
 from pipefill_fill.store import ProgressStore
 
 pytestmark = pytest.mark.slow
@@ -52,19 +52,19 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     assert rc == 0, err
     closes = {r["id"]: r for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())}
     events = read_events(tmp_path / "fill" / "fill-events.jsonl")
-    bubbles = [e for e in events if e["event"] == "bubble"]
-    assert len(bubbles) >= 70 and events[-1] == {**events[-1], "event": "exit", "reason": "trainer gone"}
-    worked = [b for b in bubbles if b["spans_ns"]]
-    assert len(worked) >= 40 and sum(b["items"] for b in bubbles) > 0
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    assert len(bubbles) >= 70 and events[-1] == ExitEvent(
+        reason="trainer gone", wall_s=events[-1].wall_s, mono_ns=events[-1].mono_ns, pid=events[-1].pid
+    )
+    worked = [b for b in bubbles if b.spans_ns]
+    assert len(worked) >= 40 and sum(b.items for b in bubbles) > 0
     for b in worked:
-        close_ns = closes[b["id"]]["close_ns"]
-        for start, end in b["spans_ns"]:
-            assert b["open_ns"] <= start < close_ns, f"bubble {b['id']}: a step started outside the bubble"
-            assert end - b["expected_end_ns"] < 100e6, (
-                f"bubble {b['id']}: a step ran {end - b['expected_end_ns']} ns over"
-            )
-        assert b["overrun_s"] < 0.1
-    committed = [e["end"] for e in events if e["event"] == "commit"]
+        close_ns = closes[b.id]["close_ns"]
+        for start, end in b.spans_ns:
+            assert b.open_ns <= start < close_ns, f"bubble {b.id}: a step started outside the bubble"
+            assert end - b.expected_end_ns < 100e6, f"bubble {b.id}: a step ran {end - b.expected_end_ns} ns over"
+        assert b.overrun_s < 0.1
+    committed = [e.end for e in events if isinstance(e, CommitEvent)]
     assert committed and committed[-1] > 0
     recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
     assert recovered.end == committed[-1] and recovered.adopted == 0 and recovered.removed == 0
@@ -79,7 +79,7 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     log = tmp_path / "fill" / "fill-events.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if log.exists() and any(e["event"] == "bubble" and e["items"] for e in read_events(log)):
+        if any(isinstance(e, FillEvent) and e.items for e in read_events(log)):
             break
         time.sleep(0.2)
     else:
@@ -91,9 +91,9 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     assert rc == 0, err
     assert time.monotonic() - t0 < 15
     events = read_events(log)
-    assert events[-1]["event"] == "exit" and events[-1]["reason"] == "trainer gone"
-    last_commit = [e for e in events if e["event"] == "commit"][-1]
-    assert last_commit.get("at") == "shutdown" and last_commit["end"] > 0
+    assert isinstance(events[-1], ExitEvent) and events[-1].reason == "trainer gone"
+    last_commit = [e for e in events if isinstance(e, CommitEvent)][-1]
+    assert last_commit.at == "shutdown" and last_commit.end > 0
     recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
-    assert recovered.end == last_commit["end"]
+    assert recovered.end == last_commit.end
     assert "stopping: trainer gone" in err

@@ -21,8 +21,9 @@ import yaml
 from rich.console import Console
 from test_local_run import _job
 
+from pipefill.events import CommitEvent, EventWriter, FillEvent, JobEvent, StepEvent, read_events
 from pipefill.local.live import LiveState, PlainView, RichView
-from pipefill.local.report import JsonlTail, build_report, rank_log_paths, read_jsonl
+from pipefill.local.report import build_report, rank_log_paths
 from pipefill.local.runner import RunOutcome
 from pipefill.spec import FillJob, load_file, load_training_job
 
@@ -91,35 +92,8 @@ def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
     assert all("fill embed-tiny " in line for line in status)
     status_file = json.loads((out / "filljobs" / "embed-tiny.status.json").read_text())
     assert f"fill embed-tiny {status_file['samplesDone']}/{FILL_TOTAL} {status_file['phase']}" in final
-    last_loss = read_jsonl(out / "ranks" / "0" / "trainer" / "events.jsonl")[-1]["loss"]
+    last_loss = [e for e in read_events(rank_log_paths(out, 0)[0]) if isinstance(e, StepEvent)][-1].loss
     assert f"loss {last_loss:.3f}" in final
-
-
-def test_tail_returns_each_complete_line_once_and_holds_a_partial_last_line(tmp_path: Path) -> None:
-    path = tmp_path / "log.jsonl"
-    tail = JsonlTail(path)
-    assert tail.read() == []  # not there yet
-    path.write_bytes(b'{"a":1}\n{"a":2}\n')
-    assert tail.read() == [{"a": 1}, {"a": 2}]
-    with path.open("ab") as fh:
-        fh.write(b'{"a":')
-    assert tail.read() == []  # a line being written waits for its newline
-    with path.open("ab") as fh:
-        fh.write(b'3}\n{"a":4}\n')
-    assert tail.read() == [{"a": 3}, {"a": 4}]
-    with path.open("r+b") as fh:  # change bytes already read: a tail reads on from its offset, never re-reads
-        fh.write(b'{"a":9}')
-    with path.open("ab") as fh:
-        fh.write(b'{"a":5}\n{"a":6}')
-    assert tail.read() == [{"a": 5}]
-    assert tail.read(final=True) == [{"a": 6}]  # the run is over: a last line that parses counts
-    replaced = tmp_path / "new.jsonl"
-    replaced.write_bytes(b'{"b":1}\n')
-    os.replace(replaced, path)  # a new file (a fresh run into the same place) is read from its start
-    assert tail.read() == [{"b": 1}]
-    with path.open("ab") as fh:
-        fh.write(b'{"torn\n{"b":2}\n')
-    assert tail.read() == [{"b": 2}]  # a torn line is skipped
 
 
 @pytest.mark.slow
@@ -148,31 +122,41 @@ def test_live_figures_fed_in_random_pieces_equal_the_report(
     report = build_report(job, out, outcome={})
     for rank in range(2):
         assert {"rank": rank, **state.ranks[rank].summary()} == report["ranks"][rank]
-    assert state.ranks[0].last_step == read_jsonl(rank_log_paths(out, 0)[0])[-1]
+    assert (
+        state.ranks[0].last_step == [e for e in read_events(rank_log_paths(out, 0)[0]) if isinstance(e, StepEvent)][-1]
+    )
     # both sides of the sums were exercised: bubbles measured, and fill work in some of them (on either rank)
     assert all(r["steps_measured"] > 0 for r in report["ranks"])
     assert sum(r["fill_bubbles_used"] for r in report["ranks"]) > 0
 
 
 def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> None:
-    state = LiveState(world_size=1, out_dir=tmp_path, work_dir=tmp_path, fills=[], steps=1)
     _, fill_log = rank_log_paths(tmp_path, 0)
-    fill_log.parent.mkdir(parents=True)
-    now = time.time()
+    log = EventWriter(fill_log)
 
-    def bubble(overrun_s: float, t_unix_s: float = now + 1) -> str:
-        return json.dumps(
-            {"event": "bubble", "t_unix_s": t_unix_s, "steps": 2, "woke_ns": 0, "yielded_ns": 1, "overrun_s": overrun_s}
-        )
+    def bubble(overrun_s: float) -> None:
+        log.write(
+            FillEvent(
+                id=0, kind="steady", open_ns=0, expected_end_ns=1, woke_ns=0, yielded_ns=1, steps=2, items=2,
+                used_s=1e-9, overrun_s=overrun_s,
+            )
+        )  # fmt: skip
 
-    fill_log.write_text(bubble(0.050, t_unix_s=now - 60) + "\n" + bubble(0.0002) + "\n" + bubble(0.004) + "\n")
+    bubble(0.050)  # written before the view started: history
+    written_s = read_events(fill_log)[0].wall_s
+    while time.time() <= written_s:  # the view starts strictly later (a coarse clock may need a moment)
+        pass
+    state = LiveState(world_size=1, out_dir=tmp_path, work_dir=tmp_path, fills=[], steps=1)
+    bubble(0.0002)
+    bubble(0.004)
     outcome = RunOutcome(code=1, reason="running", events=["12:00:00 rank0/fill-executor exited 1: restarted"])
     first = state.poll([], outcome)
     assert first[0] == outcome.events[0]
     # an overrun before the view started is history; one below the threshold is not worth a line
     assert len(first) == 2 and "overran 1 bubble(s), worst 4.0 ms" in first[1]
-    with fill_log.open("a") as fh:
-        fh.write(bubble(0.003) + "\n" + bubble(0.007) + "\n")
+    bubble(0.003)
+    bubble(0.007)
+    log.close()
     assert state.poll([], outcome) == []  # within the rate limit: held back
     last = state.poll([], outcome, final=True)
     assert len(last) == 1 and "overran 2 bubble(s), worst 7.0 ms" in last[0]
@@ -226,7 +210,7 @@ def test_ctrl_c_under_the_terminal_view_stops_everything_and_restores_the_termin
     reader.start()
     events = out / "ranks" / "0" / "trainer" / "events.jsonl"
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and sum(1 for e in read_jsonl(events) if e.get("type") == "step") < 4:
+    while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 4:
         time.sleep(0.2)
     time.sleep(0.5)  # a few ticks of the view with steps in it
     proc.send_signal(signal.SIGINT)
@@ -252,13 +236,13 @@ def test_a_split_jobs_phase_and_total_come_from_its_merged_status_not_the_last_r
     (work / "embed.status.json").write_text(json.dumps({"phase": "Succeeded", "samplesDone": 4096}))
     for rank, events in enumerate(
         [
-            [{"event": "commit", "job": "embed", "end": 4096}, {"event": "job", "job": "embed", "phase": "Succeeded"}],
-            [{"event": "commit", "job": "embed", "end": 2048}, {"event": "job", "job": "embed", "phase": "Running"}],
+            [CommitEvent(job="embed", end=4096, bytes=1, commit_s=0.0), JobEvent(job="embed", phase="Succeeded")],
+            [CommitEvent(job="embed", end=2048, bytes=1, commit_s=0.0), JobEvent(job="embed", phase="Running")],
         ]
     ):
-        _, fill_log = rank_log_paths(tmp_path, rank)
-        fill_log.parent.mkdir(parents=True)
-        fill_log.write_text("".join(json.dumps(e) + "\n" for e in events))
+        with EventWriter(rank_log_paths(tmp_path, rank)[1]) as log:
+            for e in events:
+                log.write(e)
     report = build_report(job, tmp_path, outcome={})
     assert report["fill_jobs"]["embed"] == {"committed": 4096, "total": 4096, "phase": "Succeeded"}
     # a job of an earlier run (not among this run's manifests) shows its manifest's total in the live view

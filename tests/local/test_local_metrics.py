@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_local_run import _job
 
+from pipefill.events import StepEvent, read_events
 from pipefill.local.metrics import ChildrenCollector, MetricsEndpoint
 from pipefill.local.procs import LocalProcess, free_port
-from pipefill.local.report import read_jsonl
 from pipefill.local.runner import RunOutcome
 
 LOCAL = [sys.executable, "-m", "pipefill", "local"]
@@ -138,7 +138,7 @@ def test_endpoint_during_a_tiny_run_serves_both_ranks_trainer_and_fill_series(tm
         assert url.startswith("http://127.0.0.1:"), url
         events = out / "ranks" / "1" / "trainer" / "events.jsonl"
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and sum(1 for e in read_jsonl(events) if e.get("type") == "step") < 3:
+        while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 3:
             time.sleep(0.2)
         while True:  # a fill executor may be down for a moment (crashed, being restarted): scrape until all answer
             samples = _samples(_get(url))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipefill.local.report import read_jsonl
+from pipefill.events import ActionEvent, StepEvent, read_events
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,17 +45,17 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "training finished" in done.stdout
     report = json.loads((out / "report.json").read_text())
-    steps = [e for e in read_jsonl(out / "ranks" / "0" / "trainer" / "events.jsonl") if e["type"] == "step"]
+    steps = [e for e in read_events(out / "ranks" / "0" / "trainer" / "events.jsonl") if isinstance(e, StepEvent)]
     assert report["steps"] == len(steps) == 8
-    assert report["loss_last"] == steps[-1]["loss"]
+    assert report["loss_last"] == steps[-1].loss
     assert 0 < report["bubble_fraction"] < 1
     trace = json.loads((out / "trace.json").read_text())
     actions = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["tid"] == 1]
     logged = sum(
         1
         for r in (0, 1)
-        for e in read_jsonl(out / "ranks" / str(r) / "trainer" / "events.jsonl")
-        if e["type"] == "action"
+        for e in read_events(out / "ranks" / str(r) / "trainer" / "events.jsonl")
+        if isinstance(e, ActionEvent)
     )
     assert len(actions) == logged
     assert (out / "report.md").read_text().count("| 0 |") == 1
@@ -91,7 +91,7 @@ def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> Non
     )
     events = out / "ranks" / "0" / "trainer" / "events.jsonl"
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and sum(1 for e in read_jsonl(events) if e.get("type") == "step") < 6:
+    while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 6:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
@@ -149,13 +149,13 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_stops_the_job(t
     )
     try:
         events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-        _wait_for(lambda: sum(1 for e in read_jsonl(events) if e.get("type") == "step") >= 3)
+        _wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3)
         fill_pid = _child_pid(out, 0, "fill-executor")
         assert fill_pid is not None
         os.kill(fill_pid, signal.SIGKILL)
         _wait_for(lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid))  # restarted: a new process
-        steps_then = sum(1 for e in read_jsonl(events) if e.get("type") == "step")
-        _wait_for(lambda: sum(1 for e in read_jsonl(events) if e.get("type") == "step") > steps_then + 2)
+        steps_then = sum(isinstance(e, StepEvent) for e in read_events(events))
+        _wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) > steps_then + 2)
         trainer_pid = _child_pid(out, 1, "trainer")
         assert trainer_pid is not None
         os.kill(trainer_pid, signal.SIGKILL)

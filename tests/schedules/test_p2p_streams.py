@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipefill.schedules import Kind, Schedule, build_schedule
+from pipefill.schedules import Kind, Schedule, build_schedule, load_csv
 from pipefill.schedules.validate import p2p_streams
 
 
@@ -95,7 +95,7 @@ def test_one_channel_per_rank_pair_mismatches_the_zero_bubble_schedules() -> Non
 
 
 def test_a_custom_schedule_consuming_in_another_order_is_valid_and_its_receives_follow_the_sender() -> None:
-    schedule = Schedule.from_csv("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")
+    schedule = load_csv("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")
     act, grad = p2p_streams(schedule)
     assert (act.src_stage, act.dst_stage, act.send_order, act.recv_order) == (0, 1, (0, 1), (1, 0))
     assert (grad.src_stage, grad.dst_stage, grad.send_order, grad.recv_order) == (1, 0, (1, 0), (0, 1))

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from pipefill.schedules import SCHEDULE_NAMES, Action, Costs, Kind, Schedule, ScheduleError, build_schedule, simulate
+from pipefill.schedules import (
+    SCHEDULE_NAMES,
+    Action,
+    Costs,
+    Kind,
+    ScheduleError,
+    build_schedule,
+    dump_csv,
+    load_csv,
+    simulate,
+)
 
 GPIPE_2x2 = "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n"
 
@@ -15,11 +25,11 @@ GPIPE_2x2 = "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n"
 )
 def test_csv_round_trips(name: str, v: int) -> None:
     schedule = build_schedule(name, ranks=4, microbatches=8, virtual_stages=v)
-    text = schedule.to_csv()
-    again = Schedule.from_csv(text, microbatches=8)
+    text = dump_csv(schedule)
+    again = load_csv(text, microbatches=8)
     assert again.ranks == schedule.ranks
     assert again.placement == schedule.placement
-    assert again.to_csv() == text
+    assert dump_csv(again) == text
     custom = build_schedule("custom", ranks=4, microbatches=8, csv_text=text)
     assert custom.ranks == schedule.ranks and custom.name == "custom"
 
@@ -31,7 +41,7 @@ def test_custom_schedule_simulates_like_the_generated_one() -> None:
 
 
 def test_idle_cells_and_blank_lines_are_skipped() -> None:
-    schedule = Schedule.from_csv(",0F0,,0F1,0B0,0B1\n1F0,1F1,1B0,,1B1\n\n")
+    schedule = load_csv(",0F0,,0F1,0B0,0B1\n1F0,1F1,1B0,,1B1\n\n")
     assert [str(a) for a in schedule.ranks[0]] == ["0F0", "0F1", "0B0", "0B1"]
     assert schedule.num_microbatches == 2 and schedule.placement == (0, 1)
 
@@ -63,14 +73,14 @@ def test_action_spelling() -> None:
 )
 def test_malformed_csv_names_row_and_action(text: str, microbatches: int | None, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
-        Schedule.from_csv(text, microbatches=microbatches)
+        load_csv(text, microbatches=microbatches)
 
 
 def test_out_of_rank_order_is_a_deadlock_naming_the_action() -> None:
     # rank 0 wants the gradient of microbatch 0 before sending microbatch 1 on, but rank 1 wants microbatch 1 first
     text = "0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n"
     with pytest.raises(ScheduleError) as info:
-        Schedule.from_csv(text)
+        load_csv(text)
     message = str(info.value)
     assert message.startswith("deadlock after 2 of 8 actions: ")
     assert "rank 0 (row 1), action #1 '0B0' can never run: it needs the input gradient of stage 1" in message
@@ -80,13 +90,13 @@ def test_out_of_rank_order_is_a_deadlock_naming_the_action() -> None:
 def test_backward_listed_before_its_forward_is_reported_on_the_same_rank() -> None:
     text = "0F0,0B1,0F1,0B0\n1F0,1F1,1B0,1B1\n"
     with pytest.raises(ScheduleError, match=r"action #1 '0B1' can never run: .*later on the same rank \(action #2\)"):
-        Schedule.from_csv(text)
+        load_csv(text)
 
 
 def test_weight_grad_before_input_grad_is_rejected() -> None:
     text = "0F0,0W0,0I0\n1F0,1B0\n"
     with pytest.raises(ScheduleError, match=r"'0W0' can never run: it needs the input-gradient backward '0I0'"):
-        Schedule.from_csv(text)
+        load_csv(text)
 
 
 def test_custom_needs_matching_ranks_and_csv() -> None:

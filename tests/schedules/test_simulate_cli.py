@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipefill.cli import main
-from pipefill.schedules import build_schedule
+from pipefill.schedules import build_schedule, dump_csv
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "pipefill" / "schedules" / "examples"
 FILL = EXAMPLES / "fill-1.3b-inference-h100.json"
@@ -104,7 +104,7 @@ def test_manifest_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
 
 def test_custom_schedule_from_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     csv_file = tmp_path / "s.csv"
-    csv_file.write_text(build_schedule("zbv", ranks=2, microbatches=4).to_csv())
+    csv_file.write_text(dump_csv(build_schedule("zbv", ranks=2, microbatches=4)))
     out = run_json(
         capsys,
         "--schedule",

@@ -16,6 +16,7 @@ from trainer_procs import launch, wait_all
 
 from pipefill import env
 from pipefill.channel import Bubble, BubbleRecord, Consumer
+from pipefill.events import BubbleEvent, RestartEvent, StepEvent, read_events
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.simulate import simulate
@@ -71,8 +72,7 @@ def run_job(spec: Path, out: Path, *, world: int = 2, args: tuple[str, ...] = ()
 
 
 def losses(events: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in events.read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in recs if r["type"] == "step"}
+    return {e.step: e.loss for e in read_events(events) if isinstance(e, StepEvent)}
 
 
 def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> None:
@@ -84,6 +84,9 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
     run_job(part, tmp_path / "part-out2")  # resumes at step 3
     expected, resumed = losses(tmp_path / "whole-out" / "events.jsonl"), losses(tmp_path / "part-out2" / "events.jsonl")
     assert sorted(resumed) == [3, 4, 5]
+    restarts = [e for e in read_events(tmp_path / "part-out2" / "events.jsonl") if isinstance(e, RestartEvent)]
+    assert {(e.step, e.checkpoint) for e in restarts} == {(3, str(tmp_path / "part-ckpt"))}
+    assert len({e.pid for e in restarts}) == len(restarts) == 2  # each rank (both log into one directory here)
     for step, loss in resumed.items():
         assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
@@ -122,13 +125,13 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     assert profile["replay"] is True
     timeline = simulate(build_schedule("1f1b", ranks=4, microbatches=4), Costs.from_profile(profile))
     predicted = timeline.bubbles(1)
-    recs = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    recs = [e for e in read_events(out / "events.jsonl") if isinstance(e, BubbleEvent)]
     # Judge the last three steps together: one step's wait can vanish when its compute runs long on a busy core.
     steps = (5, 6, 7)
     measured: dict[int, list[tuple[str, float]]] = {}
     for r in recs:
-        if r["type"] == "bubble" and r["step"] in steps:
-            measured.setdefault(r["idx"], []).append((r["kind"], (r["end_ns"] - r["start_ns"]) / 1e9))
+        if r.step in steps:
+            measured.setdefault(r.idx, []).append((r.kind, (r.end_ns - r.start_ns) / 1e9))
     noise_floor_s = 0.002  # shorter predicted gaps can shift to a neighbouring action or vanish on a busy core
     checked = [b for b in predicted if b.duration_s >= noise_floor_s]
     assert checked, predicted
@@ -140,12 +143,12 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     idle_per_step_s = sum(d for seen in measured.values() for _, d in seen) / len(steps)
     assert idle_per_step_s == pytest.approx(sum(b.duration_s for b in predicted), rel=0.5), (predicted, measured)
     # the consumer saw exactly the announced bubbles, with their kinds, steps and predicted durations
-    announced = [r for r in recs if r["type"] == "bubble" and r["announced"]]
+    announced = [r for r in recs if r.announced]
     assert announced, "no bubble was announced"
-    assert [(str(h.kind), h.step) for h in history] == [(r["kind"], r["step"]) for r in announced]
+    assert [(str(h.kind), h.step) for h in history] == [(r.kind, r.step) for r in announced]
     for h, r in zip(history, announced, strict=True):
-        assert h.predicted_s == pytest.approx(r["predicted_s"], abs=1e-6)
-        assert h.actual_s == pytest.approx((r["end_ns"] - r["start_ns"]) / 1e9, abs=1e-3)
+        assert h.predicted_s == pytest.approx(r.predicted_s, abs=1e-6)
+        assert h.actual_s == pytest.approx((r.end_ns - r.start_ns) / 1e9, abs=1e-3)
     late = {str(h.kind) for h in history if h.step in steps}
     assert late >= {b.kind for b in checked}  # plus slots learned from measured waits
     # live: a woken consumer sees most bubbles while they are open (a short one may close before it looks)
@@ -163,7 +166,7 @@ def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Pa
     try:
         deadline = time.monotonic() + 60
         events = out / "events.jsonl"
-        while time.monotonic() < deadline and (not events.exists() or events.read_text().count('"type":"step"') < 3):
+        while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 3:
             assert procs[0].poll() is None, procs[0].communicate()[0]
             time.sleep(0.2)
         procs[1].send_signal(signal.SIGKILL)

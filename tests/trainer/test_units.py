@@ -52,7 +52,7 @@ def test_text_and_token_file_data_are_memory_mapped_and_deterministic(tmp_path: 
     text = tmp_path / "t.txt"
     text.write_text("hello world, " * 100)
     src = TokenSource(
-        Data(source=DataSource.TEXT, path=str(text)), vocab_size=256, seq_len=8, global_batch=4, data_parallel=2
+        Data(source=DataSource.TEXT, path=str(text)), vocab_size=256, seq_len=8, replica_batch=2, replicas=2
     )
     a, b = src.batch(3, dp_rank=1), src.batch(3, dp_rank=1)
     assert torch.equal(a[0], b[0]) and a[0].shape == (2, 8) and torch.equal(a[0][:, 1:], a[1][:, :-1])
@@ -60,7 +60,7 @@ def test_text_and_token_file_data_are_memory_mapped_and_deterministic(tmp_path: 
     tokens = tmp_path / "tok.bin"
     (torch.arange(1000, dtype=torch.int16) % 50).numpy().astype("uint16").tofile(tokens)
     src = TokenSource(
-        Data(source=DataSource.TOKEN_FILE, path=str(tokens)), vocab_size=50, seq_len=8, global_batch=2, data_parallel=1
+        Data(source=DataSource.TOKEN_FILE, path=str(tokens)), vocab_size=50, seq_len=8, replica_batch=2, replicas=1
     )
     x, y = src.batch(0, dp_rank=0)
     assert int(x.max()) < 50 and torch.equal((x[:, 1:]), y[:, :-1])

@@ -30,12 +30,16 @@ def decode(tokens: list[int]) -> str:
 
 
 class TokenSource:
-    """Deterministic batches of one data-parallel replica: ``batch(step)`` → (tokens, targets), each (N, T)."""
+    """Deterministic batches of one data-parallel replica: ``batch(step)`` → (tokens, targets), each (N, T).
 
-    def __init__(self, data: Data, *, vocab_size: int, seq_len: int, global_batch: int, data_parallel: int) -> None:
+    ``replica_batch``: samples per step of one replica (N, the pipeline shape's); ``replicas``: how many replicas
+    share the step's samples (their batches are disjoint slices of the same ``replica_batch × replicas`` draw).
+    """
+
+    def __init__(self, data: Data, *, vocab_size: int, seq_len: int, replica_batch: int, replicas: int) -> None:
         self.source, self.seed = DataSource(data.source), data.seed
         self.vocab_size, self.seq_len = vocab_size, seq_len
-        self.global_batch, self.per_replica = global_batch, global_batch // data_parallel
+        self.global_batch, self.per_replica = replica_batch * replicas, replica_batch
         self._tokens: np.ndarray | None = None
         if self.source != DataSource.SYNTHETIC:
             path = Path(data.path or "")

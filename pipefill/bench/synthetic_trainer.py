@@ -1,11 +1,11 @@
 """A synthetic trainer for tests and benchmarks: the real channel producer in a loop of fixed-length bubbles and
-fixed-length "compute", standing in for a pipeline stage on one core.
+fixed-length "compute", standing in for a pipeline stage on one core (torch-free: it needs only the channel).
 
 During a bubble it sleeps until the bubble's absolute end (as a stage blocked on its peer's data, which arrives at a
 fixed time whatever the fill does), then closes it; during compute it spins on the CPU (as a stage computing). Every
 bubble's open/close times go to a JSONL log, CLOCK_MONOTONIC ns, to compare with the fill's event log.
 
-usage: python -m pipefill_fill.synthetic_trainer --channel-dir D --bubbles-ms 20,50 --compute-ms 10 --count 100
+usage: python -m pipefill.bench.synthetic_trainer --channel-dir D --bubbles-ms 20,50 --compute-ms 10 --count 100
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _sleep_until(t_ns: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pipefill_fill.synthetic_trainer", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pipefill.bench.synthetic_trainer", description=__doc__)
     p.add_argument("--channel-dir", required=True, type=Path)
     p.add_argument("--bubbles-ms", default="20", help="bubble lengths, cycled (comma-separated ms)")
     p.add_argument("--compute-ms", type=float, default=10.0, help="spin this long between bubbles")

@@ -1,8 +1,9 @@
-"""``python -m pipefill_fill.naive``: naive co-location — the fill workload run back to back, bubbles ignored.
+"""``python -m pipefill_fill.bench_worker``: naive co-location — the fill workload run back to back, bubbles ignored.
 
-The stand-in for GPU time-slicing without coordination in ``pipefill bench colocation`` (mode C): the same FillJob
-runs at the same OS priority on the trainer's core (or GPU) the whole time, as two uncoordinated processes sharing a
-device would. Only the runner differs from the fill executor's: start-up is the executor's own
+The fill image's one benchmark worker; only benchmarks start it, the executor's runtime never imports it. The stand-in
+for GPU time-slicing without coordination in ``pipefill bench colocation`` (mode C, :mod:`pipefill.bench.colocation`):
+the same FillJob runs at the same OS priority on the trainer's core (or GPU) the whole time, as two uncoordinated
+processes sharing a device would. Only the runner differs from the fill executor's: start-up is the executor's own
 (:func:`pipefill_fill.__main__.main`: the environment contract, CPU pinning, channel attach, device selection, memory
 cap, work source, metrics, event log), so both sides of the comparison share every setting. :class:`NaiveRunner` takes
 the first job it can acquire, profiles it (or loads the profile cache), and runs ``step`` at the batch size of the
@@ -24,6 +25,7 @@ import time
 
 import torch
 
+from pipefill.events import CommitEvent, ExitEvent, JobEvent, ProfileEvent, WorkEvent
 from pipefill.plan import ProfilePoint
 from pipefill.spec import FillJobPhase
 from pipefill_fill.profiler import profile_task
@@ -65,7 +67,7 @@ class NaiveRunner:
                 self._run_job(spec)
             elif not self._trainer_gone():
                 time.sleep(0.5)
-        self.events.write("exit", reason=self._stop)
+        self.events.write(ExitEvent(reason=self._stop))
         self.source.close()
         return 0
 
@@ -104,11 +106,13 @@ class NaiveRunner:
                 {"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in profile.points
             ]
             self.events.write(
-                "profile", job=name, cached=profile.cached, device=profile.device_key, points=points, batch_size=batch
+                ProfileEvent(
+                    job=name, cached=profile.cached, device=profile.device_key, points=points, batch_size=batch
+                )
             )
             if batch is None:
                 raise ValueError(f"no profiled batch size fits the memory budget of {budget} bytes")
-            self.events.write("job", job=name, phase="Running", committed=recovered.end, total=spec.total)
+            self.events.write(JobEvent(job=name, phase="Running", committed=recovered.end, total=spec.total))
             self.source.report(
                 name, ProgressReport(FillJobPhase.RUNNING, recovered.end, spec.total, start_time=started)
             )
@@ -138,7 +142,7 @@ class NaiveRunner:
             self._record_work(name, span_ns, time.monotonic_ns(), steps, items)
         if task.done():
             task.finish()
-            self.events.write("job", job=name, phase="Succeeded", committed=task.committed, total=total)
+            self.events.write(JobEvent(job=name, phase="Succeeded", committed=task.committed, total=total))
             report = ProgressReport(
                 FillJobPhase.SUCCEEDED, task.committed, total, start_time=started, completion_time=now_rfc3339()
             )
@@ -146,11 +150,11 @@ class NaiveRunner:
             log.info("job %s: succeeded (%d/%d)", name, task.committed, total)
             return
         written = task.commit()  # stopping: make what is done durable, so a restart continues from there
-        self.events.write("commit", job=name, end=task.committed, bytes=written, commit_s=0.0, at="shutdown")
+        self.events.write(CommitEvent(job=name, end=task.committed, bytes=written, commit_s=0.0, at="shutdown"))
         self.source.report(name, ProgressReport(FillJobPhase.RUNNING, task.committed, total, start_time=started))
 
     def _record_work(self, name: str, start_ns: int, end_ns: int, steps: int, items: int) -> None:
-        self.events.write("work", job=name, start_ns=start_ns, end_ns=end_ns, steps=steps, items=items)
+        self.events.write(WorkEvent(job=name, start_ns=start_ns, end_ns=end_ns, steps=steps, items=items))
         self.metrics.items.labels(name).inc(items)
 
     def _commit(self, task: FillTask, started: str) -> None:
@@ -160,7 +164,7 @@ class NaiveRunner:
         commit_s = (time.monotonic_ns() - t0) / 1e9
         self.metrics.commits.labels(name).inc()
         self.metrics.committed_items.labels(name).set(task.committed)
-        self.events.write("commit", job=name, end=task.committed, bytes=written, commit_s=commit_s)
+        self.events.write(CommitEvent(job=name, end=task.committed, bytes=written, commit_s=commit_s))
         if time.monotonic() - self._reported_at >= 2.0:
             self._reported_at = time.monotonic()
             report = ProgressReport(FillJobPhase.RUNNING, task.committed, task.spec.total, start_time=started)
@@ -169,7 +173,7 @@ class NaiveRunner:
     def _fail(self, spec: TaskSpec, message: str, *, committed: int) -> None:
         log.error("job %s: failed: %s", spec.name, message)
         self.failed.add(spec.name)
-        self.events.write("job", job=spec.name, phase="Failed", message=message)
+        self.events.write(JobEvent(job=spec.name, phase="Failed", message=message))
         self.source.report(spec.name, ProgressReport(FillJobPhase.FAILED, committed, spec.total, message=message))
 
 

@@ -1,10 +1,13 @@
-"""Durations and sizes as people write them on a command line (``250ms``, ``6GiB``), with errors that name the flag."""
+"""Durations and sizes as people write them on a command line (``250ms``, ``6GiB``), with errors that name the flag.
+
+Sizes follow the Kubernetes quantity grammar of the spec (:func:`pipefill.spec.parse_bytes`), plus a trailing ``B``.
+"""
 
 from __future__ import annotations
 
 import re
 
-from pipefill.spec.quantity import parse_bytes
+from pipefill.spec import parse_bytes
 
 __all__ = ["parse_duration_s", "parse_size_bytes"]
 

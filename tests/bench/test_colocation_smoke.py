@@ -17,8 +17,9 @@ import pytest
 import torch
 import yaml
 
-from pipefill.local import colocation
-from pipefill.local.report import read_jsonl
+from pipefill import env
+from pipefill.bench import colocation
+from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, WorkEvent, read_events
 from pipefill.spec import load_file
 
 RUN_KEYS = {
@@ -79,6 +80,7 @@ def test_quick_run_measures_all_three_modes_consistently() -> None:
         (["--replay", "--replay-stages", "0,8"], "--replay-stages"),
         (["--cores", "0"], "need one core each"),
         (["--warmup-steps", "2"], "--warmup-steps"),
+        (["--microbatches", "1"], "spec.pipeline.microbatches: Invalid value: 1: schedule '1f1b' needs"),
     ],
 )
 def test_bad_options_are_refused_with_the_option_named(
@@ -148,28 +150,28 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     jobs, out, log = tmp_path / "jobs", tmp_path / "out", tmp_path / "fill" / "fill-events.jsonl"
     _fill_job(jobs, out)
     cpu = str(min(os.sched_getaffinity(0)))
-    env = {
+    environ = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PIPEFILL_CHANNEL_DIR": str(tmp_path / "channel"),
-        "PIPEFILL_WORK_SOURCE": f"files:{jobs}",
-        "PIPEFILL_OUT_DIR": str(tmp_path / "fill"),
-        "PIPEFILL_DEVICE": "cpu",
-        "PIPEFILL_CPU_AFFINITY": cpu,
+        env.CHANNEL_DIR: str(tmp_path / "channel"),
+        env.WORK_SOURCE: f"files:{jobs}",
+        env.OUT_DIR: str(tmp_path / "fill"),
+        env.DEVICE: "cpu",
+        env.CPU_AFFINITY: cpu,
     }
     producer = subprocess.Popen(
-        [sys.executable, "-m", "pipefill_fill.synthetic_trainer", "--channel-dir", str(tmp_path / "channel"),
+        [sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(tmp_path / "channel"),
          "--bubbles-ms", "5", "--compute-ms", "5", "--count", "1000000", "--cpu", cpu],
-        env=env, stdout=subprocess.DEVNULL,
+        env=environ, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    naive_cmd = [sys.executable, "-m", "pipefill_fill.naive"]
+    naive_cmd = [sys.executable, "-m", "pipefill_fill.bench_worker"]
     try:
-        first = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.DEVNULL)
-        _wait_for("a commit", lambda: any(e["event"] == "commit" for e in read_jsonl(log)))
+        first = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.DEVNULL)
+        _wait_for("a commit", lambda: any(isinstance(e, CommitEvent) for e in read_events(log)))
         first.send_signal(signal.SIGKILL)  # mid-work, uncommitted samples in flight
         first.wait(timeout=10)
-        committed_at_kill = max(e["end"] for e in read_jsonl(log) if e["event"] == "commit")
-        second = subprocess.Popen(naive_cmd, env=env, stderr=subprocess.PIPE, text=True)
+        committed_at_kill = max(e.end for e in read_events(log) if isinstance(e, CommitEvent))
+        second = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.PIPE, text=True)
         status = jobs / "enc.status.json"
         _wait_for(
             "the job to succeed", lambda: status.exists() and json.loads(status.read_text())["phase"] == "Succeeded"
@@ -180,13 +182,13 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     _, err = second.communicate(timeout=30)
     assert second.returncode == 0, err
     assert "stopping: trainer gone" in err
-    events = read_jsonl(log)
-    resumed = [e for e in events if e["event"] == "job" and e["phase"] == "Running"]
-    assert resumed[-1]["committed"] >= committed_at_kill > 0
-    assert not any(e["event"] == "bubble" for e in events)  # it never waited for one
-    assert {e["batch_size"] for e in events if e["event"] == "profile"} == {4}
-    work = [e["items"] for e in events if e["event"] == "work" and e["pid"] == second.pid]
-    assert sum(work) == TOTAL - resumed[-1]["committed"]  # the restart did exactly what was left
+    events = read_events(log)
+    resumed = [e.committed or 0 for e in events if isinstance(e, JobEvent) and e.phase == "Running"]
+    assert resumed[-1] >= committed_at_kill > 0
+    assert not any(isinstance(e, FillEvent) for e in events)  # it never waited for one
+    assert {e.batch_size for e in events if isinstance(e, ProfileEvent)} == {4}
+    work = [e.items for e in events if isinstance(e, WorkEvent) and e.pid == second.pid]
+    assert sum(work) == TOTAL - resumed[-1]  # the restart did exactly what was left
     rows = read_outputs(out)
     assert rows["sample_id"].tolist() == list(range(TOTAL))  # every sample exactly once, in order
     assert rows.tobytes() == _reference_outputs(tmp_path).tobytes()  # byte-identical to an uninterrupted run

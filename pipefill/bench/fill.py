@@ -1,6 +1,7 @@
 """``pipefill bench fill``: how much of each bubble the fill executor uses, and how far it overruns.
 
-For each bubble length, a synthetic trainer (the real channel producer in another process) emits bubbles of that
+For each bubble length, a synthetic trainer (:mod:`pipefill.bench.synthetic_trainer`: the real channel producer in
+another process) emits bubbles of that
 length, each followed by fixed-length compute, pinned to the same core as the fill executor running
 ``encoder-inference``. Recovery = the fill's busy seconds ÷ offered bubble seconds; overrun = how long after a
 bubble's expected end the fill yielded. Bubbles before the workload's profile is complete are left out (profiling runs
@@ -20,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from pipefill_fill.events import read_events
+from pipefill import env
+from pipefill.events import FILL_EVENTS, FillEvent, read_events
 
 __all__ = ["main"]
 
@@ -48,34 +50,33 @@ def _run_one(
         },
     }
     (jobs / "bench.yaml").write_text(yaml.safe_dump(job))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    fill_env = dict(
-        env,
-        PIPEFILL_CHANNEL_DIR=str(work / "channel"),
-        PIPEFILL_WORK_SOURCE=f"files:{jobs}",
-        PIPEFILL_OUT_DIR=str(work / "fill"),
-        PIPEFILL_DEVICE="cpu",
-        PIPEFILL_CPU_AFFINITY=str(cpu),
-        PIPEFILL_FILL_GUARD_MS=os.environ.get("PIPEFILL_FILL_GUARD_MS", "1"),
-        PIPEFILL_LOG_LEVEL="WARNING",
-    )
+    environ = dict(os.environ, OMP_NUM_THREADS="1")
+    fill_env = {
+        **environ,
+        env.CHANNEL_DIR: str(work / "channel"),
+        env.WORK_SOURCE: f"files:{jobs}",
+        env.OUT_DIR: str(work / "fill"),
+        env.DEVICE: "cpu",
+        env.CPU_AFFINITY: str(cpu),
+        env.FILL_GUARD_MS: os.environ.get(env.FILL_GUARD_MS, "1"),
+        env.LOG_LEVEL: "WARNING",
+    }
     count = max(40, int(seconds / ((bubble_ms + compute_ms) / 1e3)))
     fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
     producer = [
-        sys.executable, "-m", "pipefill_fill.synthetic_trainer", "--channel-dir", str(work / "channel"),
+        sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
         "--bubbles-ms", str(bubble_ms), "--compute-ms", str(compute_ms), "--count", str(count), "--cpu", str(cpu),
     ]  # fmt: skip
-    subprocess.run(producer, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(producer, env=environ, check=True, stdout=subprocess.DEVNULL)
     fill.wait(timeout=120)
-    events = read_events(work / "fill" / "fill-events.jsonl")
-    bubbles = [e for e in events if e["event"] == "bubble"]
-    first = next((i for i, b in enumerate(bubbles) if b["batch_size"] is not None), len(bubbles))
+    bubbles = [e for e in read_events(work / "fill" / FILL_EVENTS) if isinstance(e, FillEvent)]
+    first = next((i for i, b in enumerate(bubbles) if b.batch_size is not None), len(bubbles))
     measured = bubbles[first:]
-    offered = sum((b["expected_end_ns"] - b["open_ns"]) / 1e9 for b in measured)
-    busy = sum(b["used_s"] for b in measured)
-    overruns = [b["overrun_s"] * 1e3 for b in measured if b["steps"]]
-    switch = [(b["woke_ns"] - b["open_ns"]) / 1e6 for b in measured]
-    batches = sorted({b["batch_size"] for b in measured if b["batch_size"]})
+    offered = sum((b.expected_end_ns - b.open_ns) / 1e9 for b in measured)
+    busy = sum(b.used_s for b in measured)
+    overruns = [b.overrun_s * 1e3 for b in measured if b.steps]
+    switch = [(b.woke_ns - b.open_ns) / 1e6 for b in measured]
+    batches = sorted({b.batch_size for b in measured if b.batch_size})
     return {
         "bubble_ms": bubble_ms,
         "recovery": round(busy / offered, 4) if offered else 0.0,
@@ -84,8 +85,8 @@ def _run_one(
         "target_overrun_ms": max(2.0, 0.05 * bubble_ms),
         "wakeup_p50_ms": round(_quantile(switch, 0.5), 3),
         "bubbles": len(measured),
-        "bubbles_used": sum(1 for b in measured if b["steps"]),
-        "samples": sum(b["items"] for b in measured),
+        "bubbles_used": sum(1 for b in measured if b.steps),
+        "samples": sum(b.items for b in measured),
         "batch_sizes": batches,
         "fill_exit_code": fill.returncode,
     }

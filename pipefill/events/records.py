@@ -1,0 +1,256 @@
+"""The event log's records: one frozen dataclass per event, shared by the trainer, the fill executor and every reader.
+
+Every record carries the writer's two clocks, stamped when it is written: ``wall_s`` (``time.time()``: comparable
+across nodes) and ``mono_ns`` (``time.monotonic_ns()``: the clock of every ``*_ns`` field, good for durations and for
+lining up the processes of one machine). :meth:`Event.wall_of` puts any ``*_ns`` field of a record on the wall clock.
+The format (one JSON object per line, ``event`` naming the record) is documented in ``docs/events.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "EVENT_TYPES",
+    "ActionEvent",
+    "AssignEvent",
+    "BubbleEvent",
+    "CommitEvent",
+    "Event",
+    "ExitEvent",
+    "FillEvent",
+    "JobEvent",
+    "ProfileEvent",
+    "RestartEvent",
+    "SliceEvent",
+    "StartEvent",
+    "StepEvent",
+    "WorkEvent",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """The stamp every record carries; set by :class:`~pipefill.events.log.EventWriter` when it writes the record."""
+
+    EVENT: ClassVar[str] = ""
+    wall_s: float = 0.0
+    """wall-clock seconds (Unix time) when the record was written"""
+    mono_ns: int = 0
+    """CLOCK_MONOTONIC ns at the same moment"""
+    pid: int = 0
+    """the writing process"""
+
+    def wall_of(self, t_ns: int) -> float:
+        """A ``*_ns`` time of this record (same process, monotonic clock) as wall-clock seconds."""
+        return self.wall_s + (t_ns - self.mono_ns) / 1e9
+
+
+# --- the trainer ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepEvent(Event):
+    """One optimizer step of a rank."""
+
+    EVENT = "step"
+    step: int
+    loss: float
+    """mean over the global batch"""
+    step_s: float
+    """wall seconds from the first action to the optimizer step"""
+    tokens_per_s: float
+    """of the whole job"""
+    start_ns: int
+    """when the step began"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActionEvent(Event):
+    """The compute span of action ``idx`` of the rank's order (torch spelling ``<stage><kind><mb>``)."""
+
+    EVENT = "action"
+    step: int
+    idx: int
+    action: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BubbleEvent(Event):
+    """A wait of the trainer: ``idx`` is the action it precedes (``len(actions)``: the end of the step)."""
+
+    EVENT = "bubble"
+    step: int
+    idx: int
+    kind: str
+    """warm-up, steady, cool-down or end-of-step"""
+    start_ns: int
+    end_ns: int
+    predicted_s: float
+    """the prediction at that moment"""
+    announced: bool
+    """offered on the bubble channel"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestartEvent(Event):
+    """The trainer resumed from a checkpoint (a restarted job, or a new generation of its gang)."""
+
+    EVENT = "restart"
+    step: int
+    """the step it continues from"""
+    checkpoint: str
+    """the checkpoint directory"""
+
+
+# --- the fill executor ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartEvent(Event):
+    """The fill executor attached and is set up."""
+
+    EVENT = "start"
+    device: str
+    cpus: Sequence[int] | None = None
+    memory_budget_bytes: int
+    memory_fraction: float | None = None
+    guard_s: float
+    training_job: str
+    rank: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobEvent(Event):
+    """A fill job changed phase on this executor (Running, Succeeded, Failed, Queued)."""
+
+    EVENT = "job"
+    job: str
+    phase: str
+    committed: int | None = None
+    total: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SliceEvent(Event):
+    """A slice of a fill job was claimed or finished; ``position`` is its commit pointer."""
+
+    EVENT = "slice"
+    job: str
+    start: int
+    end: int
+    phase: str
+    """claimed or done"""
+    position: int
+    adopted: int | None = None
+    """commits the recovery adopted"""
+    removed: int | None = None
+    """files the recovery removed"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileEvent(Event):
+    """A fill job's profile (step time and peak memory per batch size) is complete."""
+
+    EVENT = "profile"
+    job: str
+    cached: bool
+    device: str
+    points: Sequence[Mapping[str, Any]]
+    """``batch_size``, ``step_s``, ``peak_bytes`` each"""
+    batch_size: int | None = None
+    """the one the naive runner runs (benchmark only)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AssignEvent(Event):
+    """Which job each bubble class goes to."""
+
+    EVENT = "assign"
+    classes: Mapping[str, str | None]
+    """class length (``"12.500ms"``) → job"""
+    jobs: Sequence[str]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FillEvent(Event):
+    """One announced bubble as the fill executor saw and used it."""
+
+    EVENT = "fill"
+    id: int
+    kind: str
+    open_ns: int
+    expected_end_ns: int
+    woke_ns: int
+    yielded_ns: int
+    free_bytes: int | None = None
+    job: str | None = None
+    batch_size: int | None = None
+    """None while the job is being profiled"""
+    steps: int
+    items: int
+    used_s: float
+    overrun_s: float
+    """how long after the expected end it yielded (0 when no step ran)"""
+    commit_s: float = 0.0
+    stop: str | None = None
+    """why the last step was not started: time, closed, done, profiling, idle, short, memory, error"""
+    spans_ns: Sequence[Sequence[int]] = ()
+    """[start, end] of every step"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommitEvent(Event):
+    """Fill progress made durable: ``end`` is the job's committed units over all slices."""
+
+    EVENT = "commit"
+    job: str
+    end: int
+    slice: Sequence[int] | None = None
+    position: int | None = None
+    bytes: int
+    commit_s: float
+    at: str | None = None
+    """``shutdown`` for the final commit"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkEvent(Event):
+    """Naive co-location (benchmark): steps run back to back in ``[start_ns, end_ns)``, bubbles ignored."""
+
+    EVENT = "work"
+    job: str
+    start_ns: int
+    end_ns: int
+    steps: int
+    items: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExitEvent(Event):
+    """The fill executor stops (trainer gone, SIGTERM)."""
+
+    EVENT = "exit"
+    reason: str
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.EVENT: cls
+    for cls in (
+        StepEvent,
+        ActionEvent,
+        BubbleEvent,
+        RestartEvent,
+        StartEvent,
+        JobEvent,
+        SliceEvent,
+        ProfileEvent,
+        AssignEvent,
+        FillEvent,
+        CommitEvent,
+        WorkEvent,
+        ExitEvent,
+    )
+}
+"""event name → record class"""
