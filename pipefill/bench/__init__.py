@@ -9,6 +9,7 @@ channel producer standing in for a trainer (``pipefill bench fill`` and tests).
 
 BENCHMARKS: dict[str, str] = {
     "channel": "pipefill.bench.channel",
+    "cluster": "pipefill.bench.cluster",
     "colocation": "pipefill.bench.colocation",
     "fill": "pipefill.bench.fill",
     "scheduler": "pipefill.queue.bench",

@@ -87,17 +87,39 @@ def loader_rejects(manifest: dict[str, Any]) -> set[str]:
     return set()
 
 
-# Which layer must reject each case: "admission" (the CRD's schema and CEL rules; both layers) or "operator" (needs
-# what admission cannot see; the loader and the operator reject it, the API server accepts it).
-LAYER: dict[str, str] = {case_id: "admission" for case_id, *_ in CASES}
+# Cases admission cannot hold (no CEL rule can say them): the API server accepts them, `pipefill validate` (and the
+# operator, through the same pipefill.spec.shape checks) rejects them naming the field.
+_PTJ: dict[str, Any] = _CORPUS.PTJ
+OPERATOR_CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "layers-per-stage-sum",
+        _CORPUS._with(_PTJ, spec__pipeline__layersPerStage=[1, 1]),
+        "spec.pipeline.layersPerStage",
+        "sum equal to the model's 4 layers",
+    ),
+    (
+        "layers-per-stage-zero",
+        _CORPUS._with(_PTJ, spec__pipeline__layersPerStage=[0, 4]),
+        "spec.pipeline.layersPerStage",
+        "needs every entry ≥ 1",
+    ),
+]
+# Which layer must reject each case: "admission" (the CRD's schema and CEL rules; both layers) or "operator".
+LAYER: dict[str, str] = {case_id: "admission" for case_id, *_ in CASES} | {c[0]: "operator" for c in OPERATOR_CASES}
 
 
-@pytest.mark.parametrize(("case_id", "manifest", "field"), [c[:3] for c in CASES], ids=[c[0] for c in CASES])
+ALL_CASES = CASES + OPERATOR_CASES
+
+
+@pytest.mark.parametrize(("case_id", "manifest", "field"), [c[:3] for c in ALL_CASES], ids=[c[0] for c in ALL_CASES])
 def test_both_layers_agree_on_each_malformed_manifest(
     custom: client.CustomObjectsApi, case_id: str, manifest: dict[str, Any], field: str
 ) -> None:
     server, local = server_rejects(custom, manifest), loader_rejects(manifest)
     assert field in local
+    rule = next(c[3] for c in ALL_CASES if c[0] == case_id)
+    with pytest.raises(SpecError, match=re.escape(rule)):
+        parse(copy.deepcopy(manifest))
     if LAYER[case_id] == "admission":
         assert server == local, f"API server names {sorted(server)}, pipefill.spec names {sorted(local)}"
     else:

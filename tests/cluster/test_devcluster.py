@@ -113,3 +113,16 @@ def test_cluster_up_twice_then_down_leaves_no_process(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert not any(Proc(p.name, p.pid, p.started, p.log).running() for p in running.processes), pids
     assert _cli("status", root=root).returncode == 1
+
+
+@pytest.mark.timeout(200)
+def test_bench_cluster_reports_every_phase() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pipefill", "bench", "cluster", "--reps", "1", "--nodes", "1", "--json"],
+        capture_output=True, text=True, check=False, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    phases = result["seconds_to"]
+    assert list(phases) == ["etcd", "kube-apiserver", "controller-manager", "nodes", "ready", "stop"]
+    assert 0 < phases["etcd"]["median"] <= phases["kube-apiserver"]["median"] <= phases["ready"]["median"]
