@@ -82,8 +82,8 @@ class Proc:
         return cls(name, popen.pid, _start_time(popen.pid), log, popen)
 
     def running(self) -> bool:
-        if self.popen is not None and self.popen.poll() is not None:
-            return False
+        if self.popen is not None:  # our child: only Popen may reap it, or it warns that it is "still running"
+            return self.popen.poll() is None
         return self.started is not None and _start_time(self.pid) == self.started
 
     def tail(self, lines: int = 15) -> str:
@@ -101,8 +101,6 @@ class Proc:
                 os.kill(self.pid, sig)
             deadline = time.monotonic() + timeout_s
             while self.running() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(self.pid, os.WNOHANG)
                 time.sleep(0.05)
 
     def to_json(self) -> dict[str, object]:

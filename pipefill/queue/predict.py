@@ -2,7 +2,7 @@
 
 A rank's executor reports its measured bubble classes once bubbles arrive; until then the queue plans with the
 simulator's bubbles for that pipeline rank (``build_schedule`` + ``Costs.analytic`` + ``MemoryModel.analytic`` +
-``simulate``, the same as ``pipefill simulate -f``): an H100-class device (989 TFLOP/s at 45 % MFU, 80 GiB), bubbles
+``simulate`` over the job's shape from ``pipefill.spec.shape``, the same as ``pipefill simulate -f``): an H100-class device (989 TFLOP/s at 45 % MFU, 80 GiB), bubbles
 shorter than ``spec.fill.minBubbleMilliseconds`` dropped (they are never announced), free memory capped at
 ``spec.fill.reservedMemory`` (the most the fill may allocate). Absolute times are those of that device, also for a
 job that trains elsewhere (CPU): the prediction only ranks jobs until measured classes replace it. Results are cached
@@ -15,8 +15,9 @@ import functools
 from dataclasses import dataclass
 
 from pipefill.plan import BubbleClass, ObservedBubble, classes_from_bubbles
-from pipefill.schedules import Costs, MemoryModel, build_schedule, simulate
+from pipefill.schedules import Costs, MemoryModel, simulate
 from pipefill.spec import PipelineTrainingJobSpec, parse_bytes
+from pipefill.spec.shape import derive_shape
 
 __all__ = ["DEVICE_BYTES", "DEVICE_TFLOPS", "PredictedRank", "predict_ranks"]
 
@@ -41,12 +42,6 @@ def predict_ranks(spec: PipelineTrainingJobSpec, *, schedule_csv: str | None = N
     ``g % stages``). ``schedule_csv``: the custom schedule's CSV (schedule ``custom`` needs it)."""
     pipe, model = spec.pipeline, spec.model
     layers, hidden, _heads = model.dims()
-    mbs, rest = divmod(pipe.global_batch, pipe.microbatches * pipe.data_parallel)
-    if rest or mbs < 1:
-        raise ValueError(
-            f"spec.pipeline.globalBatch {pipe.global_batch} must be divisible by microbatches × dataParallel "
-            f"= {pipe.microbatches * pipe.data_parallel}"
-        )
     if pipe.schedule.value == "custom" and schedule_csv is None:
         raise ValueError("spec.pipeline.schedule custom: the prediction needs the schedule's CSV (customSchedule)")
     key = (
@@ -58,7 +53,8 @@ def predict_ranks(spec: PipelineTrainingJobSpec, *, schedule_csv: str | None = N
         pipe.activation_checkpointing,
         layers,
         hidden,
-        model.seq_len * mbs,
+        pipe.global_batch,
+        model.seq_len,
         model.vocab_size,
         model.tied_embeddings,
         parse_bytes(spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
@@ -78,16 +74,24 @@ def _predict(
     checkpointing: bool,
     layers: int,
     hidden: int,
-    tokens_per_mb: int,
+    global_batch: int,
+    seq_len: int,
     vocab: int,
     tied: bool,
     reserved_bytes: int,
     min_bubble_s: float,
     schedule_csv: str | None,
 ) -> tuple[PredictedRank, ...]:
-    schedule = build_schedule(
-        schedule_name, ranks=stages, microbatches=microbatches, virtual_stages=virtual_stages, csv_text=schedule_csv
+    shape = derive_shape(  # raises ShapeError naming the spec field that breaks a rule
+        schedule=schedule_name,
+        stages=stages,
+        microbatches=microbatches,
+        global_batch=global_batch,
+        data_parallel=data_parallel,
+        virtual_stages=virtual_stages,
+        csv_text=schedule_csv,
     )
+    schedule, tokens_per_mb = shape.schedule, seq_len * shape.microbatch_size
     params = 12 * layers * hidden * hidden + (vocab or _VOCAB_DEFAULT) * hidden * (1 if tied else 2)
     costs = Costs.analytic(
         params=params,

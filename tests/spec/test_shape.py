@@ -62,16 +62,17 @@ def test_a_custom_schedule_is_built_from_its_csv_and_admission_leaves_the_csv_to
             {"schedule": "1f1b", "microbatches": 2, "globalBatch": 8},
             "spec.pipeline.microbatches",
             "2",
-            "schedule 1f1b: spec.pipeline.microbatches >= spec.pipeline.stages",
-            "raise spec.pipeline.microbatches to at least 4 or use schedule 'gpipe'",
+            # held by a CEL rule in the CRD: admission and pipefill validate say the same
+            "self.schedule != '1f1b' || self.microbatches >= self.stages",
+            "raise microbatches or use gpipe",
         ),
         (
             {"schedule": "zero-bubble-h1", "virtualStages": 2, "microbatches": 9, "globalBatch": 18},
             "spec.pipeline.microbatches",
             "9",
-            "schedule zero-bubble-h1: spec.pipeline.microbatches % max(1, spec.pipeline.microbatches // "
-            "spec.pipeline.stages) == 0",
-            "use a multiple of spec.pipeline.stages such as 8 or 12",
+            "!(self.schedule in ['interleaved-1f1b', 'zero-bubble-h1']) || self.microbatches % (self.microbatches"
+            " / self.stages > 1 ? self.microbatches / self.stages : 1) == 0",
+            "use a multiple of stages (4)",
         ),
         (
             {"schedule": "gpipe", "layersPerStage": [1, 2, 2, 2]},
@@ -103,7 +104,17 @@ def test_pipefill_validate_rejects_what_the_trainer_would_reject_at_start(
     assert main(["validate", "-f", str(bad)]) == 1
     err = capsys.readouterr().err
     assert 'PipelineTrainingJob "shape" is invalid' in err
-    assert "spec.pipeline.microbatches: Invalid value: 2: schedule '1f1b' needs" in err
+    assert (
+        "spec.pipeline.microbatches: Invalid value: 2: spec.pipeline.microbatches 2 is fewer than the 4 stages" in err
+    )
+
+
+def test_the_shape_module_holds_the_schedule_rules_admission_also_holds() -> None:
+    """Defence in depth: what the CRD's CEL rules refuse, the shape (the trainer's own path) refuses too."""
+    with pytest.raises(ShapeError, match=r"^spec.pipeline.microbatches: Invalid value: 2: schedule '1f1b' needs"):
+        derive_shape(schedule="1f1b", stages=4, microbatches=2, names=SPEC_NAMES)
+    with pytest.raises(ShapeError, match=r"^spec.pipeline.microbatches: Invalid value: 9: .*multiple of the rounds"):
+        derive_shape(schedule="zero-bubble-h1", stages=4, microbatches=9, virtual_stages=2, names=SPEC_NAMES)
 
 
 def test_plain_numbers_settle_the_third_batch_figure_and_errors_use_the_callers_names() -> None:
