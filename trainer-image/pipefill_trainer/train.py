@@ -271,7 +271,7 @@ class Trainer:
         if self.producer is not None:
             self.producer.heartbeat()
         flops = tokens_per_step * self.model_cfg.flops_per_token()
-        self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
+        self.metrics.observe_step(step=step, step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
         self._after_step(step)
         self.events.write(
             {

@@ -1,0 +1,127 @@
+"""Apply a lifecycle decision to the cluster, in the order that keeps it safe to stop at any point.
+
+The status goes first, with the job's resourceVersion as a precondition: a restart is on record (its generation and
+count) before any pod is deleted, and two writers can never both record one (the second gets a conflict and
+re-reads). Then deletions (each with the pod's uid as a precondition), then the children the pods reference, then the
+pods, then Events. Creates are idempotent by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, cast
+
+import kopf
+
+from pipefill.children import Owner, desired_children
+from pipefill.lifecycle import Decision
+from pipefill.pods import rank_pod
+from pipefill.spec import PipelineTrainingJob, PipelineTrainingJobStatus, to_obj
+from pipefill_operator.kube import ApiError, Kube, resource_of
+
+__all__ = ["Applier", "status_patch"]
+
+PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
+POD = resource_of("v1", "Pod")
+CONFIG_MAP = resource_of("v1", "ConfigMap")
+# The fields the status reader owns; a reconcile never writes them.
+READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
+
+
+def status_patch(old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus) -> dict[str, Any]:
+    """A merge patch turning ``old`` into ``new``: changed fields only (null removes one)."""
+    before, after = to_obj(old), to_obj(new)
+    patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
+    patch.update({k: None for k in before if k not in after})
+    for key in READER_FIELDS:
+        patch.pop(key, None)
+    return patch
+
+
+def _temporary(exc: ApiError) -> kopf.TemporaryError:
+    delay_s = 0.2 if exc.status == 409 else 2.0
+    return kopf.TemporaryError(str(exc), delay=delay_s)
+
+
+class Applier:
+    """Writes for one reconcile; remembers which jobs' children exist so steady reconciles write nothing."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
+
+    def forget(self, uid: str) -> None:
+        self._ensured = {e for e in self._ensured if e[0] != uid}
+
+    async def status(
+        self, body: dict[str, Any], old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus
+    ) -> None:
+        patch = status_patch(old, new)
+        if not patch:
+            return
+        meta = body["metadata"]
+        try:
+            await self.kube.merge_patch(
+                PTJ,
+                meta["name"],
+                {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch},
+                meta["namespace"],
+                sub="status",
+            )
+        except ApiError as exc:
+            raise _temporary(exc) if exc.status in (409, 429) or exc.status >= 500 else exc from None
+
+    async def children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> None:
+        """Create what the pods reference; the spec ConfigMap is brought up to date when the spec changed."""
+        meta = body["metadata"]
+        digest = hashlib.sha256((csv or "").encode()).hexdigest()[:16]
+        mark = (meta["uid"], int(meta.get("generation", 1)), digest)
+        if mark in self._ensured:
+            return
+        owner = Owner(name=meta["name"], uid=meta["uid"])
+        objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv)
+        created = await asyncio.gather(*(self._create(obj) for obj in objs))
+        for obj, made in zip(objs, created, strict=True):
+            if made is None and obj["kind"] == "ConfigMap":
+                await self.kube.merge_patch(
+                    CONFIG_MAP, obj["metadata"]["name"], {"data": obj["data"]}, meta["namespace"]
+                )
+        self._ensured.add(mark)
+
+    async def _create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return await self.kube.create(obj)
+        except ApiError as exc:
+            if exc.status == 422:  # the API server refuses what the spec asks for (an affinity, a volume source)
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                raise kopf.PermanentError(f"{kind} {name!r} was refused by the API server: {exc.message}") from None
+            raise _temporary(exc) if exc.status in (403, 409, 429) or exc.status >= 500 else exc from None
+
+    async def pods(self, job: PipelineTrainingJob, body: dict[str, Any], decision: Decision, csv: str | None) -> None:
+        if not decision.create_ranks:
+            return
+        await self.children(job, body, csv)
+        meta = body["metadata"]
+        owner = Owner(name=meta["name"], uid=meta["uid"])
+        gen = decision.status.generation
+        manifests = [
+            rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner) for r in decision.create_ranks
+        ]
+        await asyncio.gather(*(self._create(pod) for pod in manifests))
+
+    async def deletions(self, body: dict[str, Any], names: list[str], pods: list[dict[str, Any]]) -> None:
+        uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
+        namespace = body["metadata"]["namespace"]
+        await asyncio.gather(*(self.kube.delete(POD, name, namespace, uid=uids.get(name)) for name in names))
+
+    async def delete_job(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        await self.kube.delete(PTJ, meta["name"], meta["namespace"], uid=meta["uid"])
+
+    @staticmethod
+    def events(body: dict[str, Any], decision: Decision) -> None:
+        for event in decision.events:
+            kopf.event(
+                kopf.Body(cast(kopf.RawBody, body)), type=event.type, reason=event.reason, message=event.message[:1024]
+            )
