@@ -32,8 +32,17 @@ demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an infere
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
-test: lint ## lint, then the whole test suite
+test: lint cluster-bins ## lint, build the control plane's binaries if missing, then the whole test suite
 	$(BIN)/pytest -q
+
+cluster-bins: $(STAMP) ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
+	$(BIN)/pipefill cluster bins
+
+cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…
+	@$(BIN)/pipefill cluster up --dir .cluster
+
+cluster-down: $(STAMP) ## stop the control plane that `make cluster` started
+	$(BIN)/pipefill cluster down --dir .cluster
 
 crds: $(STAMP) ## regenerate crds/ from the spec models
 	$(BIN)/pipefill crds --write crds/ charts/pipefill/crds/ --docs docs/api.md
@@ -50,4 +59,4 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo lint test crds fmt lock clean
+.PHONY: help venv demo lint test crds fmt lock clean cluster-bins cluster cluster-down

@@ -62,9 +62,9 @@ class Model:
         Rule(
             rule="!has(self.hiddenSize) || !has(self.heads) || self.hiddenSize % self.heads == 0",
             message="spec.model.hiddenSize must be a multiple of heads",
-            message_expression="'spec.model.hiddenSize ' + string(self.hiddenSize) + ' must be a multiple of heads ('"
-            " + string(self.heads) + '); set hiddenSize to ' + string(self.hiddenSize / self.heads * self.heads + self.heads)"
-            " + ' or heads to a divisor of it'",
+            message_expression="'spec.model.hiddenSize %d must be a multiple of heads (%d); set hiddenSize to %d"
+            " or heads to a divisor of it'.format([self.hiddenSize, self.heads,"
+            " self.hiddenSize / self.heads * self.heads + self.heads])",
             field_path=".hiddenSize",
         ),
     )

@@ -50,15 +50,17 @@ class Pipeline:
         Rule(
             rule="self.globalBatch % (self.microbatches * self.dataParallel) == 0",
             message="spec.pipeline.globalBatch must be divisible by microbatches × dataParallel",
-            message_expression="'spec.pipeline.globalBatch ' + string(self.globalBatch) + ' must be divisible by microbatches × dataParallel = '"
-            " + string(self.microbatches * self.dataParallel) + '; use a multiple such as ' + string((self.globalBatch / (self.microbatches * self.dataParallel) + 1) * self.microbatches * self.dataParallel)",
+            message_expression="'spec.pipeline.globalBatch %d must be divisible by microbatches × dataParallel = %d;"
+            " use a multiple such as %d'.format([self.globalBatch, self.microbatches * self.dataParallel,"
+            " (self.globalBatch / (self.microbatches * self.dataParallel) + 1) * self.microbatches * self.dataParallel])",
             field_path=".globalBatch",
         ),
         Rule(
             rule="self.virtualStages == 1 || self.schedule in ['interleaved-1f1b', 'zero-bubble-h1', 'zbv', 'custom']",
             message="spec.pipeline.virtualStages > 1 needs schedule interleaved-1f1b, zero-bubble-h1, zbv or custom",
-            message_expression="'spec.pipeline.virtualStages ' + string(self.virtualStages) + ' is not allowed with schedule ' + self.schedule"
-            " + ': only interleaved-1f1b, zero-bubble-h1, zbv and custom run several stages per rank; set virtualStages: 1 or change the schedule'",
+            message_expression="'spec.pipeline.virtualStages %d is not allowed with schedule %s: only interleaved-1f1b,"
+            " zero-bubble-h1, zbv and custom run several stages per rank; set virtualStages: 1 or change the"
+            " schedule'.format([self.virtualStages, self.schedule])",
             field_path=".virtualStages",
         ),
         Rule(
@@ -75,8 +77,8 @@ class Pipeline:
         Rule(
             rule="!has(self.layersPerStage) || size(self.layersPerStage) == self.stages * self.virtualStages",
             message="spec.pipeline.layersPerStage needs one entry per stage (stages × virtualStages)",
-            message_expression="'spec.pipeline.layersPerStage has ' + string(size(self.layersPerStage)) + ' entries, needs stages × virtualStages = '"
-            " + string(self.stages * self.virtualStages)",
+            message_expression="'spec.pipeline.layersPerStage has %d entries, needs stages × virtualStages = %d'.format("
+            "[size(self.layersPerStage), self.stages * self.virtualStages])",
             field_path=".layersPerStage",
         ),
     )

@@ -86,12 +86,14 @@ class PipelineTrainingJobSpec:
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            rule=f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? {LAYERS_CEL}[self.model.preset]"
+            # An unknown preset is the pattern's error; this rule must not fail on its map lookup as well.
+            rule=f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? (self.model.preset in"
+            f" {LAYERS_CEL} ? {LAYERS_CEL}[self.model.preset] : 1048576)"
             " : (has(self.model.layers) ? self.model.layers : 1048576))",
             message="spec.pipeline: stages × virtualStages must not exceed the model's layers",
-            message_expression=f"'spec.pipeline: stages × virtualStages = ' + string(self.pipeline.stages * self.pipeline.virtualStages)"
-            f" + ' exceeds the model\\'s ' + string(has(self.model.preset) ? {LAYERS_CEL}[self.model.preset] : self.model.layers)"
-            " + ' layers; every stage needs at least one layer: use fewer stages or a larger model'",
+            message_expression="'spec.pipeline: stages × virtualStages = %d exceeds the model\\'s %d layers; every stage"
+            " needs at least one layer: use fewer stages or a larger model'.format([self.pipeline.stages *"
+            f" self.pipeline.virtualStages, has(self.model.preset) ? {LAYERS_CEL}[self.model.preset] : self.model.layers])",
             field_path=".pipeline.stages",
         ),
         Rule(
