@@ -9,18 +9,27 @@ pods, then Events. Creates are idempotent by name.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
-from typing import Any, cast
+import logging
+import socket
+import uuid
+from typing import Any
 
+import aiohttp
 import kopf
 
 from pipefill.children import Owner, desired_children
 from pipefill.lifecycle import Decision
+from pipefill.lifecycle.conditions import rfc3339
 from pipefill.pods import rank_pod
 from pipefill.spec import PipelineTrainingJob, PipelineTrainingJobStatus, to_obj
 from pipefill_operator.kube import ApiError, Kube, resource_of
 
-__all__ = ["Applier", "status_patch"]
+__all__ = ["COMPONENT", "Applier", "post_event", "status_patch"]
+
+log = logging.getLogger("pipefill_operator")
+COMPONENT = "pipefill-operator"
 
 PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
@@ -119,9 +128,37 @@ class Applier:
         meta = body["metadata"]
         await self.kube.delete(PTJ, meta["name"], meta["namespace"], uid=meta["uid"])
 
-    @staticmethod
-    def events(body: dict[str, Any], decision: Decision) -> None:
+    async def events(self, body: dict[str, Any], decision: Decision) -> None:
         for event in decision.events:
-            kopf.event(
-                kopf.Body(cast(kopf.RawBody, body)), type=event.type, reason=event.reason, message=event.message[:1024]
-            )
+            await post_event(self.kube, body, event.type, event.reason, event.message)
+
+
+async def post_event(kube: Kube, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the job (what ``kubectl describe`` shows); a failure to post is logged, never fatal."""
+    meta = body["metadata"]
+    now = rfc3339(datetime.datetime.now(datetime.UTC))
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": socket.gethostname(),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        await kube.create(event)
+    except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)

@@ -17,13 +17,15 @@ from pipefill_operator.controller import Controller
 
 __all__ = ["configure", "register"]
 
+log = logging.getLogger("pipefill_operator")
+
 
 def configure(settings: kopf.OperatorSettings, *, clusterwide: bool) -> None:
     """What the operator needs from kopf, and nothing it does not (fewer API calls, fewer RBAC verbs)."""
     settings.peering.standalone = True  # one operator; leader election belongs to the Deployment (replicas: 1)
     settings.scanning.disabled = True  # no CRD or namespace watches: the kinds are known, namespaces are given
     settings.posting.reporting_component = "pipefill-operator"
-    settings.posting.level = logging.WARNING  # Events are the operator's own (kopf.event); kopf adds only warnings
+    settings.posting.level = logging.WARNING  # the Events are the operator's own; kopf posts only its warnings
     settings.watching.label_selectors[("v1", "pods")] = JOB_LABEL  # only rank pods, filtered by the API server
     del clusterwide  # the node watch is registered only cluster-wide (register)
 
@@ -39,7 +41,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        header = str(cfg.get_api_key_with_prefix("authorization") or "")
+        header = controller.kube.authorization() or ""
         scheme, _space, token = header.partition(" ")
         return kopf.ConnectionInfo(
             server=str(cfg.host),
@@ -55,6 +57,8 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, clusterwide=controller.config.clusterwide)
         await controller.start()
+        where = ", ".join(controller.config.namespaces) or "all namespaces"
+        log.info("pipefill operator ready: serving %s on %s", where, controller.kube.server)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

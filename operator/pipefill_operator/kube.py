@@ -110,9 +110,17 @@ class Kube:
         self.api_wait_s = 0.0
         self.requests = 0
 
+    def authorization(self) -> str | None:
+        """The Authorization header's value (``Bearer …``); the loader's hook refreshes an expiring token."""
+        for key in ("BearerToken", "authorization"):
+            value = self.cfg.get_api_key_with_prefix(key)
+            if value:
+                return str(value)
+        return None
+
     def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        token = self.cfg.get_api_key_with_prefix("authorization")  # refreshes an expiring in-cluster token
+        token = self.authorization()
         if token:
             headers["Authorization"] = token
         return headers

@@ -14,7 +14,7 @@ import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
@@ -24,7 +24,7 @@ from pipefill.lifecycle.checks import checkpoint_sharing, spec_problems
 from pipefill.lifecycle.conditions import ConditionType, find, rfc3339, set_condition
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, parse
 from pipefill.spec._schema import from_obj
-from pipefill_operator.apply import POD, PTJ, Applier
+from pipefill_operator.apply import POD, PTJ, Applier, post_event
 from pipefill_operator.kube import Kube
 from pipefill_operator.prerequisites import NodeIndex, Prerequisites
 
@@ -116,7 +116,7 @@ class Reconciler:
         for kind in (ConditionType.INVALID_SPEC, ConditionType.FAILED):
             set_condition(new.conditions, kind, True, "InvalidSpec", message, now=now, generation=generation)
         await self.apply.status(body, status, new)
-        kopf.event(kopf.Body(cast(kopf.RawBody, body)), type="Warning", reason="InvalidSpec", message=message[:1024])
+        await post_event(self.kube, body, "Warning", "InvalidSpec", message)
 
     async def reconcile(self, key: Key, *, permanent: str | None = None) -> Outcome:
         """Bring job ``key`` one step closer to what its spec and pods call for; ``permanent`` is a PermanentError
@@ -174,6 +174,6 @@ class Reconciler:
         await self.apply.status(body, status, decision.status)
         await self.apply.deletions(body, decision.delete_pods, pods)
         await self.apply.pods(job, body, decision, csv)
-        self.apply.events(body, decision)
+        await self.apply.events(body, decision)
         if decision.delete_job:
             await self.apply.delete_job(body)
