@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipefill.devcluster import ControlPlane
 from pipefill.children import fill_rbac
+from pipefill.devcluster import ControlPlane
 from pipefill.pods import rank_pod
 from pipefill.spec import PipelineTrainingJob, load_file, parse, to_obj
 
