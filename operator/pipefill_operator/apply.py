@@ -2,8 +2,8 @@
 
 The status goes first, with the job's resourceVersion as a precondition: a restart is on record (its generation and
 count) before any pod is deleted, and two writers can never both record one (the second gets a conflict and
-re-reads). Then deletions (each with the pod's uid as a precondition), then the children the pods reference, then the
-pods, then Events. Creates are idempotent by name.
+re-reads). Then the Events that describe it, deletions (each with the pod's uid as a precondition), the children the
+pods reference, and the pods. Creates are idempotent by name.
 """
 
 from __future__ import annotations
@@ -90,8 +90,12 @@ class Applier:
             return
         owner = Owner(name=meta["name"], uid=meta["uid"])
         objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv)
-        created = await asyncio.gather(*(self._create(obj) for obj in objs))
-        for obj, made in zip(objs, created, strict=True):
+        # A RoleBinding is checked against its Role (RBAC's escalation check), so the Role must exist first.
+        first = [o for o in objs if o["kind"] != "RoleBinding"]
+        then = [o for o in objs if o["kind"] == "RoleBinding"]
+        created = [*await asyncio.gather(*(self._create(o) for o in first))]
+        created += await asyncio.gather(*(self._create(o) for o in then))
+        for obj, made in zip([*first, *then], created, strict=True):
             if made is None and obj["kind"] == "ConfigMap":
                 await self.kube.merge_patch(
                     CONFIG_MAP, obj["metadata"]["name"], {"data": obj["data"]}, meta["namespace"]

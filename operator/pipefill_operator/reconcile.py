@@ -172,8 +172,9 @@ class Reconciler:
         csv: str | None,
     ) -> None:
         await self.apply.status(body, status, decision.status)
+        # The Events tell what the written status records: posted now, they cannot be lost to a later failure.
+        await self.apply.events(body, decision)
         await self.apply.deletions(body, decision.delete_pods, pods)
         await self.apply.pods(job, body, decision, csv)
-        await self.apply.events(body, decision)
         if decision.delete_job:
             await self.apply.delete_job(body)

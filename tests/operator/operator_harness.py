@@ -239,10 +239,10 @@ class Kube:
     ) -> list[dict[str, Any]]:
         """Wait until the job's pods (by label) satisfy ``predicate``; returns them."""
 
-        def check(pods: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-            return pods if predicate(pods) else None
+        def check(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+            return (pods,) if predicate(pods) else None  # a tuple: an empty list of pods is a match too
 
-        result: list[dict[str, Any]] = self._watch(
+        (result,) = self._watch(
             self.core.list_namespaced_pod, (namespace,), check, timeout_s, f"pods of {job}",
             label_selector=f"pipefill.io/job-name={job}",
         )  # fmt: skip
