@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import logging
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -34,6 +35,7 @@ COMPONENT = "pipefill-operator"
 PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
 CONFIG_MAP = resource_of("v1", "ConfigMap")
+RANKS_READY_INTERVAL_S = 1.0
 # The fields the status reader owns; a reconcile never writes them.
 READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
 
@@ -59,19 +61,32 @@ class Applier:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
+        self._written: dict[str, float] = {}  # uid -> monotonic time of the last status write
+        self.postponed = False
 
     def forget(self, uid: str) -> None:
         self._ensured = {e for e in self._ensured if e[0] != uid}
+        self._written.pop(uid, None)
 
     async def status(
         self, body: dict[str, Any], old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus
-    ) -> None:
+    ) -> dict[str, Any] | None:
+        """Write the changed fields; the job as the API server returned it, or None when nothing was written.
+
+        A change of ``ranksReady`` alone, within ``RANKS_READY_INTERVAL_S`` of the job's last write, waits: while a
+        gang starts, each rank would otherwise cost a write of its own (:attr:`postponed` tells the caller to look
+        again then)."""
         patch = status_patch(old, new)
+        self.postponed = False
         if not patch:
-            return
+            return None
         meta = body["metadata"]
+        now = time.monotonic()
+        if set(patch) <= {"ranksReady"} and now - self._written.get(meta["uid"], 0.0) < RANKS_READY_INTERVAL_S:
+            self.postponed = True
+            return None
         try:
-            await self.kube.merge_patch(
+            written = await self.kube.merge_patch(
                 PTJ,
                 meta["name"],
                 {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch},
@@ -80,6 +95,8 @@ class Applier:
             )
         except ApiError as exc:
             raise _temporary(exc) if exc.status in (409, 429) or exc.status >= 500 else exc from None
+        self._written[meta["uid"]] = now
+        return written
 
     async def children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> None:
         """Create what the pods reference; the spec ConfigMap is brought up to date when the spec changed."""
@@ -133,8 +150,7 @@ class Applier:
         await self.kube.delete(PTJ, meta["name"], meta["namespace"], uid=meta["uid"])
 
     async def events(self, body: dict[str, Any], decision: Decision) -> None:
-        for event in decision.events:
-            await post_event(self.kube, body, event.type, event.reason, event.message)
+        await asyncio.gather(*(post_event(self.kube, body, e.type, e.reason, e.message) for e in decision.events))
 
 
 async def post_event(kube: Kube, body: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -89,6 +89,10 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
+    def job_changed(self, key: Key, body: dict[str, Any]) -> None:
+        self.reconciler.remember(key, body)
+        self.enqueue(key)
+
     def job_deleted(self, key: Key, uid: str | None) -> None:
         self.queue.forget(key)
         self.reconciler.forget(key, uid)

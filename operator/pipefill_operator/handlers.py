@@ -7,6 +7,7 @@ Handlers are registered into a registry passed in, so a test or a second operato
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -69,7 +70,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
         if type == "DELETED":
             controller.job_deleted(_key(body), body["metadata"].get("uid"))
         else:
-            controller.enqueue(_key(body))
+            controller.job_changed(_key(body), copy.deepcopy(dict(body)))
 
     @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
     def pod_event(body: Any, **_: Any) -> None:

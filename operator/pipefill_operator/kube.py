@@ -93,7 +93,7 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
 class Kube:
     """One aiohttp session to the API server; ``api_wait_s`` accumulates the time spent waiting on it."""
 
-    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 32) -> None:
+    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 64) -> None:
         self.cfg = cfg
         self.server = str(cfg.host).rstrip("/")
         context = (

@@ -24,7 +24,7 @@ from pipefill.lifecycle.checks import checkpoint_sharing, spec_problems
 from pipefill.lifecycle.conditions import ConditionType, find, rfc3339, set_condition
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, parse
 from pipefill.spec._schema import from_obj
-from pipefill_operator.apply import POD, PTJ, Applier, post_event
+from pipefill_operator.apply import POD, PTJ, RANKS_READY_INTERVAL_S, Applier, post_event
 from pipefill_operator.kube import Kube
 from pipefill_operator.prerequisites import NodeIndex, Prerequisites
 
@@ -67,8 +67,23 @@ class Reconciler:
         self._problems: dict[tuple[str, int, str | None], list[str]] = {}
         # ConfigMaps jobs wait for: (namespace, name) -> job keys (the ConfigMap watch wakes them)
         self.waiting_for_config_maps: dict[tuple[str, str], set[Key]] = {}
+        self.bodies: dict[Key, dict[str, Any]] = {}  # the latest copy of each job (see remember)
+
+    def remember(self, key: Key, body: dict[str, Any]) -> None:
+        """The job as last seen (a watch event, or the answer to a status write): a reconcile starts from it
+        instead of reading it again. A stale copy costs one conflict, never a wrong write: the status write is
+        preconditioned on its resourceVersion."""
+        known = self.bodies.get(key)
+        if known is not None and known["metadata"]["uid"] == body["metadata"]["uid"]:
+            try:
+                if int(known["metadata"]["resourceVersion"]) > int(body["metadata"]["resourceVersion"]):
+                    return  # an older event arriving after our own write's answer
+            except (KeyError, ValueError):
+                pass
+        self.bodies[key] = body
 
     def forget(self, key: Key, uid: str | None = None) -> None:
+        self.bodies.pop(key, None)
         for waiters in self.waiting_for_config_maps.values():
             waiters.discard(key)
         if uid is not None:
@@ -122,7 +137,7 @@ class Reconciler:
         """Bring job ``key`` one step closer to what its spec and pods call for; ``permanent`` is a PermanentError
         of the previous attempt, decided as InvalidSpec now."""
         namespace, name = key
-        body = await self.kube.get(PTJ, name, namespace)
+        body = self.bodies.get(key) or await self.kube.get(PTJ, name, namespace)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.forget(key, None if body is None else body["metadata"]["uid"])
             return Outcome()
@@ -154,7 +169,13 @@ class Reconciler:
         observed = Observed(pods=views, now=self.now(), problems=problems, waiting=waiting, checkpoints=checkpoints)
         decision = decide(job, status, observed, job_generation=generation)
         own += time.perf_counter() - tick
-        await self._apply(body, job, status, decision, pods, csv)
+        try:
+            await self._apply(key, body, job, status, decision, pods, csv)
+        except kopf.TemporaryError:
+            self.bodies.pop(key, None)  # a conflict: read the job afresh next time
+            raise
+        if self.apply.postponed:
+            decision.requeue_after_s = min(decision.requeue_after_s or RANKS_READY_INTERVAL_S, RANKS_READY_INTERVAL_S)
         restarted = None
         if decision.status.restarts > status.restarts:
             restarted = "failure"
@@ -164,6 +185,7 @@ class Reconciler:
 
     async def _apply(
         self,
+        key: Key,
         body: dict[str, Any],
         job: PipelineTrainingJob,
         status: PipelineTrainingJobStatus,
@@ -171,7 +193,9 @@ class Reconciler:
         pods: list[dict[str, Any]],
         csv: str | None,
     ) -> None:
-        await self.apply.status(body, status, decision.status)
+        written = await self.apply.status(body, status, decision.status)
+        if written is not None:
+            self.remember(key, written)
         # The Events tell what the written status records: posted now, they cannot be lost to a later failure.
         await self.apply.events(body, decision)
         await self.apply.deletions(body, decision.delete_pods, pods)
