@@ -116,9 +116,12 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
 
 
 def _histogram(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> dict[str, float | None]:
-    buckets = sorted(
-        (float(dict(labels)["le"]), value) for (n, labels), value in samples.items() if n == f"{name}_bucket"
-    )
+    by_le: dict[float, float] = {}  # summed over the other labels (e.g. every HTTP method)
+    for (n, labels), value in samples.items():
+        if n == f"{name}_bucket":
+            le = float(dict(labels)["le"])
+            by_le[le] = by_le.get(le, 0.0) + value
+    buckets = sorted(by_le.items())
     count = sum(v for (n, _), v in samples.items() if n == f"{name}_count")
     total = sum(v for (n, _), v in samples.items() if n == f"{name}_sum")
     return {
@@ -234,6 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "reconciles_per_s": round(reconciles / elapsed_s, 1),
                 "reconcile_wall": _histogram(after, "pipefill_operator_reconcile_duration_seconds"),
                 "reconcile_own": _histogram(after, "pipefill_operator_reconcile_own_seconds"),
+                "api_requests": _histogram(after, "pipefill_operator_api_request_duration_seconds"),
                 "operator_cpu_s": round(cpu_s - cpu_idle_s, 2),
                 "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
                 "load_after": [round(x, 2) for x in os.getloadavg()],

@@ -54,6 +54,7 @@ class OperatorConfig:
 class Controller:
     def __init__(self, kube: Kube, metrics: OperatorMetrics, config: OperatorConfig) -> None:
         self.kube, self.metrics, self.config = kube, metrics, config
+        kube.on_request = metrics.api_request
         self.queue = WorkQueue()
         self.backoff = Backoff()
         self.nodes = NodeIndex() if config.clusterwide else None
