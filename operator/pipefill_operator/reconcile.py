@@ -9,6 +9,7 @@ is busy), with the delay it asks for.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import time
@@ -196,9 +197,12 @@ class Reconciler:
         written = await self.apply.status(body, status, decision.status)
         if written is not None:
             self.remember(key, written)
-        # The Events tell what the written status records: posted now, they cannot be lost to a later failure.
-        await self.apply.events(body, decision)
-        await self.apply.deletions(body, decision.delete_pods, pods)
-        await self.apply.pods(job, body, decision, csv)
+        # Once the status is written: the Events that tell what it records (a later failure cannot lose them),
+        # the deletions and the creations (a decision never has both), all at once.
+        await asyncio.gather(
+            self.apply.events(body, decision),
+            self.apply.deletions(body, decision.delete_pods, pods),
+            self.apply.pods(job, body, decision, csv),
+        )
         if decision.delete_job:
             await self.apply.delete_job(body)
