@@ -102,8 +102,9 @@ class Controller:
         self._figures.pop(key, None)
         self.metrics.set_phase(key, None)
 
-    def config_map_changed(self, namespace: str, name: str) -> None:
-        for key in self.reconciler.waiting_for_config_maps.pop((namespace, name), set()):
+    def object_changed(self, kind: str, namespace: str, name: str) -> None:
+        """A ConfigMap or PersistentVolumeClaim appeared or changed: wake the jobs waiting for it."""
+        for key in self.reconciler.waiting_for.pop((kind, namespace, name), set()):
             self.enqueue(key)
 
     def node_changed(self, node: dict[str, Any], *, deleted: bool) -> None:

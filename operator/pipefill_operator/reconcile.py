@@ -66,8 +66,8 @@ class Reconciler:
         self.now = now or (lambda: datetime.datetime.now(datetime.UTC))
         self._parsed: dict[tuple[str, int], PipelineTrainingJob] = {}
         self._problems: dict[tuple[str, int, str | None], list[str]] = {}
-        # ConfigMaps jobs wait for: (namespace, name) -> job keys (the ConfigMap watch wakes them)
-        self.waiting_for_config_maps: dict[tuple[str, str], set[Key]] = {}
+        # objects jobs wait for: (kind, namespace, name) -> job keys (the ConfigMap and PVC watches wake them)
+        self.waiting_for: dict[tuple[str, str, str], set[Key]] = {}
         self.bodies: dict[Key, dict[str, Any]] = {}  # the latest copy of each job (see remember)
 
     def remember(self, key: Key, body: dict[str, Any]) -> None:
@@ -85,7 +85,7 @@ class Reconciler:
 
     def forget(self, key: Key, uid: str | None = None) -> None:
         self.bodies.pop(key, None)
-        for waiters in self.waiting_for_config_maps.values():
+        for waiters in self.waiting_for.values():
             waiters.discard(key)
         if uid is not None:
             self.apply.forget(uid)
@@ -153,7 +153,7 @@ class Reconciler:
         csv, waiting = await self.prereqs.schedule_csv(job, namespace)
         ref = job.spec.pipeline.custom_schedule
         if waiting is not None and ref is not None:
-            self.waiting_for_config_maps.setdefault((namespace, ref.name), set()).add(key)
+            self.waiting_for.setdefault(("ConfigMap", namespace, ref.name), set()).add(key)
         tick = time.perf_counter()
         views = [v for v in map(observe_pod, pods) if v is not None]
         problems = list(self._spec_problems(job, uid, generation, csv))
@@ -166,6 +166,11 @@ class Reconciler:
         checkpoints = None
         if before_pods and not problems:
             checkpoints = checkpoint_sharing(job, await self.prereqs.checkpoint_claim(job, namespace))
+            claim = job.spec.checkpoint.claim_name
+            if waiting is None and claim is not None and checkpoints[1] == "CheckpointClaimMissing":
+                # pods would only sit unschedulable: wait for the claim instead (the PVC watch wakes the job)
+                waiting, checkpoints = (checkpoints[1], f"{checkpoints[2]}; the job starts once it exists"), None
+                self.waiting_for.setdefault(("PersistentVolumeClaim", namespace, claim), set()).add(key)
         tick = time.perf_counter()
         observed = Observed(pods=views, now=self.now(), problems=problems, waiting=waiting, checkpoints=checkpoints)
         decision = decide(job, status, observed, job_generation=generation)
