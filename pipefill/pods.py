@@ -4,7 +4,8 @@ Every rank of a ``PipelineTrainingJob`` runs one pod: the trainer container and,
 executor as a native sidecar (an init container with ``restartPolicy: Always``: it starts first, is restarted when
 it crashes, and does not keep the pod alive after training ends). Both mount a memory-backed ``emptyDir``, the bubble
 channel. Commands, arguments and environment come from :func:`rank_containers` alone, so a local run and a cluster
-run cannot drift apart.
+run cannot drift apart; what only a pod needs (security context, writable scratch on a read-only root filesystem, the
+fill's API token, the user's ``spec.podTemplate``) is added by :func:`rank_pod`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipefill import env
-from pipefill.spec import PipelineTrainingJob, SharingMode, parse_bytes
+from pipefill.children import (
+    Owner,
+    child_labels,
+    claim_template_name,
+    fill_account_name,
+    owner_references,
+    service_name,
+    spec_config_name,
+)
+from pipefill.overlay import apply_overlay
+from pipefill.podgroups import gang_pod_fields
+from pipefill.spec import PipelineTrainingJob, Schedule, SharingMode, parse_bytes
 
 __all__ = [
     "CHANNEL_MOUNT",
+    "GENERATION_LABEL",
     "MASTER_PORT",
+    "RANK_LABEL",
     "SPEC_MOUNT",
     "ContainerPlan",
+    "claim_template_name",
     "pod_name",
     "rank_containers",
     "rank_pod",
@@ -33,7 +48,14 @@ MASTER_PORT = 29500
 TRAINER_METRICS_PORT = 9400
 FILL_METRICS_PORT = 9401
 WORKDIR = "/workspace"
+SCRATCH_DIR = f"{WORKDIR}/runs"  # where relative outputs land (runs/…): writable, the image's /workspace stays visible
+HOME_DIR = "/home/pipefill"
+RANK_LABEL = "pipefill.io/rank"
+GENERATION_LABEL = "pipefill.io/generation"
 _TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Under hostNetwork the ports are the node's: ranks sharing a node need distinct ones, so each rank gets its own pair
+# (declared as host ports, the scheduler never places two ranks with the same pair on one node).
+_HOST_PORT_SLOTS = 512
 
 
 @dataclass(frozen=True)
@@ -52,13 +74,8 @@ class ContainerPlan:
 
 
 def pod_name(job: PipelineTrainingJob, rank: int) -> str:
-    """``<job>-<rank>``; rank is global (replica × stages + stage)."""
+    """``<job>-<rank>``; rank is global (replica × stages + stage). Every generation reuses the names."""
     return f"{job.name}-{rank}"
-
-
-def service_name(job: PipelineTrainingJob) -> str:
-    """The headless Service giving each pod a DNS name (``<pod>.<service>``)."""
-    return job.name
 
 
 def _check_rank(job: PipelineTrainingJob, rank: int) -> None:
@@ -66,10 +83,19 @@ def _check_rank(job: PipelineTrainingJob, rank: int) -> None:
         raise ValueError(f"rank {rank} is outside 0..{job.world_size - 1} (stages × dataParallel of {job.name!r})")
 
 
+def _ports(job: PipelineTrainingJob, rank: int) -> tuple[int, int]:
+    """(trainer, fill) metrics ports of ``rank``."""
+    if not job.spec.pod_template.host_network:
+        return TRAINER_METRICS_PORT, FILL_METRICS_PORT
+    slot = rank % _HOST_PORT_SLOTS
+    return TRAINER_METRICS_PORT + 2 * slot, FILL_METRICS_PORT + 2 * slot
+
+
 def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
     """The fill executor (when filling is on) and the trainer of ``rank``, in start order."""
     _check_rank(job, rank)
     spec = job.spec
+    trainer_port, fill_port = _ports(job, rank)
     common = {env.JOB_NAME: job.name, env.CHANNEL_DIR: CHANNEL_MOUNT}
     trainer_env = {
         **common,
@@ -78,7 +104,7 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
         "MASTER_ADDR": f"{pod_name(job, 0)}.{service_name(job)}",
         "MASTER_PORT": str(MASTER_PORT),
         env.SPEC_FILE: f"{SPEC_MOUNT}/{SPEC_KEY}",
-        env.METRICS_PORT: str(TRAINER_METRICS_PORT),
+        env.METRICS_PORT: str(trainer_port),
         env.DEVICE: "cuda" if spec.resources.gpus > 0 else "cpu",
     }
     plans = []
@@ -90,7 +116,7 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
             env.FILL_RESERVED_BYTES: str(parse_bytes(spec.fill.reserved_memory, field="spec.fill.reservedMemory")),
             env.FILL_MIN_BUBBLE_MS: str(spec.fill.min_bubble_milliseconds),
             env.FILL_GUARD_MS: str(spec.fill.guard_milliseconds),
-            env.METRICS_PORT: str(FILL_METRICS_PORT),
+            env.METRICS_PORT: str(fill_port),
             env.DEVICE: "cpu" if spec.gpu_sharing.mode == SharingMode.NONE or spec.resources.gpus == 0 else "cuda",
         }
         if spec.gpu_sharing.mode == SharingMode.VISIBLE_DEVICES:
@@ -98,13 +124,14 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
             fill_env["NVIDIA_VISIBLE_DEVICES"] = "all"
         mps = spec.gpu_sharing.mps
         if mps.enabled:
+            # Per container, never in the DRA claim: a claim's MPS limits would cap the trainer as well.
             limit = mps.fill_pinned_memory_limit or spec.fill.reserved_memory
             fill_env["CUDA_MPS_CLIENT_PRIORITY"] = str(mps.fill_client_priority)
             fill_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.fill_active_thread_percentage)
             mib = parse_bytes(limit, field="spec.gpuSharing.mps.fillPinnedMemoryLimit") // 2**20
             fill_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mib}M"
-        plans.append(ContainerPlan("fill-executor", spec.fill_image, "pipefill_fill", fill_env, FILL_METRICS_PORT))
-    plans.append(ContainerPlan("trainer", spec.trainer_image, "pipefill_trainer", trainer_env, TRAINER_METRICS_PORT))
+        plans.append(ContainerPlan("fill-executor", spec.fill_image, "pipefill_fill", fill_env, fill_port))
+    plans.append(ContainerPlan("trainer", spec.trainer_image, "pipefill_trainer", trainer_env, trainer_port))
     return plans
 
 
@@ -116,17 +143,26 @@ def _absolute(path: str) -> str:
 def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Pod volumes, and the mount of each by volume name."""
     spec = job.spec
+    memory: dict[str, Any] = {"emptyDir": {"medium": "Memory"}}
     volumes: list[dict[str, Any]] = [
         {"name": "channel", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        {"name": "spec", "configMap": {"name": f"{job.name}-spec"}},
+        {"name": "dshm", **memory},
+        {"name": "fill-shm", **memory},  # the fill's own /dev/shm: it never sees the trainer's
+        {"name": "spec", "configMap": {"name": spec_config_name(job)}},
+        {"name": "scratch", "emptyDir": {}},
     ]
     mounts: dict[str, dict[str, Any]] = {
         "channel": {"name": "channel", "mountPath": CHANNEL_MOUNT},
         "dshm": {"name": "dshm", "mountPath": "/dev/shm"},
+        "fill-shm": {"name": "fill-shm", "mountPath": "/dev/shm"},
         "spec": {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+        "scratch": {"name": "scratch", "mountPath": SCRATCH_DIR},
         "checkpoints": {"name": "checkpoints", "mountPath": _absolute(spec.checkpoint.path)},
     }
+    for container in ("trainer", "fill"):  # writable /tmp and HOME (caches) on a read-only root filesystem
+        for what, path in (("tmp", "/tmp"), ("home", HOME_DIR)):
+            volumes.append({"name": f"{container}-{what}", "emptyDir": {}})
+            mounts[f"{container}-{what}"] = {"name": f"{container}-{what}", "mountPath": path}
     if spec.checkpoint.claim_name:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}})
     else:
@@ -159,8 +195,25 @@ def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, 
     return volumes, mounts
 
 
-def _container(plan: ContainerPlan, mounts: list[dict[str, Any]], resources: dict[str, Any]) -> dict[str, Any]:
-    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plan.env.items())]
+_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _container(
+    plan: ContainerPlan, mounts: list[dict[str, Any]], resources: dict[str, Any], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    # What only a pod needs: a writable HOME and caches on the read-only root filesystem (locally the user's own).
+    pod_env = {
+        "HOME": HOME_DIR,
+        "XDG_CACHE_HOME": f"{HOME_DIR}/.cache",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **plan.env,
+    }
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(pod_env.items())]
     env_list.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     env_list.append({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     return {
@@ -169,60 +222,112 @@ def _container(plan: ContainerPlan, mounts: list[dict[str, Any]], resources: dic
         "command": plan.argv,
         "workingDir": WORKDIR,
         "env": env_list,
-        "ports": [{"name": "metrics", "containerPort": plan.metrics_port, "protocol": "TCP"}],
+        "ports": ports,
         "volumeMounts": mounts,
         "resources": resources,
+        "securityContext": dict(_CONTAINER_SECURITY),
+        # The kubelet keeps the end of the log as the termination message when the container wrote none, so the
+        # operator can name why a rank failed without the logs API.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
-def rank_pod(job: PipelineTrainingJob, rank: int, *, namespace: str = "default") -> dict[str, Any]:
-    """The Pod manifest of ``rank``; valid against the Kubernetes Pod schema."""
+def _port(name: str, number: int, host_network: bool) -> dict[str, Any]:
+    port: dict[str, Any] = {"name": name, "containerPort": number, "protocol": "TCP"}
+    if host_network:
+        port["hostPort"] = number
+    return port
+
+
+def _scheduler_name(job: PipelineTrainingJob) -> str | None:
+    scheduling = job.spec.scheduling
+    if scheduling.scheduler_name:
+        return scheduling.scheduler_name
+    return {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}.get(scheduling.gang.value)
+
+
+def rank_pod(
+    job: PipelineTrainingJob,
+    rank: int,
+    *,
+    namespace: str = "default",
+    generation: int = 0,
+    owner: Owner | None = None,
+) -> dict[str, Any]:
+    """The Pod manifest of ``rank`` in gang ``generation``; valid against the Kubernetes Pod schema.
+
+    Raises ``ValueError`` naming the field when ``spec.podTemplate`` collides with what the operator sets.
+    """
     spec = job.spec
     plans = {p.name: p for p in rank_containers(job, rank)}
     volumes, mounts = _volumes(job)
     stage, replica = rank % spec.pipeline.stages, rank // spec.pipeline.stages
+    host_network = spec.pod_template.host_network
     labels = {
-        "app.kubernetes.io/name": "pipefill",
-        "app.kubernetes.io/managed-by": "pipefill-operator",
-        "pipefill.io/job-name": job.name,
-        "pipefill.io/rank": str(rank),
+        **child_labels(job),
+        RANK_LABEL: str(rank),
         "pipefill.io/stage": str(stage),
         "pipefill.io/replica": str(replica),
+        GENERATION_LABEL: str(generation),
     }
-    if spec.scheduling.queue_name:
-        labels["kueue.x-k8s.io/queue-name"] = spec.scheduling.queue_name
-    shared = [mounts["channel"]]
-    trainer_mounts = [*shared, mounts["dshm"], mounts["spec"], mounts["checkpoints"]]
+    trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", "trainer-tmp", "trainer-home")]
+    trainer_mounts.append(mounts["checkpoints"])
     if "data" in mounts:
         trainer_mounts.append(mounts["data"])
     trainer_res: dict[str, Any] = {"requests": {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}}
-    fill_res: dict[str, Any] = {}
+    fill_res: dict[str, Any] = {"requests": {"cpu": str(spec.fill.cpu), "memory": str(spec.fill.memory)}}
+    security = spec.pod_template.security
     pod_spec: dict[str, Any] = {
         "hostname": pod_name(job, rank),
         "subdomain": service_name(job),
-        "restartPolicy": "Never",  # the operator restarts the whole job from its checkpoint
-        "automountServiceAccountToken": False,
+        "restartPolicy": "Never",  # the operator restarts the whole gang from its checkpoint
+        "serviceAccountName": fill_account_name(job),
+        "automountServiceAccountToken": False,  # the token is projected into the fill executor alone
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": security.run_as_user,
+            "runAsGroup": security.run_as_group,
+            "fsGroup": security.fs_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "volumes": volumes,
     }
     if spec.resources.gpus > 0 and spec.gpu_sharing.mode == SharingMode.DRA:
-        pod_spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"{job.name}-gpu"}]
+        pod_spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": claim_template_name(job)}]
         trainer_res["claims"] = [{"name": "gpu"}]
         fill_res["claims"] = [{"name": "gpu"}]
     elif spec.resources.gpus > 0:
         count = str(spec.resources.gpus)
         trainer_res["limits"] = {spec.resources.gpu_resource_name: count}
-    pod_spec["containers"] = [_container(plans["trainer"], trainer_mounts, trainer_res)]
+    trainer = plans["trainer"]
+    trainer_ports = [_port("trainer-metrics", trainer.metrics_port, host_network)]
+    if rank == 0:  # the rendezvous (MASTER_ADDR points at rank 0)
+        trainer_ports.append(_port("rendezvous", MASTER_PORT, host_network))
+    pod_spec["containers"] = [_container(trainer, trainer_mounts, trainer_res, trainer_ports)]
+    if spec.pipeline.schedule == Schedule.CUSTOM and spec.pipeline.custom_schedule is not None:
+        key = spec.pipeline.custom_schedule.key
+        pod_spec["containers"][0]["env"].append({"name": env.SCHEDULE_FILE, "value": f"{SPEC_MOUNT}/{key}"})
     if "fill-executor" in plans:
-        sidecar = _container(plans["fill-executor"], [*shared, mounts["dshm"], mounts["api-token"]], fill_res)
+        fill = plans["fill-executor"]
+        fill_mounts = [mounts[k] for k in ("channel", "fill-shm", "scratch", "fill-tmp", "fill-home", "api-token")]
+        fill_ports = [_port("fill-metrics", fill.metrics_port, host_network)]
+        sidecar = _container(fill, fill_mounts, fill_res, fill_ports)
         sidecar["restartPolicy"] = "Always"  # native sidecar
         pod_spec["initContainers"] = [sidecar]
-    if spec.scheduling.scheduler_name:
-        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    scheduler = _scheduler_name(job)
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": pod_name(job, rank), "namespace": namespace, "labels": labels},
-        "spec": pod_spec,
+    mounted = {
+        m["name"] for c in [*pod_spec["containers"], *pod_spec.get("initContainers", [])] for m in c["volumeMounts"]
     }
+    pod_spec["volumes"] = [v for v in volumes if v["name"] in mounted]
+    metadata: dict[str, Any] = {"name": pod_name(job, rank), "namespace": namespace, "labels": labels}
+    gang_pod_fields(job, generation, metadata, pod_spec)
+    if owner is not None:
+        metadata["ownerReferences"] = owner_references(owner)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    apply_overlay(pod, spec.pod_template)
+    return pod

@@ -9,7 +9,6 @@ a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everyth
 from __future__ import annotations
 
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
+from pipefill.lifecycle.exitcodes import exit_text as describe_exit
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
 from pipefill.local.report import FILL_WORK_DIR
 from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to_obj
@@ -130,11 +131,15 @@ class LocalRun:
             while True:
                 trainers = [p for p in self.procs if p.container == "trainer"]
                 codes = [p.poll() for p in trainers]
-                failed = [(p, c) for p, c in zip(trainers, codes, strict=True) if c not in (None, 0)]
+                # kubelet-form exit codes (a signal death -N is 128 + N), classified as the operator does; a
+                # non-retryable exit of any rank decides, whatever its peers exit with
+                failed = [(p, exit_code(c)) for p, c in zip(trainers, codes, strict=True) if c not in (None, 0)]
+                failed.sort(key=lambda pc: classify(pc[1], policy.restart_on_exit_codes) == ExitClass.RETRYABLE)
                 if failed:
-                    proc, code = failed[0][0], int(failed[0][1] or 0)
+                    proc, code = failed[0]
                     tail = _tail(proc.out_dir / "output.log")
-                    if code in policy.restart_on_exit_codes and self.outcome.job_restarts < policy.backoff_limit:
+                    retryable = classify(code, policy.restart_on_exit_codes) == ExitClass.RETRYABLE
+                    if retryable and self.outcome.job_restarts < policy.backoff_limit:
                         self.outcome.job_restarts += 1
                         self._note(
                             f"{proc.name} {exit_text(code)} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
@@ -180,13 +185,8 @@ class LocalRun:
 
 
 def exit_text(code: int | None) -> str:
-    """How a process ended, as a person reads it: ``exited with code 75`` or ``was killed by SIGKILL``."""
-    if code is not None and code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    """How a process ended, in the kubelet's terms: ``exited with code 75`` or ``exited with code 137 (SIGKILL)``."""
+    return "has not exited" if code is None else describe_exit(exit_code(code))
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -111,12 +111,15 @@ def _is_model(tp: Any) -> bool:
 
 def _type_schema(tp: Any, info: FieldInfo | None) -> dict[str, Any]:
     if info is not None and info.quantity:
-        return {
+        quantity = {
             "x-kubernetes-int-or-string": True,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
             "maxLength": _MAX_QUANTITY_LENGTH,
         }
+        if typing.get_origin(_strip_optional(tp)[0]) is dict:  # a map of resource name -> quantity
+            return {"type": "object", "additionalProperties": quantity, "maxProperties": _MAX_PROPERTIES}
+        return quantity
     tp, _ = _strip_optional(tp)
     origin = typing.get_origin(tp)
     if _is_model(tp):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pipefill.children import fill_rbac
 from pipefill.devcluster import ControlPlane
 from pipefill.pods import rank_pod
 from pipefill.spec import PipelineTrainingJob, load_file, parse, to_obj
@@ -94,6 +95,8 @@ def test_every_rank_pod_passes_server_side_dry_run(
     control_plane.apply(
         [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": priority}, "value": 1000}]
     )
+    # the pods run as the fill executor's ServiceAccount, which admission checks exists
+    control_plane.apply(fill_rbac(job, namespace=namespace))
     pods = [rank_pod(job, rank, namespace=namespace) for rank in (0, job.world_size - 1)]
     out = control_plane.kubectl(
         "create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",

@@ -1,4 +1,5 @@
-"""Rank pods built from the examples are valid Kubernetes Pods with the container layout the design promises."""
+"""Rank pods built from the examples are valid Kubernetes Pods with the container layout and contract the design
+promises (docs/operator.md#the-pod-contract)."""
 
 from __future__ import annotations
 
@@ -9,66 +10,170 @@ import kubernetes_validate
 import pytest
 
 from pipefill import env
-from pipefill.pods import rank_containers, rank_pod
+from pipefill.children import Owner
+from pipefill.pods import GENERATION_LABEL, rank_containers, rank_pod
 from pipefill.spec import PipelineTrainingJob, load_file, parse, to_obj
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = [
     m for p in sorted((ROOT / "examples").glob("*.yaml")) for m in load_file(p) if isinstance(m, PipelineTrainingJob)
 ]
+# The release the test control plane runs (pods of gang: kubernetes carry spec.schedulingGroup, new in 1.35).
+K8S = "1.36"
+
+
+def _job(name: str, **changes: Any) -> PipelineTrainingJob:
+    obj = to_obj(next(j for j in JOBS if j.name == name))
+    for dotted, value in changes.items():
+        node = obj
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    job = parse(obj)
+    assert isinstance(job, PipelineTrainingJob)
+    return job
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container["env"]}
 
 
+def _containers(pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (trainer,) = pod["spec"]["containers"]
+    (fill,) = pod["spec"]["initContainers"]
+    return trainer, fill
+
+
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.name)
 def test_every_rank_pod_is_a_valid_pod(job: PipelineTrainingJob) -> None:
     for rank in range(job.world_size):
-        kubernetes_validate.validate(rank_pod(job, rank), "1.34", strict=True)
+        kubernetes_validate.validate(rank_pod(job, rank, generation=3), K8S, strict=True)
 
 
 def test_gpu_job_shares_one_dra_claim_and_runs_fill_as_native_sidecar() -> None:
     job = next(j for j in JOBS if j.name == "gpt-1-3b")
     pod = rank_pod(job, 9)
-    (trainer,) = pod["spec"]["containers"]
-    (fill,) = pod["spec"]["initContainers"]
+    trainer, fill = _containers(pod)
     assert fill["restartPolicy"] == "Always"
     assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpt-1-3b-gpu"}]
     assert trainer["resources"]["claims"] == fill["resources"]["claims"] == [{"name": "gpu"}]
     assert pod["metadata"]["labels"]["pipefill.io/stage"] == "1"
     assert pod["metadata"]["labels"]["pipefill.io/replica"] == "1"
-    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
     # rank environment only in the trainer; the API token only in the fill executor
     assert _env(trainer)["RANK"] == "9" and _env(trainer)["WORLD_SIZE"] == "16"
     assert "RANK" not in _env(fill) and _env(fill)[env.RANK] == "9"
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert any(m["name"] == "api-token" for m in fill["volumeMounts"])
     assert not any(m["name"] == "api-token" for m in trainer["volumeMounts"])
+    # MPS caps stay per container: the fill's environment, never the shared claim
     assert _env(fill)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=12288M"
     assert _env(fill)["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in _env(trainer)
     shared = {m["mountPath"] for m in trainer["volumeMounts"]} & {m["mountPath"] for m in fill["volumeMounts"]}
     assert env.DEFAULT_CHANNEL_DIR in shared
 
 
+def test_pod_contract_security_context_and_writable_scratch() -> None:
+    job = _job("cpu-demo", **{"spec.runPolicy.terminationGracePeriodSeconds": 600})
+    pod = rank_pod(job, 1, namespace="team-a", generation=2, owner=Owner(name="cpu-demo", uid="u-1"))
+    spec = pod["spec"]
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert spec["terminationGracePeriodSeconds"] == 600
+    assert spec["serviceAccountName"] == "cpu-demo-fill"
+    assert pod["metadata"]["labels"][GENERATION_LABEL] == "2"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    trainer, fill = _containers(pod)
+    for container in (trainer, fill):
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        paths = {m["mountPath"] for m in container["volumeMounts"]}
+        assert {"/tmp", "/home/pipefill", "/workspace/runs"} <= paths  # writable on a read-only root
+        assert "/workspace" not in paths  # what the image ships at its working directory stays visible
+        assert _env(container)["HOME"] == "/home/pipefill"
+    # each container its own /dev/shm, tmp and home
+    by_path = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (trainer, fill)}
+    for path in ("/dev/shm", "/tmp", "/home/pipefill"):
+        assert by_path["trainer"][path] != by_path["fill-executor"][path]
+    assert [p["name"] for p in trainer["ports"]] == ["trainer-metrics"]
+    assert [p["name"] for p in fill["ports"]] == ["fill-metrics"]
+    assert fill["resources"]["requests"] == {"cpu": "1", "memory": "4Gi"}
+    volumes = {v["name"] for v in spec["volumes"]}
+    mounted = {m["name"] for c in (trainer, fill) for m in c["volumeMounts"]}
+    assert volumes == mounted
+
+
+def test_rank_zero_declares_the_rendezvous_port_and_custom_schedule_is_named() -> None:
+    job = _job(
+        "cpu-demo",
+        **{"spec.pipeline.schedule": "custom", "spec.pipeline.customSchedule": {"name": "sched", "key": "s.csv"}},
+    )
+    trainer0, _ = _containers(rank_pod(job, 0))
+    trainer1, _ = _containers(rank_pod(job, 1))
+    assert [p["name"] for p in trainer0["ports"]] == ["trainer-metrics", "rendezvous"]
+    assert [p["name"] for p in trainer1["ports"]] == ["trainer-metrics"]
+    assert _env(trainer0)[env.SCHEDULE_FILE] == "/etc/pipefill/s.csv"
+
+
 def test_visible_devices_fallback_requests_the_gpu_for_the_trainer_only() -> None:
-    obj = to_obj(next(j for j in JOBS if j.name == "gpt-1-3b"))
-    obj["spec"]["gpuSharing"]["mode"] = "visibleDevices"
-    job = parse(obj)
-    assert isinstance(job, PipelineTrainingJob)
+    job = _job("gpt-1-3b", **{"spec.gpuSharing.mode": "visibleDevices"})
     pod = rank_pod(job, 0)
-    trainer, fill = pod["spec"]["containers"][0], pod["spec"]["initContainers"][0]
+    trainer, fill = _containers(pod)
     assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert "limits" not in fill["resources"] and _env(fill)["NVIDIA_VISIBLE_DEVICES"] == "all"
-    kubernetes_validate.validate(pod, "1.34", strict=True)
+    kubernetes_validate.validate(pod, K8S, strict=True)
+
+
+def test_host_network_gives_each_rank_its_own_host_ports() -> None:
+    job = next(j for j in JOBS if j.name == "gpt-rdma")
+    seen = set()
+    for rank in range(job.world_size):
+        pod = rank_pod(job, rank)
+        assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+        trainer, fill = _containers(pod)
+        ports = [(p["containerPort"], p["hostPort"]) for c in (trainer, fill) for p in c["ports"]]
+        assert all(a == b for a, b in ports)
+        plan = {c.name: c for c in rank_containers(job, rank)}
+        assert (
+            _env(trainer)[env.METRICS_PORT] == str(plan["trainer"].metrics_port) == str(trainer["ports"][0]["hostPort"])
+        )
+        metrics = {trainer["ports"][0]["hostPort"], fill["ports"][0]["hostPort"]}
+        assert not metrics & seen
+        seen |= metrics
+
+
+def test_gang_mechanisms_mark_the_pods() -> None:
+    by_name = {j.name: j for j in JOBS}
+    k8s = rank_pod(by_name["gpt-rdma"], 0)
+    assert k8s["spec"]["schedulingGroup"] == {"podGroupName": "gpt-rdma"}
+    assert "schedulerName" not in k8s["spec"]
+    volcano = rank_pod(by_name["gang-volcano"], 0)
+    assert volcano["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "gang-volcano"}
+    assert volcano["spec"]["schedulerName"] == "volcano"
+    cosched = rank_pod(by_name["gang-coscheduling"], 0)
+    assert cosched["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang-coscheduling"
+    assert cosched["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    queued = rank_pod(by_name["queued"], 1, generation=4)
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+    assert queued["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "queued-g4"
+    assert queued["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
 
 
 def test_fill_disabled_means_no_sidecar_and_rank_out_of_range_is_refused() -> None:
-    obj = to_obj(next(j for j in JOBS if j.name == "cpu-demo"))
-    obj["spec"]["fill"]["enabled"] = False
-    job = parse(obj)
-    assert isinstance(job, PipelineTrainingJob)
+    job = _job("cpu-demo", **{"spec.fill.enabled": False})
     assert [c.name for c in rank_containers(job, 1)] == ["trainer"]
-    assert "initContainers" not in rank_pod(job, 1)["spec"]
+    pod = rank_pod(job, 1)
+    assert "initContainers" not in pod["spec"]
+    assert not {v["name"] for v in pod["spec"]["volumes"]} & {"api-token", "fill-shm"}
     with pytest.raises(ValueError, match=r"rank 2 is outside 0\.\.1"):
         rank_containers(job, 2)

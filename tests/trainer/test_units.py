@@ -39,9 +39,10 @@ def test_partition_override_is_checked() -> None:
 def test_metrics_use_the_given_registry_and_no_gpu_metrics_on_cpu() -> None:
     registry = CollectorRegistry()
     m = TrainerMetrics(registry)
-    m.observe_step(step_s=0.5, tokens=1000, loss=2.5, flops=1e9)
+    m.observe_step(step=41, step_s=0.5, tokens=1000, loss=2.5, flops=1e9)
     m.observe_bubble(kind="warm-up", measured_s=0.01, predicted_s=0.012, announced=True)
     assert registry.get_sample_value("pipefill_trainer_loss") == 2.5
+    assert registry.get_sample_value("pipefill_trainer_step") == 42  # the job's count, not the process's
     assert registry.get_sample_value("pipefill_trainer_tokens_per_second") == 2000
     assert registry.get_sample_value("pipefill_trainer_bubbles_announced_total", {"kind": "warm-up"}) == 1
     assert registry.get_sample_value("pipefill_trainer_bubble_seconds_total", {"kind": "warm-up"}) == 0.01

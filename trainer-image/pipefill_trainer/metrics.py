@@ -27,6 +27,12 @@ class TrainerMetrics:
             registry=registry,
         )
         self.steps = Counter("pipefill_trainer_steps_total", "Optimizer steps completed.", registry=registry)
+        # steps_total restarts at 0 with the process; the operator's status.currentStep needs the job's own count
+        self.step = Gauge(
+            "pipefill_trainer_step",
+            "Optimizer steps the job has completed, counted over restarts (resumed from the checkpoint).",
+            registry=registry,
+        )
         self.tokens_per_second = Gauge(
             "pipefill_trainer_tokens_per_second",
             "Training tokens per second of the whole job, last step.",
@@ -78,9 +84,11 @@ class TrainerMetrics:
         used.set_function(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         total.set_function(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).total)
 
-    def observe_step(self, *, step_s: float, tokens: int, loss: float, flops: float) -> None:
+    def observe_step(self, *, step: int, step_s: float, tokens: int, loss: float, flops: float) -> None:
+        """``step``: the 0-based index of the step just completed, counted from the start of training."""
         self.step_seconds.observe(step_s)
         self.steps.inc()
+        self.step.set(step + 1)
         self.loss.set(loss)
         if step_s > 0:
             self.tokens_per_second.set(tokens / step_s)

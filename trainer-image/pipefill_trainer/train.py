@@ -140,7 +140,7 @@ class Trainer:
             p.producer.heartbeat()
         tokens_per_step = p.shape.global_batch * p.model.seq_len
         flops = tokens_per_step * p.model.flops_per_token()
-        p.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=totals.loss, flops=flops)
+        p.metrics.observe_step(step=step, step_s=step_s, tokens=tokens_per_step, loss=totals.loss, flops=flops)
         self._after_step(step)
         p.events.write(
             StepEvent(step=step, loss=totals.loss, step_s=step_s, tokens_per_s=tokens_per_step / step_s, start_ns=t0)

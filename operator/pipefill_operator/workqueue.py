@@ -1,0 +1,90 @@
+"""The reconcile queue: one entry per job, one worker on a job at a time, latest state wins.
+
+kopf calls a handler per watch event, and a job has many (its own, each of its pods'), from several watch streams at
+once. Handlers only :meth:`WorkQueue.add` the job's key; workers take keys off the queue and reconcile from a fresh
+read. A key added while it is queued is not queued twice (a burst of pod events is one reconcile); a key added
+while a worker is on it is queued again once the worker is done (no event is lost, and no job is reconciled by
+two workers at once — controller-runtime's work queue does the same). Delayed adds serve deadlines, TTLs and retry
+back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+
+__all__ = ["Backoff", "WorkQueue"]
+
+
+class WorkQueue:
+    """Deduplicating FIFO of keys with per-key exclusivity and delayed adds."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
+        self._dirty: set[Hashable] = set()  # queued, or to queue again after processing
+        self._processing: set[Hashable] = set()
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+
+    def __len__(self) -> int:
+        return self._queue.qsize()
+
+    def add(self, key: Hashable) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: Hashable, delay_s: float) -> None:
+        """Add ``key`` in ``delay_s`` seconds; an earlier pending add of the same key wins."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay_s, 0.0)
+        timer = self._timers.get(key)
+        if timer is not None and not timer.cancelled() and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    async def get(self) -> Hashable:
+        """The next key; the caller owns it until :meth:`done`."""
+        key = await self._queue.get()
+        self._dirty.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: Hashable) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._queue.put_nowait(key)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop a pending delayed add (the object is gone)."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+class Backoff:
+    """Per-key exponential back-off for unexpected errors: ``base_s`` doubling up to ``max_s``, reset on success."""
+
+    def __init__(self, *, base_s: float = 0.5, max_s: float = 60.0) -> None:
+        self.base_s, self.max_s = base_s, max_s
+        self._failures: dict[Hashable, int] = {}
+
+    def next_delay_s(self, key: Hashable) -> float:
+        count = self._failures.get(key, 0)
+        self._failures[key] = count + 1
+        return float(min(self.max_s, self.base_s * 2**count))
+
+    def reset(self, key: Hashable) -> None:
+        self._failures.pop(key, None)

@@ -1,0 +1,24 @@
+"""The lifecycle of a PipelineTrainingJob as pure functions, shared by the operator and ``pipefill local``.
+
+``exitcodes`` classifies a trainer's exit the same way on both runners; ``observe`` reads a rank pod's status;
+``gang`` decides the next status and actions of the whole gang; ``checks`` finds what admission cannot; and
+``conditions`` keeps metav1-style conditions. Nothing here talks to the API server or starts a process.
+"""
+
+from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code, exit_text
+from pipefill.lifecycle.gang import Decision, Event, Observed, decide
+from pipefill.lifecycle.observe import PodView, Termination, observe_pod
+
+__all__ = [
+    "Decision",
+    "Event",
+    "ExitClass",
+    "Observed",
+    "PodView",
+    "Termination",
+    "classify",
+    "decide",
+    "exit_code",
+    "exit_text",
+    "observe_pod",
+]

@@ -1,0 +1,99 @@
+"""What the lifecycle needs to know about one rank pod, read from the Pod object the API server returns.
+
+Only the pod's status is read, never its logs: the trainer's exit code and termination message (the kubelet keeps the
+end of the log there, ``FallbackToLogsOnError``), whether it is running, the fill sidecar's restart count, and the
+signs of a disruption (``DisruptionTarget``, an eviction by the kubelet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipefill.pods import GENERATION_LABEL, RANK_LABEL
+
+__all__ = ["DISRUPTION_REASONS", "PodView", "Termination", "observe_pod"]
+
+# Pod status reasons of a pod the node took away (kubelet eviction, node shutdown, a lost node).
+DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"})
+_MESSAGE_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How the trainer container ended."""
+
+    exit_code: int
+    reason: str  # the kubelet's: Error, Completed, OOMKilled, ...
+    message: str  # the termination message (the end of the log when the trainer wrote none)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One rank pod as the lifecycle sees it."""
+
+    name: str
+    rank: int
+    generation: int
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    deleting: bool  # metadata.deletionTimestamp is set
+    trainer: Termination | None = None  # set once the trainer container has terminated
+    trainer_running: bool = False
+    fill_restarts: int = 0
+    disruption: str | None = None  # why the cluster took the pod away (DisruptionTarget reason, Evicted, ...)
+    failure: str | None = None  # the pod failed without a trainer exit code (e.g. rejected by the kubelet)
+    pod_ip: str | None = None
+
+
+def _container(statuses: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
+    return next((s for s in statuses or () if s.get("name") == name), {})
+
+
+def _disruption(status: dict[str, Any]) -> str | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            detail = cond.get("message") or ""
+            return f"{cond.get('reason') or 'DisruptionTarget'}{': ' + detail if detail else ''}"
+    if status.get("reason") in DISRUPTION_REASONS:
+        return f"{status['reason']}: {status.get('message') or ''}".rstrip(": ")
+    return None
+
+
+def observe_pod(pod: dict[str, Any]) -> PodView | None:
+    """The view of a rank pod; None for a pod without our rank and generation labels."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    try:
+        rank, generation = int(labels[RANK_LABEL]), int(labels[GENERATION_LABEL])
+    except (KeyError, TypeError, ValueError):
+        return None
+    trainer = _container(status.get("containerStatuses"), "trainer")
+    state = trainer.get("state") or {}
+    terminated = state.get("terminated")
+    ended = None
+    if terminated is not None:
+        ended = Termination(
+            exit_code=int(terminated.get("exitCode", 0)),
+            reason=str(terminated.get("reason") or ""),
+            message=str(terminated.get("message") or "").strip()[-_MESSAGE_CHARS:],
+        )
+    phase = str(status.get("phase") or "Pending")
+    failure = None
+    if phase == "Failed" and ended is None:
+        failure = (
+            f"{status.get('reason') or 'Failed'}: {status.get('message') or 'the pod failed before its trainer ran'}"
+        )
+    fill = _container(status.get("initContainerStatuses"), "fill-executor")
+    return PodView(
+        name=str(meta.get("name", "")),
+        rank=rank,
+        generation=generation,
+        phase=phase,
+        deleting=meta.get("deletionTimestamp") is not None,
+        trainer=ended,
+        trainer_running="running" in state,
+        fill_restarts=int(fill.get("restartCount") or 0),
+        disruption=_disruption(status),
+        failure=failure,
+        pod_ip=status.get("podIP"),
+    )

@@ -1,0 +1,94 @@
+"""What each rank's pod gets: resources, how trainer and fill share the GPU, and the fill's own settings."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from pipefill.spec._schema import field
+
+__all__ = ["FillSettings", "GpuSharing", "Mps", "Resources", "SharingMode"]
+
+
+class SharingMode(enum.StrEnum):
+    DRA = "dra"
+    VISIBLE_DEVICES = "visibleDevices"
+    NONE = "none"
+
+
+@dataclass
+class Resources:
+    """Resources of each rank's pod."""
+
+    gpus: int = field(doc="GPUs per rank; 0 trains on CPU.", minimum=0, maximum=16, default=1)
+    gpu_resource_name: str = field(
+        doc="Extended resource of the device plugin.", max_length=253, default="nvidia.com/gpu"
+    )
+    cpu: int | str = field(
+        doc="CPU request of the trainer container (Kubernetes quantity).", quantity=True, default="4"
+    )
+    memory: int | str = field(
+        doc="Memory request of the trainer container (Kubernetes quantity).", quantity=True, default="16Gi"
+    )
+
+
+@dataclass
+class Mps:
+    """NVIDIA MPS: fill kernels run beside the trainer's instead of time-slicing with them."""
+
+    enabled: bool = field(doc="Run the fill executor as an MPS client.", default=False)
+    fill_client_priority: int = field(
+        doc="CUDA_MPS_CLIENT_PRIORITY of the fill (1 = below normal).", minimum=0, maximum=1, default=1
+    )
+    fill_active_thread_percentage: int = field(
+        doc="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of the fill.", minimum=1, maximum=100, default=100
+    )
+    fill_pinned_memory_limit: int | str | None = field(
+        doc="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT of the fill (quantity); default: fill.reservedMemory.",
+        quantity=True,
+        default=None,
+    )
+
+
+@dataclass
+class GpuSharing:
+    """How the trainer and the fill executor share the rank's GPU."""
+
+    mode: SharingMode = field(
+        doc="dra: one ResourceClaim for both containers; visibleDevices: fill selects the trainer's GPU by UUID; none: fill on CPU only.",
+        default=SharingMode.DRA,
+    )
+    device_class_name: str = field(doc="DRA DeviceClass to claim from.", max_length=253, default="gpu.nvidia.com")
+    mps: Mps = field(doc="MPS options.", default_factory=lambda: Mps())
+
+
+@dataclass
+class FillSettings:
+    """How bubbles are offered to fill work."""
+
+    enabled: bool = field(doc="Run the fill executor and announce bubbles.", default=True)
+    reserved_memory: int | str = field(
+        doc="Device memory kept free for fill work (quantity).", quantity=True, default="2Gi"
+    )
+    min_bubble_milliseconds: float = field(
+        doc="Bubbles shorter than this are not announced.", unit="ms", minimum=0, maximum=60000, default=5.0
+    )
+    guard_milliseconds: float = field(
+        doc="The fill must yield this long before a bubble's expected end.",
+        unit="ms",
+        minimum=0,
+        maximum=60000,
+        default=1.0,
+    )
+    cpu: int | str = field(
+        doc="CPU request of the fill-executor sidecar (quantity); it mostly waits on the channel, but plans, loads "
+        "inputs and commits progress on the CPU.",
+        quantity=True,
+        default="1",
+    )
+    memory: int | str = field(
+        doc="Memory request of the fill-executor sidecar (quantity): host memory for its workload, inputs and its "
+        "own /dev/shm.",
+        quantity=True,
+        default="4Gi",
+    )

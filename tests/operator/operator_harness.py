@@ -1,0 +1,316 @@
+"""Test helpers for the operator on the real control plane: the operator as its own process, under a ServiceAccount
+bound to the committed ClusterRole (a missing verb is a 403 that fails the test), and the test playing the kubelet.
+
+Waits are event-driven: a watch on the object (or on the job's pods) is checked at every event until the predicate
+holds, never a sleep-and-poll loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, watch
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipefill.devcluster import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE_FILE = ROOT / "operator" / "rbac" / "clusterrole.yaml"
+OPERATOR_NAMESPACE = "pipefill-system"
+GROUP, VERSION, PLURAL = "pipefill.io", "v1alpha1", "pipelinetrainingjobs"
+READY_LINE = "pipefill operator ready"
+
+JOB: dict[str, Any] = {
+    "apiVersion": "pipefill.io/v1alpha1",
+    "kind": "PipelineTrainingJob",
+    "metadata": {"name": "train"},
+    "spec": {
+        "model": {"preset": "gpt-tiny"},
+        "pipeline": {"stages": 2, "microbatches": 4, "globalBatch": 8},
+        "resources": {"gpus": 1, "cpu": "1", "memory": "1Gi"},
+        "gpuSharing": {"mode": "visibleDevices"},
+        "fill": {"cpu": "100m", "memory": "256Mi"},
+        "runPolicy": {"terminationGracePeriodSeconds": 5},
+    },
+}
+
+
+def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
+    """A small GPU job (2 ranks, 1 GPU each); ``spec`` entries replace the top-level spec fields given."""
+    obj = copy.deepcopy(JOB)
+    obj["metadata"]["name"] = name
+    obj["spec"].update(copy.deepcopy(spec))
+    return obj
+
+
+def install_identity(cp: ControlPlane, name: str, role: dict[str, Any] | None) -> Path:
+    """A ServiceAccount ``pipefill-system/<name>`` bound to ``role`` (None: cluster-admin); its kubeconfig."""
+    objs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE}},
+    ]
+    role_name = "cluster-admin"
+    if role is not None:
+        role_name = f"{name}-role"
+        objs.append({**role, "metadata": {**role["metadata"], "name": role_name}})
+    objs.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}],
+        }
+    )
+    cp.apply(objs)
+    return cp.kubeconfig_for(OPERATOR_NAMESPACE, name)
+
+
+def committed_role() -> dict[str, Any]:
+    role: dict[str, Any] = yaml.safe_load(ROLE_FILE.read_text())
+    return role
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """``python -m pipefill_operator`` as a child process; ``start`` returns once it serves."""
+
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, *, namespaces: tuple[str, ...] = (), status_interval_s: float = 1.0
+    ) -> None:
+        self.kubeconfig, self.log_path = kubeconfig, log_path
+        self.namespaces, self.status_interval_s = namespaces, status_interval_s
+        self.metrics_port = _free_port()
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout_s: float = 60) -> None:
+        argv = [sys.executable, "-m", "pipefill_operator", "--kubeconfig", str(self.kubeconfig)]
+        argv += [
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            "--status-interval",
+            str(self.status_interval_s),
+        ]
+        for ns in self.namespaces:
+            argv += ["--namespace", ns]
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        ready = threading.Event()
+        self._reader = threading.Thread(target=self._copy_log, args=(self.proc, ready), daemon=True)
+        self._reader.start()
+        if not ready.wait(timeout_s) or self.proc.poll() is not None:
+            code = self._end(signal.SIGKILL)
+            raise AssertionError(f"the operator did not start (exit {code}); see {self.log_path}")
+
+    def _copy_log(self, proc: subprocess.Popen[str], ready: threading.Event) -> None:
+        """Copy the operator's output into its log file; set ``ready`` at the line saying it serves (or at exit)."""
+        assert proc.stdout is not None
+        with self.log_path.open("a") as log, proc.stdout:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if READY_LINE in line:
+                    ready.set()
+        ready.set()
+
+    def _end(self, sig: int) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+        self.proc = None
+        return code
+
+    def stop(self) -> int:
+        return self._end(signal.SIGTERM)
+
+    def kill(self) -> int:
+        return self._end(signal.SIGKILL)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                    return float(sample.value)
+        return None
+
+
+class Kube:
+    """The test's own API client (the admin): create jobs, wait on them, play the kubelet."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.api = config.new_client_from_config(str(cp.kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def create_job(self, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        made: dict[str, Any] = self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, obj)
+        return made
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        got: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return got
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+    def _watch(
+        self,
+        api_call: Callable[..., Any],
+        args: tuple[Any, ...],
+        check: Callable[[list[dict[str, Any]]], Any],
+        timeout_s: float,
+        what: str,
+        **selectors: str,
+    ) -> Any:
+        """List, check; then watch from that list's resourceVersion, checking after every event."""
+        deadline = time.monotonic() + timeout_s
+        listed = json.loads(api_call(*args, _preload_content=False, **selectors).data)
+        items = {i["metadata"]["name"]: i for i in listed["items"]}
+        version = listed["metadata"]["resourceVersion"]
+        while True:
+            found = check(list(items.values()))
+            if found:
+                return found
+            left_s = deadline - time.monotonic()
+            assert left_s > 0, f"timed out waiting for {what}; last seen: {[i.get('status') for i in items.values()]}"
+            stream = watch.Watch().stream(
+                api_call, *args, resource_version=version, timeout_seconds=max(1, int(left_s)), **selectors
+            )
+            for event in stream:
+                obj = event["raw_object"]
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] == "DELETED":
+                    items.pop(obj["metadata"]["name"], None)
+                else:
+                    items[obj["metadata"]["name"]] = obj
+                found = check(list(items.values()))
+                if found:
+                    return found
+                if time.monotonic() > deadline:
+                    break
+
+    def wait_job(
+        self, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 60
+    ) -> dict[str, Any]:
+        def check(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+            return next((i for i in items if predicate(i)), None)
+
+        found: dict[str, Any] = self._watch(
+            self.custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL), check, timeout_s,
+            f"job {name}", field_selector=f"metadata.name={name}",
+        )  # fmt: skip
+        return found
+
+    def wait_job_gone(self, namespace: str, name: str, timeout_s: float = 60) -> None:
+        self._watch(
+            self.custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL),
+            lambda items: not items, timeout_s, f"job {name} gone", field_selector=f"metadata.name={name}",
+        )  # fmt: skip
+
+    def wait_pods(
+        self, namespace: str, job: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 60
+    ) -> list[dict[str, Any]]:
+        """Wait until the job's pods (by label) satisfy ``predicate``; returns them."""
+
+        def check(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+            return (pods,) if predicate(pods) else None  # a tuple: an empty list of pods is a match too
+
+        (result,) = self._watch(
+            self.core.list_namespaced_pod, (namespace,), check, timeout_s, f"pods of {job}",
+            label_selector=f"pipefill.io/job-name={job}",
+        )  # fmt: skip
+        return result
+
+    def wait_gone(
+        self, list_call: Callable[..., Any], namespace: str, what: str, timeout_s: float = 60, **sel: str
+    ) -> None:
+        """Wait until ``list_call(namespace, **sel)`` lists nothing."""
+        self._watch(list_call, (namespace,), lambda items: not items, timeout_s, what, **sel)
+
+    def end_trainer(self, namespace: str, pod: str, exit_code: int, message: str = "") -> None:
+        """Play the kubelet: the trainer container of ``pod`` terminated with ``exit_code``; the pod is done."""
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+        if message:
+            terminated["message"] = message
+        status = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [
+                {"name": "trainer", "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+                 "state": {"terminated": terminated}},
+            ],
+        }  # fmt: skip
+        self.core.patch_namespaced_pod_status(pod, namespace, {"status": status})
+
+    def restart_fill(self, namespace: str, pod: str, restarts: int) -> None:
+        """Play the kubelet: the fill-executor sidecar of ``pod`` crashed and was restarted ``restarts`` times."""
+        status = {
+            "initContainerStatuses": [
+                {"name": "fill-executor", "image": "fill", "imageID": "", "ready": True, "restartCount": restarts,
+                 "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                 "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+            ]
+        }  # fmt: skip
+        self.core.patch_namespaced_pod_status(pod, namespace, {"status": status})
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or () if c["type"] == kind), None)
+
+
+def phase(value: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda obj: (obj.get("status") or {}).get("phase") == value
+
+
+def running(count: int, generation: int = 0) -> Callable[[list[dict[str, Any]]], bool]:
+    """``count`` pods of ``generation``, all Running on a node."""
+
+    def check(pods: list[dict[str, Any]]) -> bool:
+        ok = [
+            p
+            for p in pods
+            if p["metadata"]["labels"].get("pipefill.io/generation") == str(generation)
+            and (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        return len(ok) == count and len(pods) == count
+
+    return check
+
+
+def operator_requests(cp: ControlPlane, user: str, *, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The audit events of ``user``'s resource requests (in ``namespace`` if given)."""
+    out = []
+    for event in cp.audit_events():
+        if (event.get("user") or {}).get("username") != user or event.get("stage") != "ResponseComplete":
+            continue
+        ref = event.get("objectRef") or {}
+        if namespace is None or ref.get("namespace") == namespace:
+            out.append(event)
+    return out

@@ -1,0 +1,356 @@
+"""The operator as its own process on the real control plane (kwok GPU nodes; the test plays the kubelet by patching
+pod status): children, the gang's restarts and failures, suspend, deadline, TTL, deletion, disruptions."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
+
+from pipefill.devcluster import ControlPlane
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR_USER = "system:serviceaccount:pipefill-system:pipefill-operator"
+CHILD_KINDS = ("service", "configmap", "serviceaccount", "role", "rolebinding", "poddisruptionbudget")
+
+
+def _get(cp: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(cp.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return out
+
+
+def _status(job: dict[str, Any]) -> dict[str, Any]:
+    status: dict[str, Any] = job.get("status") or {}
+    return status
+
+
+def _recording(seen: list[str], done: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    """A predicate that also records every phase the watch shows (transient ones included)."""
+
+    def check(job: dict[str, Any]) -> bool:
+        value = _status(job).get("phase")
+        if value and (not seen or seen[-1] != value):
+            seen.append(value)
+        return done(job)
+
+    return check
+
+
+def _pod_creates(cp: ControlPlane, namespace: str) -> list[str]:
+    return [
+        e["objectRef"].get("name", "")
+        for e in operator_requests(cp, OPERATOR_USER, namespace=namespace)
+        if e["verb"] == "create" and e["objectRef"].get("resource") == "pods" and not e["objectRef"].get("subresource")
+    ]
+
+
+def _events(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _get(
+        cp, namespace, "events", "--field-selector", "involvedObject.kind=PipelineTrainingJob"
+    )["items"]
+    return items
+
+
+def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    made = kube.create_job(namespace, job_manifest(scheduling={"podDisruptionBudget": True}))
+    uid = made["metadata"]["uid"]
+    pods = kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    for kind in CHILD_KINDS:
+        items = _get(control_plane, namespace, kind, "-l", "pipefill.io/job-name=train")["items"]
+        assert len(items) == 1, kind
+        (ref,) = items[0]["metadata"]["ownerReferences"]
+        assert (ref["uid"], ref["kind"], ref["controller"]) == (uid, "PipelineTrainingJob", True), kind
+    tainted = f"kwok-node-{control_plane.nodes - 1}"
+    for pod in pods:
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert pod["spec"]["nodeName"].startswith("kwok-node-") and pod["spec"]["nodeName"] != tainted
+        assert pod["status"]["podIP"].startswith("127.")
+    status = _status(job)
+    assert (status["ranksReady"], status["generation"], status["restarts"], status["observedGeneration"]) == (
+        2,
+        0,
+        0,
+        1,
+    )
+    assert status["startTime"] and (condition(job, "Created") or {}).get("status") == "True"
+    assert "finalizers" not in job["metadata"]
+    assert {"PodsCreated", "Running", "CheckpointsNotShared"} <= {
+        e["reason"] for e in _events(control_plane, namespace)
+    }
+
+
+def test_the_tainted_gpu_node_takes_only_pods_that_tolerate_it(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    tainted = f"kwok-node-{control_plane.nodes - 1}"
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": tainted}}
+    kube.create_job(namespace, job_manifest("tolerates", podTemplate={**pinned, "tolerations": [toleration]}))
+    kube.create_job(namespace, job_manifest("intolerant", podTemplate=pinned))
+    pods = kube.wait_pods(namespace, "tolerates", running(2))
+    assert {p["spec"]["nodeName"] for p in pods} == {tainted}
+
+    def unschedulable(pods: list[dict[str, Any]]) -> bool:
+        return len(pods) == 2 and all(
+            any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in p["status"].get("conditions", [])
+            )
+            for p in pods
+        )
+
+    pods = kube.wait_pods(namespace, "intolerant", unschedulable)
+    assert not any(p["spec"].get("nodeName") for p in pods)
+    assert _status(kube.job(namespace, "intolerant"))["phase"] == "Pending"
+
+
+def test_a_retryable_trainer_exit_restarts_the_whole_gang_once(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest())
+    pods = kube.wait_pods(namespace, "train", running(2))
+    kube.wait_job(namespace, "train", phase("Running"))
+    seen: list[str] = []
+    kube.end_trainer(namespace, "train-1", 75, "rendezvous with rank 0 timed out")
+    job = kube.wait_job(
+        namespace,
+        "train",
+        _recording(seen, lambda j: _status(j).get("generation") == 1 and _status(j)["phase"] == "Running"),
+    )
+    assert "Restarting" in seen
+    assert (_status(job)["restarts"], _status(job)["disruptions"]) == (1, 0)
+    new = kube.wait_pods(namespace, "train", running(2, generation=1))
+    assert {p["metadata"]["uid"] for p in new}.isdisjoint({p["metadata"]["uid"] for p in pods})
+    assert sorted(_pod_creates(control_plane, namespace)) == ["train-0", "train-0", "train-1", "train-1"]
+    (restart,) = [e for e in _events(control_plane, namespace) if e["reason"] == "TrainerFailed"]
+    assert "rank 1 (pod train-1): trainer exited with code 75: rendezvous with rank 0 timed out" in restart["message"]
+
+
+def _hold_pod_creation(cp: ControlPlane, namespace: str) -> None:
+    """A ValidatingAdmissionPolicy that forbids creating pods in ``namespace``; returns once the API server applies
+    it (checked with a server-side dry-run, the only way to see an admission policy in force)."""
+    cp.apply(
+        [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": f"hold-{namespace}"},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                        ]
+                    },
+                    "validations": [{"expression": "false", "message": "held by the test", "reason": "Forbidden"}],
+                },
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": f"hold-{namespace}"},
+                "spec": {
+                    "policyName": f"hold-{namespace}",
+                    "validationActions": ["Deny"],
+                    "matchResources": {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                    },
+                },
+            },
+        ]
+    )
+    _wait_creation_allowed(cp, namespace, allowed=False)
+
+
+def _wait_creation_allowed(cp: ControlPlane, namespace: str, *, allowed: bool, timeout_s: float = 30) -> None:
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": namespace},
+             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while True:  # the policy informer has no event to wait on; each try is one dry-run request
+        done = cp.kubectl("create", "--dry-run=server", "-f", "-", check=False, stdin=json.dumps(probe))
+        if (done.returncode == 0) == allowed:
+            return
+        assert time.monotonic() < deadline, f"pod creation in {namespace} not {'allowed' if allowed else 'held'}"
+        time.sleep(0.2)
+
+
+def test_an_operator_killed_between_deleting_the_old_gang_and_creating_the_new_one_restarts_it_once(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    operator = start_operator()
+    kube.create_job(namespace, job_manifest())
+    kube.wait_pods(namespace, "train", running(2))
+    kube.wait_job(namespace, "train", phase("Running"))
+    _hold_pod_creation(control_plane, namespace)  # the new gang cannot be created: the operator is caught between
+    kube.end_trainer(namespace, "train-0", 143)
+    kube.wait_pods(namespace, "train", lambda pods: not pods)
+    job = kube.wait_job(namespace, "train", lambda j: _status(j).get("generation") == 1)
+    assert (_status(job)["phase"], _status(job)["restarts"]) == ("Restarting", 1)
+    operator.kill()
+    control_plane.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", f"hold-{namespace}")
+    _wait_creation_allowed(control_plane, namespace, allowed=True)
+    start_operator()
+    job = kube.wait_job(namespace, "train", lambda j: _status(j).get("phase") == "Running")
+    assert (_status(job)["restarts"], _status(job)["generation"]) == (1, 1)
+    kube.wait_pods(namespace, "train", running(2, generation=1))
+    created = [e["objectRef"]["name"] for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace)
+               if e["verb"] == "create" and e["objectRef"].get("resource") == "pods"
+               and e["responseStatus"]["code"] == 201]  # fmt: skip
+    assert sorted(created) == ["train-0", "train-0", "train-1", "train-1"]  # generation 0, then exactly one more
+
+
+def test_an_exhausted_backoff_limit_fails_the_job_with_the_reason(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest(runPolicy={"backoffLimit": 1, "terminationGracePeriodSeconds": 5}))
+    kube.wait_pods(namespace, "train", running(2))
+    kube.end_trainer(namespace, "train-0", 75)
+    kube.wait_pods(namespace, "train", running(2, generation=1))
+    kube.end_trainer(namespace, "train-1", 137, "killed")
+    job = kube.wait_job(namespace, "train", phase("Failed"))
+    failed = condition(job, "Failed") or {}
+    assert failed.get("reason") == "BackoffLimitExceeded"
+    assert "rank 1 (pod train-1): trainer exited with code 137 (SIGKILL): killed" in failed["message"]
+    assert _status(job)["restarts"] == 1 and _status(job)["completionTime"]
+    pods = kube.wait_pods(namespace, "train", lambda pods: [p["metadata"]["name"] for p in pods] == ["train-1"])
+    assert pods[0]["status"]["phase"] == "Failed"  # kept for inspection; the live rank was stopped
+
+
+def test_a_permanent_exit_fails_the_job_whatever_its_peer_exits_with(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    operator = start_operator()
+    kube.create_job(namespace, job_manifest())
+    kube.wait_pods(namespace, "train", running(2))
+    kube.wait_job(namespace, "train", phase("Running"))
+    operator.stop()  # both exits are seen at once: no order to race on
+    kube.end_trainer(namespace, "train-0", 75)
+    kube.end_trainer(namespace, "train-1", 1, "ValueError: bad batch")
+    start_operator()
+    job = kube.wait_job(namespace, "train", phase("Failed"))
+    failed = condition(job, "Failed") or {}
+    assert (
+        failed.get("reason") == "TrainerFailed"
+        and "rank 1 (pod train-1): trainer exited with code 1" in failed["message"]
+    )
+    assert _status(job)["restarts"] == 0 and _status(job)["generation"] == 0
+
+
+def test_fill_sidecar_restarts_are_reported_and_the_job_keeps_running(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest())
+    kube.wait_pods(namespace, "train", running(2))
+    kube.restart_fill(namespace, "train-1", 2)
+    job = kube.wait_job(namespace, "train", lambda j: _status(j).get("fillRestarts") == 2)
+    assert _status(job)["phase"] == "Running" and _status(job)["restarts"] == 0
+    (event,) = [e for e in _events(control_plane, namespace) if e["reason"] == "FillExecutorRestarted"]
+    assert "rank 1: 2" in event["message"] and event["type"] == "Warning"
+
+
+def test_suspend_deletes_the_pods_and_resume_starts_a_new_generation(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest())
+    kube.wait_pods(namespace, "train", running(2))
+    kube.patch_job(namespace, "train", {"spec": {"runPolicy": {"suspend": True}}})
+    kube.wait_pods(namespace, "train", lambda pods: not pods)
+    job = kube.wait_job(namespace, "train", phase("Suspended"))
+    assert (condition(job, "Suspended") or {}).get("status") == "True"
+    kube.patch_job(namespace, "train", {"spec": {"runPolicy": {"suspend": False}}})
+    kube.wait_pods(namespace, "train", running(2, generation=1))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert (_status(job)["restarts"], _status(job)["generation"]) == (0, 1)
+    assert (condition(job, "Suspended") or {}).get("reason") == "Resumed"
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest(runPolicy={"activeDeadlineSeconds": 3, "terminationGracePeriodSeconds": 5}))
+    kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Failed"), timeout_s=30)
+    assert (condition(job, "Failed") or {}).get("reason") == "DeadlineExceeded"
+    kube.wait_pods(namespace, "train", lambda pods: not pods)
+
+
+def test_a_finished_job_is_deleted_after_its_ttl_with_everything_it_owned(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(
+        namespace, job_manifest(runPolicy={"ttlSecondsAfterFinished": 1, "terminationGracePeriodSeconds": 5})
+    )
+    kube.wait_pods(namespace, "train", running(2))
+    seen: list[str] = []
+    kube.wait_job(namespace, "train", _recording(seen, phase("Running")))
+    for pod in ("train-0", "train-1"):
+        kube.end_trainer(namespace, pod, 0)
+    kube.wait_job(namespace, "train", _recording(seen, phase("Succeeded")))
+    kube.wait_job_gone(namespace, "train")
+    assert seen[-1] == "Succeeded"
+    for kind in ("pods", *CHILD_KINDS[:-1]):
+        kube.wait_gone(
+            _lister(kube, kind), namespace, f"{kind} of the job", label_selector="pipefill.io/job-name=train"
+        )
+
+
+def _lister(kube: Kube, kind: str) -> Callable[..., Any]:
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    return {
+        "pods": kube.core.list_namespaced_pod,
+        "service": kube.core.list_namespaced_service,
+        "configmap": kube.core.list_namespaced_config_map,
+        "serviceaccount": kube.core.list_namespaced_service_account,
+        "role": rbac.list_namespaced_role,
+        "rolebinding": rbac.list_namespaced_role_binding,
+    }[kind]
+
+
+def test_deleting_the_job_leaves_nothing_behind_and_never_waits_on_a_finalizer(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest())
+    kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert not job["metadata"].get("finalizers")
+    control_plane.kubectl("delete", "ptj", "train", "-n", namespace, "--wait=true", "--timeout=20s")
+    for kind in ("pods", *CHILD_KINDS[:-1]):
+        kube.wait_gone(
+            _lister(kube, kind), namespace, f"{kind} of the job", label_selector="pipefill.io/job-name=train"
+        )
+
+
+def test_an_evicted_rank_restarts_the_gang_without_counting_against_the_backoff_limit(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest(runPolicy={"backoffLimit": 0, "terminationGracePeriodSeconds": 5}))
+    kube.wait_pods(namespace, "train", running(2))
+    kube.wait_job(namespace, "train", phase("Running"))
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "train-0", "namespace": namespace}}
+    kube.core.create_namespaced_pod_eviction("train-0", namespace, eviction)
+    job = kube.wait_job(
+        namespace, "train", lambda j: _status(j).get("generation") == 1 and _status(j)["phase"] == "Running"
+    )
+    assert (_status(job)["restarts"], _status(job)["disruptions"]) == (0, 1)
+    assert (condition(job, "Restarting") or {}).get("status") == "False"
+    (event,) = [e for e in _events(control_plane, namespace) if e["reason"] == "Disrupted"]
+    assert "not counted against backoffLimit" in event["message"]
