@@ -125,9 +125,12 @@ def component_argv(name: str, binary: Path, root: Path, ports: Ports, *, audit: 
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--use-service-account-credentials=true",
-            # No pod CIDRs to hand out, no volumes to attach, no bootstrap tokens: leave those controllers out.
+            # No pod CIDRs to hand out, no volumes to attach, no bootstrap tokens: leave those controllers out. And
+            # no Endpoints/EndpointSlices: they refuse our loopback pod IPs and would retry with Warning Events, load
+            # a real cluster does not have (nothing here routes to a Service anyway).
             "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller,"
-            "-bootstrap-signer-controller,-token-cleaner-controller",
+            "-bootstrap-signer-controller,-token-cleaner-controller,-endpoints-controller,-endpointslice-controller,"
+            "-endpointslice-mirroring-controller",
         ]
     if name == "kube-scheduler":
         return [str(binary), *common, f"--secure-port={ports.scheduler}"]
