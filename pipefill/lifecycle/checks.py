@@ -1,9 +1,9 @@
 """What the operator checks that admission cannot, and what it warns about.
 
 Each problem is a message naming the field, the value, the rule and the fix, reported as the InvalidSpec condition
-(once: the job is not retried until its spec changes). The schedule is built by the same function, with the same
-arguments, as the trainer builds it (``pipefill.schedules.build_schedule``), so a spec the trainer would refuse at
-start-up is refused before any pod is created.
+(once: the job is not retried until its spec changes). The schedule comes from the same shape derivation as the
+trainer's (``pipefill.spec.shape``), so a spec the trainer would refuse at start-up is refused before any pod is
+created.
 """
 
 from __future__ import annotations
@@ -12,41 +12,23 @@ from typing import Any
 
 from pipefill.overlay import OverlayError
 from pipefill.pods import rank_pod
-from pipefill.schedules.generators import build_schedule
 from pipefill.spec import PipelineTrainingJob, Schedule, SharingMode
+from pipefill.spec.shape import ShapeError, from_spec, shape_errors
 
 __all__ = ["checkpoint_sharing", "spec_problems"]
 
 
-def _schedule_problem(job: PipelineTrainingJob, schedule_csv: str | None) -> str | None:
-    pipe = job.spec.pipeline
-    if pipe.schedule == Schedule.CUSTOM and schedule_csv is None:
-        return None  # the job waits for its ConfigMap; checked once the CSV is there
-    virtual = pipe.virtual_stages if pipe.schedule != Schedule.CUSTOM or pipe.virtual_stages > 1 else None
-    try:
-        build_schedule(
-            str(pipe.schedule),
-            ranks=pipe.stages,
-            microbatches=pipe.microbatches,
-            virtual_stages=virtual,
-            csv_text=schedule_csv,
-        )
-    except ValueError as exc:
-        return f"spec.pipeline.schedule: Invalid value: {str(pipe.schedule)!r}: {exc}"
-    return None
-
-
-def _layers_problem(job: PipelineTrainingJob) -> str | None:
-    counts = job.spec.pipeline.layers_per_stage
-    if counts is None:
-        return None
-    layers = job.spec.model.dims()[0]
-    if sum(counts) != layers or min(counts) < 1:
-        return (
-            f"spec.pipeline.layersPerStage: Invalid value: {counts}: entries must each be ≥ 1 and sum to the "
-            f"model's {layers} layers (they sum to {sum(counts)}); fix the list or remove it to balance by cost"
-        )
-    return None
+def _shape_problems(job: PipelineTrainingJob, schedule_csv: str | None) -> list[str]:
+    """The schedule's and the layer cut's rules, from the one shape derivation the trainer uses."""
+    if job.spec.pipeline.schedule == Schedule.CUSTOM:
+        if schedule_csv is None:
+            return []  # the job waits for its ConfigMap; checked once the CSV is there
+        try:
+            from_spec(job, schedule_csv=schedule_csv)
+        except ShapeError as exc:
+            return [e.text for e in exc.errors]
+        return []
+    return [e.text for e in shape_errors(job)]
 
 
 def _gpu_problem(job: PipelineTrainingJob) -> str | None:
@@ -62,7 +44,9 @@ def _gpu_problem(job: PipelineTrainingJob) -> str | None:
 
 def spec_problems(job: PipelineTrainingJob, *, schedule_csv: str | None = None) -> list[str]:
     """Every reason ``job`` can never run, beyond the CRD's schema and CEL rules; empty when it can."""
-    problems = [p for p in (_schedule_problem(job, schedule_csv), _layers_problem(job), _gpu_problem(job)) if p]
+    problems = _shape_problems(job, schedule_csv)
+    if gpu := _gpu_problem(job):
+        problems.append(gpu)
     try:
         rank_pod(job, 0)
     except OverlayError as exc:
