@@ -23,5 +23,5 @@ rm -f go.sum
 for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
   go get -tool "k8s.io/kubernetes/cmd/$cmd@$version"
 done
-go mod tidy
+
 echo "cluster/tools/kube now builds Kubernetes $version; run make cluster-bins"

@@ -3,7 +3,7 @@
 Each tool is one small Go module under ``cluster/tools/<module>/`` whose ``go.mod`` names the upstream command as a
 ``tool`` dependency and pins every version (the go.mod files are the one place the versions live; ``go.sum`` makes the
 build reproducible). Nothing of upstream is copied into this repository. A build lands in
-``$PIPEFILL_CACHE/bins/<module>-<key>/`` where the key hashes the go.mod, go.sum and the build flags, so a version bump
+``$PIPEFILL_BINS/<module>-<version>-<key>/`` (default ``~/.cache/pipefill/bins``) where the key hashes the go.mod, go.sum and the build flags, so a version bump
 builds anew and an unchanged module is never rebuilt.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["MODULES", "BinaryMissing", "GoModule", "binary", "cache_dir", "ensure_built", "tools_dir"]
+__all__ = ["MODULES", "BinaryMissing", "GoModule", "binary", "bins_dir", "ensure_built", "tools_dir"]
 
 
 class BinaryMissing(RuntimeError):
@@ -92,9 +92,10 @@ def tools_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "cluster" / "tools"
 
 
-def cache_dir() -> Path:
-    """``$PIPEFILL_CACHE`` or ``~/.cache/pipefill``: kept across clones so a fresh clone builds nothing twice."""
-    return Path(os.environ.get("PIPEFILL_CACHE") or Path.home() / ".cache" / "pipefill")
+def bins_dir() -> Path:
+    """``$PIPEFILL_BINS`` or ``~/.cache/pipefill/bins``: outside the repository, kept across clones, so a fresh clone
+    builds nothing twice (Prometheus for the dashboard checks lands here too, see the Makefile)."""
+    return Path(os.environ.get("PIPEFILL_BINS") or Path.home() / ".cache" / "pipefill" / "bins")
 
 
 def _key(module: GoModule) -> str:
@@ -106,7 +107,7 @@ def _key(module: GoModule) -> str:
 
 
 def _out_dir(module: GoModule) -> Path:
-    return cache_dir() / "bins" / f"{module.name}-{module.version()}-{_key(module)}"
+    return bins_dir() / f"{module.name}-{module.version()}-{_key(module)}"
 
 
 def binary(name: str) -> Path:
@@ -153,7 +154,7 @@ def _build(module: GoModule, log: Callable[[str], None]) -> None:
 def ensure_built(names: tuple[str, ...] = tuple(MODULES), *, log: Callable[[str], None] | None = None) -> None:
     """Build every module in ``names`` whose binaries are missing; print progress through ``log``."""
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    lock_path = cache_dir() / "bins" / ".lock"
+    lock_path = bins_dir() / ".lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:  # one builder at a time: several checkouts may run `make test` at once
         if not _try_lock(lock):

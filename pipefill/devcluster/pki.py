@@ -12,16 +12,15 @@ import datetime
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 __all__ = ["Pki", "make_pki"]
 
 _VALID = datetime.timedelta(days=365)
-_PEM = serialization.Encoding.PEM
 
 
 @dataclass(frozen=True)
@@ -37,17 +36,35 @@ class Pki:
     clients: dict[str, tuple[Path, Path]]
 
 
+def _crypto() -> None:
+    """Fail with the fix when ``cryptography`` (a development dependency) is missing: the operator image ships the
+    core without it and never starts a control plane."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "the local control plane needs 'cryptography' (the dev extra): pip install -e '.[dev]'"
+        ) from exc
+
+
 def _key() -> ec.EllipticCurvePrivateKey:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     return ec.generate_private_key(ec.SECP256R1())
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    from cryptography.hazmat.primitives import serialization
+
     fmt = serialization.PrivateFormat.PKCS8
-    path.write_bytes(key.private_bytes(_PEM, fmt, serialization.NoEncryption()))
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption()))
     path.chmod(0o600)
 
 
 def _name(common: str, org: str | None = None) -> x509.Name:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
     if org:
         attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
@@ -55,6 +72,8 @@ def _name(common: str, org: str | None = None) -> x509.Name:
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+    from cryptography import x509
+
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -75,6 +94,9 @@ def _leaf(
     usage: x509.ObjectIdentifier,
     sans: list[x509.GeneralName] | None = None,
 ) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
     ca_cert, ca_key = ca
     key = _key()
     builder = _builder(subject, ca_cert.subject, key.public_key())
@@ -84,7 +106,7 @@ def _leaf(
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     cert_path, key_path = out / f"{stem}.crt", out / f"{stem}.key"
-    cert_path.write_bytes(cert.public_bytes(_PEM))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key_path, key)
     return cert_path, key_path
 
@@ -93,6 +115,13 @@ def make_pki(out: Path, *, service_ip: str, clients: dict[str, tuple[str, str | 
     """Write a CA, the API server's certificate (for 127.0.0.1, localhost and the in-cluster names of the
     ``kubernetes`` Service at ``service_ip``), one client certificate per ``name -> (user, group)``, and the
     service-account key pair, into ``out``."""
+    _crypto()
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    pem = serialization.Encoding.PEM
     out.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = _name("pipefill-devcluster-ca")
@@ -105,7 +134,7 @@ def make_pki(out: Path, *, service_ip: str, clients: dict[str, tuple[str, str | 
         )
         .sign(ca_key, hashes.SHA256())
     )
-    (out / "ca.crt").write_bytes(ca_cert.public_bytes(_PEM))
+    (out / "ca.crt").write_bytes(ca_cert.public_bytes(pem))
     _write_key(out / "ca.key", ca_key)
     ca = (ca_cert, ca_key)
     dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
@@ -119,6 +148,6 @@ def make_pki(out: Path, *, service_ip: str, clients: dict[str, tuple[str, str | 
     }
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(out / "sa.key", sa_key)
-    pub = sa_key.public_key().public_bytes(_PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub = sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     (out / "sa.pub").write_bytes(pub)
     return Pki(out / "ca.crt", out / "ca.key", *serving, out / "sa.key", out / "sa.pub", issued)

@@ -152,6 +152,24 @@ class FillJobSpec:
             "split across ranks); remove maxParallelRanks or set it to 1'.format([self.maxParallelRanks])",
             field_path=".maxParallelRanks",
         ),
+        # Update-only (transition) rules: progress, slices and outputs are counted against these three fields.
+        Rule(
+            rule="has(self.totalSamples) == has(oldSelf.totalSamples) && (!has(self.totalSamples) || self.totalSamples"
+            " == oldSelf.totalSamples)",
+            message="spec.totalSamples is immutable: progress and slices are counted against it; create a new FillJob",
+            field_path=".totalSamples",
+        ),
+        Rule(
+            rule="self.maxParallelRanks == oldSelf.maxParallelRanks",
+            message="spec.maxParallelRanks is immutable: the slice plan is fixed when the job is first scheduled; "
+            "create a new FillJob",
+            field_path=".maxParallelRanks",
+        ),
+        Rule(
+            rule="self.output == oldSelf.output",
+            message="spec.output is immutable: committed outputs are already there; create a new FillJob",
+            field_path=".output",
+        ),
     )
 
     @property

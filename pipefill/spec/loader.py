@@ -66,8 +66,11 @@ def parse_yaml(text: str, *, source: str = "<input>") -> list[dict[str, Any]]:
     return docs
 
 
-def validate(obj: dict[str, Any], *, source: str = "<input>") -> tuple[str, str, list[FieldError]]:
-    """(kind, name, violations) of one manifest; ``obj`` gets the schema's defaults when it is valid."""
+def validate(
+    obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None
+) -> tuple[str, str, list[FieldError]]:
+    """(kind, name, violations) of one manifest; ``obj`` gets the schema's defaults when it is valid. ``old``: the
+    stored object when ``obj`` is an update of it (then the update-only rules with ``oldSelf`` apply too)."""
     kind = obj.get("kind")
     name = str((obj.get("metadata") or {}).get("name", "")) if isinstance(obj.get("metadata"), dict) else ""
     if obj.get("apiVersion") != API_VERSION:
@@ -93,13 +96,13 @@ def validate(obj: dict[str, Any], *, source: str = "<input>") -> tuple[str, str,
             ],
         )
     obj.pop("status", None)  # the status subresource ignores status on create
-    return kind, name, check_object(object_schema(kind), obj)
+    return kind, name, check_object(object_schema(kind), obj, old)
 
 
-def parse(obj: dict[str, Any], *, source: str = "<input>") -> Manifest:
-    """A typed manifest, or :class:`SpecError` naming every violation."""
+def parse(obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None) -> Manifest:
+    """A typed manifest, or :class:`SpecError` naming every violation; ``old`` as in :func:`validate`."""
     obj = copy.deepcopy(obj)
-    kind, name, errors = validate(obj, source=source)
+    kind, name, errors = validate(obj, source=source, old=old)
     if errors:
         raise SpecError(kind=kind, name=name, source=source, errors=errors)
     model: Manifest = from_obj(KINDS[kind].model, obj)

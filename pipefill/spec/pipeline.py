@@ -81,6 +81,24 @@ class Pipeline:
             "[size(self.layersPerStage), self.stages * self.virtualStages])",
             field_path=".layersPerStage",
         ),
+        # The schedule generators' own arithmetic rules (pipefill.schedules.generators.build_schedule), held by
+        # admission too so `kubectl apply` refuses what the trainer would refuse at start.
+        Rule(
+            rule="self.schedule != '1f1b' || self.microbatches >= self.stages",
+            message="spec.pipeline.microbatches must be at least stages for schedule 1f1b",
+            message_expression="'spec.pipeline.microbatches %d is fewer than the %d stages: schedule 1f1b needs"
+            " microbatches >= stages; raise microbatches or use gpipe'.format([self.microbatches, self.stages])",
+            field_path=".microbatches",
+        ),
+        Rule(
+            rule="!(self.schedule in ['interleaved-1f1b', 'zero-bubble-h1']) || self.microbatches % (self.microbatches"
+            " / self.stages > 1 ? self.microbatches / self.stages : 1) == 0",
+            message="spec.pipeline.microbatches must be a multiple of its rounds max(1, microbatches / stages)",
+            message_expression="'spec.pipeline.microbatches %d is not a multiple of its rounds max(1, microbatches /"
+            " stages) = %d, which schedule %s needs; use a multiple of stages (%d)'.format([self.microbatches,"
+            " self.microbatches / self.stages, self.schedule, self.stages])",
+            field_path=".microbatches",
+        ),
     )
 
 

@@ -102,6 +102,14 @@ class PipelineTrainingJobSpec:
             field_path=".gpuSharing.mode",
         ),
         Rule(
+            rule="self.gpuSharing.mode != 'visibleDevices' || self.resources.gpus == 1",
+            message="spec.gpuSharing.mode visibleDevices supports exactly one GPU per rank",
+            message_expression="'spec.resources.gpus is %d but gpuSharing mode visibleDevices supports exactly one GPU"
+            " per rank (the fill selects the trainer\\'s GPU by its UUID); set gpus: 1 or use mode dra'.format("
+            "[self.resources.gpus])",
+            field_path=".resources.gpus",
+        ),
+        Rule(
             rule="!self.gpuSharing.mps.enabled || self.gpuSharing.mode != 'none'",
             message="spec.gpuSharing.mps.enabled needs a shared GPU (mode dra or visibleDevices)",
             field_path=".gpuSharing.mps.enabled",

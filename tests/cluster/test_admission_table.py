@@ -27,17 +27,17 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _corpus() -> list[tuple[str, dict[str, Any], str, str]]:
-    """The malformed-manifest corpus of tests/spec/test_malformed.py (one list of cases for both test files)."""
+def _corpus() -> Any:
+    """tests/spec/test_malformed.py: its malformed-manifest corpus and valid bases (one corpus for both files)."""
     found = importlib.util.spec_from_file_location("malformed_corpus", ROOT / "tests" / "spec" / "test_malformed.py")
     assert found is not None and found.loader is not None
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
-    cases: list[tuple[str, dict[str, Any], str, str]] = module.CASES
-    return cases
+    return module
 
 
-CASES = _corpus()
+_CORPUS = _corpus()
+CASES: list[tuple[str, dict[str, Any], str, str]] = _CORPUS.CASES
 _PLURAL = {"PipelineTrainingJob": "pipelinetrainingjobs", "FillJob": "filljobs"}
 _UNKNOWN = re.compile(r'unknown field "([^"]+)"')
 
@@ -116,3 +116,37 @@ EXAMPLES = [
 def test_every_example_is_accepted_by_both(custom: client.CustomObjectsApi, manifest: dict[str, Any]) -> None:
     assert server_rejects(custom, manifest) == set()
     assert loader_rejects(manifest) == set()
+
+
+FJ: dict[str, Any] = _CORPUS.FJ
+# (id, spec changes of an update, field paths both layers must name; empty: the update is allowed)
+UPDATES: list[tuple[str, dict[str, Any], set[str]]] = [
+    ("total-samples", {"totalSamples": 200}, {"spec.totalSamples"}),
+    ("max-parallel-ranks", {"maxParallelRanks": 4}, {"spec.maxParallelRanks"}),
+    ("output", {"output": {"path": "/elsewhere"}}, {"spec.output"}),
+    ("priority-is-mutable", {"priority": 10}, set()),
+]
+
+
+@pytest.mark.parametrize(("changes", "fields"), [u[1:] for u in UPDATES], ids=[u[0] for u in UPDATES])
+def test_update_only_rules_agree(
+    custom: client.CustomObjectsApi, namespace: str, changes: dict[str, Any], fields: set[str]
+) -> None:
+    old = copy.deepcopy(FJ)
+    custom.create_namespaced_custom_object("pipefill.io", "v1alpha1", namespace, "filljobs", old)
+    new = copy.deepcopy(FJ)
+    new["spec"].update(changes)
+    server: set[str] = set()
+    try:
+        custom.patch_namespaced_custom_object(
+            "pipefill.io", "v1alpha1", namespace, "filljobs", FJ["metadata"]["name"], {"spec": changes}, dry_run="All"
+        )
+    except ApiException as exc:
+        server = {_field(c) for c in json.loads(exc.body)["details"]["causes"]} - {None}
+    try:
+        parse(copy.deepcopy(new), old=copy.deepcopy(old))
+        local: set[str] = set()
+    except SpecError as exc:
+        local = {e.path for e in exc.errors}
+    assert server == local == fields
+    assert loader_rejects(new) == set(), "update-only rules must not apply on create"
