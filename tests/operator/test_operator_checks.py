@@ -1,0 +1,144 @@
+"""What the operator checks and waits for on the real control plane: a spec admission accepts but the operator
+refuses (InvalidSpec once, a bounded number of writes), waiting for a custom schedule's ConfigMap and for a GPU
+resource no node offers (both clear by themselves), and status read from the ranks' metrics endpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pipefill.devcluster import ControlPlane
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR_USER = "system:serviceaccount:pipefill-system:pipefill-operator"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+SCHEDULE_CSV = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n"
+
+
+def _status(job: dict[str, Any]) -> dict[str, Any]:
+    status: dict[str, Any] = job.get("status") or {}
+    return status
+
+
+def test_a_spec_only_the_operator_refuses_is_invalid_once_with_bounded_writes(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    operator = start_operator()
+    # admission accepts it (globalBatch divisible); 1F1B needs at least as many microbatches as stages
+    kube.create_job(namespace, job_manifest(pipeline={"stages": 4, "microbatches": 2, "globalBatch": 8}))
+    job = kube.wait_job(namespace, "train", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
+    invalid = condition(job, "InvalidSpec") or {}
+    assert invalid["message"].startswith("spec.pipeline.schedule: Invalid value: '1f1b': schedule '1f1b' needs")
+    assert _status(job)["phase"] == "Failed" and (condition(job, "Failed") or {}).get("reason") == "InvalidSpec"
+    window_end = time.monotonic() + 60  # the issue's minute: every event on the job makes it look again
+    pokes = 0
+    while time.monotonic() < window_end:
+        kube.patch_job(namespace, "train", {"metadata": {"labels": {"poke": str(pokes)}}})
+        pokes += 1
+        time.sleep(5)
+    writes = [e for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace) if e["verb"] in WRITES]
+    kinds = sorted(
+        f"{e['verb']} {e['objectRef']['resource']}{'/' + e['objectRef']['subresource'] if e['objectRef'].get('subresource') else ''}"
+        for e in writes
+    )
+    assert kinds == ["create events", "patch pipelinetrainingjobs/status"], kinds
+    assert not kube.core.list_namespaced_pod(namespace).items
+    assert (operator.metric("pipefill_operator_reconciles_total", {"result": "ok"}) or 0) >= pokes
+
+
+def test_waiting_for_the_custom_schedule_configmap_clears_when_it_appears(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    pipeline = {"stages": 2, "microbatches": 4, "globalBatch": 8, "schedule": "custom",
+                "customSchedule": {"name": "order", "key": "order.csv"}}  # fmt: skip
+    kube.create_job(namespace, job_manifest(pipeline=pipeline))
+    job = kube.wait_job(namespace, "train", phase("Waiting"))
+    waiting = condition(job, "Waiting") or {}
+    assert waiting.get("reason") == "ConfigMapMissing" and "ConfigMap 'order'" in waiting["message"]
+    assert not kube.core.list_namespaced_pod(namespace).items
+    control_plane.apply([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "order", "namespace": namespace},
+                          "data": {"order.csv": SCHEDULE_CSV}}])  # fmt: skip
+    kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert (condition(job, "Waiting") or {}).get("status") == "False"
+    spec_map = kube.core.read_namespaced_config_map("train-spec", namespace)
+    assert spec_map.data["order.csv"] == SCHEDULE_CSV and "job.yaml" in spec_map.data
+    pod = kube.core.read_namespaced_pod("train-0", namespace)
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["PIPEFILL_SCHEDULE_FILE"] == "/etc/pipefill/order.csv"
+
+
+def test_a_gpu_resource_no_node_offers_is_waited_for_until_a_node_offers_it(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator(clusterwide=True)  # the node watch serves a cluster-wide operator
+    resource = f"example.com/{namespace}"
+    kube.create_job(
+        namespace, job_manifest(resources={"gpus": 1, "gpuResourceName": resource, "cpu": "1", "memory": "1Gi"})
+    )
+    job = kube.wait_job(namespace, "train", phase("Waiting"))
+    assert (condition(job, "Waiting") or {}).get("reason") == "ResourceUnavailable"
+    node = "kwok-node-0"
+    patch = {"status": {"capacity": {resource: "2"}, "allocatable": {resource: "2"}}}
+    kube.core.patch_node_status(node, patch)
+    try:
+        kube.wait_pods(namespace, "train", lambda pods: len(pods) == 2)
+        job = kube.wait_job(namespace, "train", lambda j: _status(j).get("phase") != "Waiting")
+        assert (condition(job, "Waiting") or {}).get("status") == "False"
+    finally:
+        gone = {"status": {"capacity": {resource: None}, "allocatable": {resource: None}}}
+        kube.core.patch_node_status(node, gone)
+
+
+@contextmanager
+def _rank_endpoints(pods: list[dict[str, Any]]) -> Iterator[None]:
+    """What the ranks would serve: trainer and fill metrics on each pod's IP and named ports (loopback)."""
+    servers = []
+    for rank, pod in enumerate(sorted(pods, key=lambda p: p["metadata"]["name"])):
+        ports = {p["name"]: p["containerPort"] for c in (*pod["spec"]["containers"], *pod["spec"]["initContainers"])
+                 for p in c.get("ports", [])}  # fmt: skip
+        trainer, fill = CollectorRegistry(), CollectorRegistry()
+        Gauge("pipefill_trainer_step", "", registry=trainer).set(30 + rank)
+        Histogram("pipefill_trainer_step_seconds", "", registry=trainer).observe(10.0)
+        Counter("pipefill_trainer_bubble_seconds_total", "", ["kind"], registry=trainer).labels("steady").inc(
+            2 + 2 * rank
+        )
+        Gauge("pipefill_fill_bubble_recovery_ratio", "", registry=fill).set(0.5 + 0.2 * rank)
+        ip = pod["status"]["podIP"]
+        servers.append(start_http_server(ports["trainer-metrics"], addr=ip, registry=trainer))
+        servers.append(start_http_server(ports["fill-metrics"], addr=ip, registry=fill))
+    try:
+        yield
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+
+def test_status_comes_from_the_ranks_metrics_endpoints(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    operator = start_operator(status_interval_s=1.0)
+    kube.create_job(namespace, job_manifest())
+    pods = kube.wait_pods(namespace, "train", running(2))
+    assert all(p["status"]["podIP"].startswith("127.") for p in pods)  # loopback only
+    kube.wait_job(namespace, "train", phase("Running"))
+    with _rank_endpoints(pods):
+        job = kube.wait_job(namespace, "train", lambda j: _status(j).get("currentStep") == 30)
+    status = _status(job)
+    assert status["bubbleFraction"] == pytest.approx((0.2 + 0.4) / 2)
+    assert status["fillUtilization"] == pytest.approx(0.6)
+    printed = control_plane.kubectl("get", "ptj", "train", "-n", namespace).stdout.splitlines()[1].split()
+    assert printed[:3] == ["train", "Running", "30"]
+    assert (operator.metric("pipefill_operator_status_reads_total", {"result": "ok"}) or 0) >= 4
+    assert json.dumps(status)  # the status stays what the CRD's schema allows (the API server accepted it)
