@@ -153,12 +153,12 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
             "liveness": {"port": 8081},
             "metrics": {"port": 9500},
         },
-        "image": {"tag": "dev"},
+        "image": {"repository": "registry.example/pipefill-operator", "tag": "dev"},
     }
     objs = render(values, tmp_path)
     container = _operator_container(objs)
     assert one(objs, "Deployment")["spec"]["replicas"] == 0
-    assert container["image"] == "ghcr.io/pipefill/operator:dev"
+    assert container["image"] == "registry.example/pipefill-operator:dev"
     assert container["args"] == [
         "--namespace=ml",
         "--workers=3",
