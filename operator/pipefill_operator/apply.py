@@ -2,8 +2,8 @@
 
 The status goes first, with the job's resourceVersion as a precondition: a restart is on record (its generation and
 count) before any pod is deleted, and two writers can never both record one (the second gets a conflict and
-re-reads). Then the Events that describe it, deletions (each with the pod's uid as a precondition), the children the
-pods reference, and the pods. Creates are idempotent by name.
+re-reads). Then, at once: the Events that describe it, deletions (each with the pod's uid as a precondition), and the
+children the pods reference followed by the pods. Creates are idempotent by name.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import logging
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -34,6 +35,7 @@ COMPONENT = "pipefill-operator"
 PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
 CONFIG_MAP = resource_of("v1", "ConfigMap")
+RANKS_READY_INTERVAL_S = 1.0
 # The fields the status reader owns; a reconcile never writes them.
 READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
 
@@ -59,19 +61,32 @@ class Applier:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
+        self._written: dict[str, float] = {}  # uid -> monotonic time of the last status write
+        self.postponed = False
 
     def forget(self, uid: str) -> None:
         self._ensured = {e for e in self._ensured if e[0] != uid}
+        self._written.pop(uid, None)
 
     async def status(
         self, body: dict[str, Any], old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus
-    ) -> None:
+    ) -> dict[str, Any] | None:
+        """Write the changed fields; the job as the API server returned it, or None when nothing was written.
+
+        A change of ``ranksReady`` alone, within ``RANKS_READY_INTERVAL_S`` of the job's last write, waits: while a
+        gang starts, each rank would otherwise cost a write of its own (:attr:`postponed` tells the caller to look
+        again then)."""
         patch = status_patch(old, new)
+        self.postponed = False
         if not patch:
-            return
+            return None
         meta = body["metadata"]
+        now = time.monotonic()
+        if set(patch) <= {"ranksReady"} and now - self._written.get(meta["uid"], 0.0) < RANKS_READY_INTERVAL_S:
+            self.postponed = True
+            return None
         try:
-            await self.kube.merge_patch(
+            written = await self.kube.merge_patch(
                 PTJ,
                 meta["name"],
                 {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch},
@@ -80,27 +95,29 @@ class Applier:
             )
         except ApiError as exc:
             raise _temporary(exc) if exc.status in (409, 429) or exc.status >= 500 else exc from None
+        self._written[meta["uid"]] = now
+        return written
 
-    async def children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> None:
-        """Create what the pods reference; the spec ConfigMap is brought up to date when the spec changed."""
+    async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> list[dict[str, Any]]:
+        """Create what the pods reference, but the RoleBinding, which is returned to be created with the pods (RBAC
+        checks a RoleBinding against its Role, so the Role must exist first; the pods need the ServiceAccount and
+        the PodGroup). The spec ConfigMap is brought up to date when the spec changed."""
         meta = body["metadata"]
         digest = hashlib.sha256((csv or "").encode()).hexdigest()[:16]
         mark = (meta["uid"], int(meta.get("generation", 1)), digest)
         if mark in self._ensured:
-            return
+            return []
         owner = Owner(name=meta["name"], uid=meta["uid"])
         objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv)
-        # A RoleBinding is checked against its Role (RBAC's escalation check), so the Role must exist first.
         first = [o for o in objs if o["kind"] != "RoleBinding"]
-        then = [o for o in objs if o["kind"] == "RoleBinding"]
-        created = [*await asyncio.gather(*(self._create(o) for o in first))]
-        created += await asyncio.gather(*(self._create(o) for o in then))
-        for obj, made in zip([*first, *then], created, strict=True):
+        created = await asyncio.gather(*(self._create(o) for o in first))
+        for obj, made in zip(first, created, strict=True):
             if made is None and obj["kind"] == "ConfigMap":
                 await self.kube.merge_patch(
                     CONFIG_MAP, obj["metadata"]["name"], {"data": obj["data"]}, meta["namespace"]
                 )
         self._ensured.add(mark)
+        return [o for o in objs if o["kind"] == "RoleBinding"]
 
     async def _create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         try:
@@ -112,16 +129,17 @@ class Applier:
             raise _temporary(exc) if exc.status in (403, 409, 429) or exc.status >= 500 else exc from None
 
     async def pods(self, job: PipelineTrainingJob, body: dict[str, Any], decision: Decision, csv: str | None) -> None:
+        """The children the pods reference, then the pods (two rounds of parallel requests)."""
         if not decision.create_ranks:
             return
-        await self.children(job, body, csv)
+        rest = await self._children(job, body, csv)
         meta = body["metadata"]
         owner = Owner(name=meta["name"], uid=meta["uid"])
         gen = decision.status.generation
         manifests = [
             rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner) for r in decision.create_ranks
         ]
-        await asyncio.gather(*(self._create(pod) for pod in manifests))
+        await asyncio.gather(*(self._create(obj) for obj in [*rest, *manifests]))
 
     async def deletions(self, body: dict[str, Any], names: list[str], pods: list[dict[str, Any]]) -> None:
         uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
@@ -133,8 +151,7 @@ class Applier:
         await self.kube.delete(PTJ, meta["name"], meta["namespace"], uid=meta["uid"])
 
     async def events(self, body: dict[str, Any], decision: Decision) -> None:
-        for event in decision.events:
-            await post_event(self.kube, body, event.type, event.reason, event.message)
+        await asyncio.gather(*(post_event(self.kube, body, e.type, e.reason, e.message) for e in decision.events))
 
 
 async def post_event(kube: Kube, body: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -54,6 +54,7 @@ class OperatorConfig:
 class Controller:
     def __init__(self, kube: Kube, metrics: OperatorMetrics, config: OperatorConfig) -> None:
         self.kube, self.metrics, self.config = kube, metrics, config
+        kube.on_request = metrics.api_request
         self.queue = WorkQueue()
         self.backoff = Backoff()
         self.nodes = NodeIndex() if config.clusterwide else None
@@ -89,6 +90,10 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
+    def job_changed(self, key: Key, body: dict[str, Any]) -> None:
+        self.reconciler.remember(key, body)
+        self.enqueue(key)
+
     def job_deleted(self, key: Key, uid: str | None) -> None:
         self.queue.forget(key)
         self.reconciler.forget(key, uid)
@@ -97,8 +102,9 @@ class Controller:
         self._figures.pop(key, None)
         self.metrics.set_phase(key, None)
 
-    def config_map_changed(self, namespace: str, name: str) -> None:
-        for key in self.reconciler.waiting_for_config_maps.pop((namespace, name), set()):
+    def object_changed(self, kind: str, namespace: str, name: str) -> None:
+        """A ConfigMap or PersistentVolumeClaim appeared or changed: wake the jobs waiting for it."""
+        for key in self.reconciler.waiting_for.pop((kind, namespace, name), set()):
             self.enqueue(key)
 
     def node_changed(self, node: dict[str, Any], *, deleted: bool) -> None:

@@ -1,4 +1,5 @@
-"""kopf's part: log in, watch the job kind, its pods, ConfigMaps and nodes, and route every event to a job key.
+"""kopf's part: log in, watch the job kind, its pods, ConfigMaps, PersistentVolumeClaims and nodes, and route every
+event to a job key.
 
 Only watching handlers (``kopf.on.event``) are used: they keep no progress in annotations and add no finalizer, so
 deleting a job never waits for the operator and leaves nothing behind (the children go by garbage collection).
@@ -7,6 +8,7 @@ Handlers are registered into a registry passed in, so a test or a second operato
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -69,7 +71,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
         if type == "DELETED":
             controller.job_deleted(_key(body), body["metadata"].get("uid"))
         else:
-            controller.enqueue(_key(body))
+            controller.job_changed(_key(body), copy.deepcopy(dict(body)))
 
     @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
     def pod_event(body: Any, **_: Any) -> None:
@@ -77,7 +79,11 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("v1", "configmaps", registry=registry)
     def config_map_event(body: Any, **_: Any) -> None:
-        controller.config_map_changed(*_key(body))
+        controller.object_changed("ConfigMap", *_key(body))
+
+    @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
+    def claim_event(body: Any, **_: Any) -> None:
+        controller.object_changed("PersistentVolumeClaim", *_key(body))
 
     if controller.config.clusterwide:
 

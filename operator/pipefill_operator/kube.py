@@ -12,6 +12,7 @@ import json
 import os
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
 class Kube:
     """One aiohttp session to the API server; ``api_wait_s`` accumulates the time spent waiting on it."""
 
-    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 32) -> None:
+    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 64) -> None:
         self.cfg = cfg
         self.server = str(cfg.host).rstrip("/")
         context = (
@@ -109,6 +110,8 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
         self.api_wait_s = 0.0
         self.requests = 0
+        # called with (HTTP method, seconds) after every request: the operator's metrics time the API server
+        self.on_request: Callable[[str, float], None] | None = None
 
     def authorization(self) -> str | None:
         """The Authorization header's value (``Bearer …``); the loader's hook refreshes an expiring token."""
@@ -154,8 +157,11 @@ class Kube:
             ) as response:
                 text = await response.text()
         finally:
-            self.api_wait_s += time.perf_counter() - started
+            waited_s = time.perf_counter() - started
+            self.api_wait_s += waited_s
             self.requests += 1
+            if self.on_request is not None:
+                self.on_request(method, waited_s)
         payload: dict[str, Any] = json.loads(text) if text else {}
         if response.status >= 400:
             raise ApiError(

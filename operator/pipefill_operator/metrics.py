@@ -58,6 +58,13 @@ class OperatorMetrics:
             ["result"],
             registry=registry,
         )
+        self.api_duration = Histogram(
+            f"{p}_api_request_duration_seconds",
+            "Wall time of one request to the API server, by HTTP method: the control plane's share of a reconcile.",
+            ["method"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
         self.queue_depth = Gauge(f"{p}_queue_depth", "Jobs waiting for a reconcile.", registry=registry)
         for result in RESULTS:
             self.reconciles.labels(_KIND, result)
@@ -66,6 +73,9 @@ class OperatorMetrics:
         for cause in ("failure", "disruption"):
             self.restarts.labels(cause)
         self._phases: dict[object, str] = {}
+
+    def api_request(self, method: str, duration_s: float) -> None:
+        self.api_duration.labels(method).observe(duration_s)
 
     def record(self, *, result: str, duration_s: float, own_s: float) -> None:
         self.reconciles.labels(_KIND, result).inc()

@@ -9,6 +9,7 @@ is busy), with the delay it asks for.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import time
@@ -24,7 +25,7 @@ from pipefill.lifecycle.checks import checkpoint_sharing, spec_problems
 from pipefill.lifecycle.conditions import ConditionType, find, rfc3339, set_condition
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, parse
 from pipefill.spec._schema import from_obj
-from pipefill_operator.apply import POD, PTJ, Applier, post_event
+from pipefill_operator.apply import POD, PTJ, RANKS_READY_INTERVAL_S, Applier, post_event
 from pipefill_operator.kube import Kube
 from pipefill_operator.prerequisites import NodeIndex, Prerequisites
 
@@ -65,11 +66,26 @@ class Reconciler:
         self.now = now or (lambda: datetime.datetime.now(datetime.UTC))
         self._parsed: dict[tuple[str, int], PipelineTrainingJob] = {}
         self._problems: dict[tuple[str, int, str | None], list[str]] = {}
-        # ConfigMaps jobs wait for: (namespace, name) -> job keys (the ConfigMap watch wakes them)
-        self.waiting_for_config_maps: dict[tuple[str, str], set[Key]] = {}
+        # objects jobs wait for: (kind, namespace, name) -> job keys (the ConfigMap and PVC watches wake them)
+        self.waiting_for: dict[tuple[str, str, str], set[Key]] = {}
+        self.bodies: dict[Key, dict[str, Any]] = {}  # the latest copy of each job (see remember)
+
+    def remember(self, key: Key, body: dict[str, Any]) -> None:
+        """The job as last seen (a watch event, or the answer to a status write): a reconcile starts from it
+        instead of reading it again. A stale copy costs one conflict, never a wrong write: the status write is
+        preconditioned on its resourceVersion."""
+        known = self.bodies.get(key)
+        if known is not None and known["metadata"]["uid"] == body["metadata"]["uid"]:
+            try:
+                if int(known["metadata"]["resourceVersion"]) > int(body["metadata"]["resourceVersion"]):
+                    return  # an older event arriving after our own write's answer
+            except (KeyError, ValueError):
+                pass
+        self.bodies[key] = body
 
     def forget(self, key: Key, uid: str | None = None) -> None:
-        for waiters in self.waiting_for_config_maps.values():
+        self.bodies.pop(key, None)
+        for waiters in self.waiting_for.values():
             waiters.discard(key)
         if uid is not None:
             self.apply.forget(uid)
@@ -122,7 +138,7 @@ class Reconciler:
         """Bring job ``key`` one step closer to what its spec and pods call for; ``permanent`` is a PermanentError
         of the previous attempt, decided as InvalidSpec now."""
         namespace, name = key
-        body = await self.kube.get(PTJ, name, namespace)
+        body = self.bodies.get(key) or await self.kube.get(PTJ, name, namespace)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.forget(key, None if body is None else body["metadata"]["uid"])
             return Outcome()
@@ -137,7 +153,7 @@ class Reconciler:
         csv, waiting = await self.prereqs.schedule_csv(job, namespace)
         ref = job.spec.pipeline.custom_schedule
         if waiting is not None and ref is not None:
-            self.waiting_for_config_maps.setdefault((namespace, ref.name), set()).add(key)
+            self.waiting_for.setdefault(("ConfigMap", namespace, ref.name), set()).add(key)
         tick = time.perf_counter()
         views = [v for v in map(observe_pod, pods) if v is not None]
         problems = list(self._spec_problems(job, uid, generation, csv))
@@ -150,11 +166,22 @@ class Reconciler:
         checkpoints = None
         if before_pods and not problems:
             checkpoints = checkpoint_sharing(job, await self.prereqs.checkpoint_claim(job, namespace))
+            claim = job.spec.checkpoint.claim_name
+            if waiting is None and claim is not None and checkpoints[1] == "CheckpointClaimMissing":
+                # pods would only sit unschedulable: wait for the claim instead (the PVC watch wakes the job)
+                waiting, checkpoints = (checkpoints[1], f"{checkpoints[2]}; the job starts once it exists"), None
+                self.waiting_for.setdefault(("PersistentVolumeClaim", namespace, claim), set()).add(key)
         tick = time.perf_counter()
         observed = Observed(pods=views, now=self.now(), problems=problems, waiting=waiting, checkpoints=checkpoints)
         decision = decide(job, status, observed, job_generation=generation)
         own += time.perf_counter() - tick
-        await self._apply(body, job, status, decision, pods, csv)
+        try:
+            await self._apply(key, body, job, status, decision, pods, csv)
+        except kopf.TemporaryError:
+            self.bodies.pop(key, None)  # a conflict: read the job afresh next time
+            raise
+        if self.apply.postponed:
+            decision.requeue_after_s = min(decision.requeue_after_s or RANKS_READY_INTERVAL_S, RANKS_READY_INTERVAL_S)
         restarted = None
         if decision.status.restarts > status.restarts:
             restarted = "failure"
@@ -164,6 +191,7 @@ class Reconciler:
 
     async def _apply(
         self,
+        key: Key,
         body: dict[str, Any],
         job: PipelineTrainingJob,
         status: PipelineTrainingJobStatus,
@@ -171,10 +199,15 @@ class Reconciler:
         pods: list[dict[str, Any]],
         csv: str | None,
     ) -> None:
-        await self.apply.status(body, status, decision.status)
-        # The Events tell what the written status records: posted now, they cannot be lost to a later failure.
-        await self.apply.events(body, decision)
-        await self.apply.deletions(body, decision.delete_pods, pods)
-        await self.apply.pods(job, body, decision, csv)
+        written = await self.apply.status(body, status, decision.status)
+        if written is not None:
+            self.remember(key, written)
+        # Once the status is written: the Events that tell what it records (a later failure cannot lose them),
+        # the deletions and the creations (a decision never has both), all at once.
+        await asyncio.gather(
+            self.apply.events(body, decision),
+            self.apply.deletions(body, decision.delete_pods, pods),
+            self.apply.pods(job, body, decision, csv),
+        )
         if decision.delete_job:
             await self.apply.delete_job(body)

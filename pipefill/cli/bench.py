@@ -17,6 +17,7 @@ _BENCHMARKS: dict[str, str] = {
     "channel": "pipefill.channel.bench",
     "colocation": "pipefill.local.colocation",
     "fill": "pipefill_fill.bench",
+    "operator": "pipefill_operator.bench",
     "scheduler": "pipefill.queue.bench",
     "trainer": "pipefill_trainer.bench",
 }

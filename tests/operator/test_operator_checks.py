@@ -142,3 +142,27 @@ def test_status_comes_from_the_ranks_metrics_endpoints(
     assert printed[:3] == ["train", "Running", "30"]
     assert (operator.metric("pipefill_operator_status_reads_total", {"result": "ok"}) or 0) >= 4
     assert json.dumps(status)  # the status stays what the CRD's schema allows (the API server accepted it)
+
+
+def test_a_missing_checkpoint_claim_is_waited_for_and_a_shared_one_is_recorded(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    kube.create_job(namespace, job_manifest(checkpoint={"path": "/ckpt", "claimName": "ckpt"}))
+    job = kube.wait_job(namespace, "train", phase("Waiting"))
+    assert (condition(job, "Waiting") or {}).get("reason") == "CheckpointClaimMissing"
+    assert not kube.core.list_namespaced_pod(namespace).items
+    control_plane.apply(
+        [
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"ckpt-{namespace}"},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": "/tmp/x"},
+                      "claimRef": {"namespace": namespace, "name": "ckpt"}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt", "namespace": namespace},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}},
+                      "storageClassName": ""}},
+        ]
+    )  # fmt: skip
+    kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert (condition(job, "CheckpointsShared") or {}).get("reason") == "SharedVolume"
+    control_plane.kubectl("delete", "pv", f"ckpt-{namespace}", "--wait=false")

@@ -1,0 +1,272 @@
+"""``pipefill bench operator``: many training jobs created at once on a thousand simulated GPU nodes.
+
+A control plane with ``--nodes`` kwok nodes (8 GPUs each; no audit log), the operator as its own process (all
+namespaces, under a ServiceAccount bound to operator/rbac/clusterrole.yaml), then ``--jobs`` PipelineTrainingJobs of
+``--ranks`` ranks created at once from a thread pool. It reports the seconds until every job is Running (per job:
+p50, p95, last), how long the control plane took to schedule the pods apart from the operator's own work
+(reconcile wall time, and that time minus the waits on the API server), reconciles per second, the operator's CPU
+seconds and peak resident memory. kwok plays the kubelet: pods are bound and reported Running, never run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, watch
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipefill.devcluster import ControlPlane, start
+from pipefill.devcluster.cluster import repo_root
+
+__all__ = ["main"]
+
+GROUP, VERSION, PLURAL = "pipefill.io", "v1alpha1", "pipelinetrainingjobs"
+NAMESPACE = "bench"
+OPERATOR_NAMESPACE = "pipefill-system"
+
+
+def _job(index: int, ranks: int, sharing: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PipelineTrainingJob",
+        "metadata": {"name": f"job-{index:03d}"},
+        "spec": {
+            "model": {"preset": "gpt2-small"},
+            "pipeline": {"stages": ranks, "microbatches": ranks, "globalBatch": 4 * ranks},
+            "resources": {"gpus": 1, "cpu": "1", "memory": "4Gi"},
+            "gpuSharing": {"mode": sharing},
+            "fill": {"cpu": "100m", "memory": "512Mi"},
+        },
+    }
+
+
+def _operator_identity(cp: ControlPlane) -> Path:
+    role = yaml.safe_load((repo_root() / "operator" / "rbac" / "clusterrole.yaml").read_text())
+    cp.apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "pipefill-operator", "namespace": OPERATOR_NAMESPACE},
+            },
+            role,
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "pipefill-operator"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role["metadata"]["name"],
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "pipefill-operator", "namespace": OPERATOR_NAMESPACE}],
+            },
+        ]
+    )
+    return cp.kubeconfig_for(OPERATOR_NAMESPACE, "pipefill-operator")
+
+
+def _proc_usage(pid: int) -> tuple[float, int]:
+    """(CPU seconds, peak RSS bytes) of process ``pid`` from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    peak = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            peak = int(line.split()[1]) * 1024
+    return cpu_s, peak
+
+
+def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """A histogram quantile as Prometheus' histogram_quantile computes it (linear within the bucket)."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return None
+
+
+def _histogram(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> dict[str, float | None]:
+    by_le: dict[float, float] = {}  # summed over the other labels (e.g. every HTTP method)
+    for (n, labels), value in samples.items():
+        if n == f"{name}_bucket":
+            le = float(dict(labels)["le"])
+            by_le[le] = by_le.get(le, 0.0) + value
+    buckets = sorted(by_le.items())
+    count = sum(v for (n, _), v in samples.items() if n == f"{name}_count")
+    total = sum(v for (n, _), v in samples.items() if n == f"{name}_sum")
+    return {
+        "count": count,
+        "mean_ms": round(1000 * total / count, 2) if count else None,
+        "p50_ms": None if (p := _quantile(buckets, 0.5)) is None else round(1000 * p, 2),
+        "p95_ms": None if (p := _quantile(buckets, 0.95)) is None else round(1000 * p, 2),
+    }
+
+
+def _wait_running(custom: client.CustomObjectsApi, jobs: int, started: float, timeout_s: float) -> dict[str, float]:
+    """Seconds from the start until each job's status.phase is Running."""
+    running: dict[str, float] = {}
+    deadline = started + timeout_s
+    listed: dict[str, Any] = json.loads(
+        custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _preload_content=False).data  # type: ignore[attr-defined]
+    )
+    version = listed["metadata"]["resourceVersion"]
+    while len(running) < jobs and time.monotonic() < deadline:
+        stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+            custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL,
+            resource_version=version, timeout_seconds=max(1, int(deadline - time.monotonic())),
+        )  # fmt: skip
+        for event in stream:
+            obj = event["raw_object"]
+            version = obj["metadata"]["resourceVersion"]
+            name = obj["metadata"]["name"]
+            if (obj.get("status") or {}).get("phase") == "Running" and name not in running:
+                running[name] = time.monotonic() - started
+                if len(running) == jobs:
+                    break
+    return running
+
+
+def _scheduling_s(core: client.CoreV1Api) -> list[float]:
+    """Per pod: seconds from creation to the scheduler binding it (PodScheduled), the control plane's share."""
+    out = []
+    raw = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
+    for pod in json.loads(raw.data)["items"]:  # type: ignore[attr-defined]
+        created = _time(pod["metadata"]["creationTimestamp"])
+        for cond in (pod.get("status") or {}).get("conditions") or ():
+            if cond["type"] == "PodScheduled" and cond["status"] == "True" and cond.get("lastTransitionTime"):
+                out.append((_time(cond["lastTransitionTime"]) - created).total_seconds())
+    return out
+
+
+def _time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="pipefill-bench-operator-"))
+    began = time.monotonic()
+    cp = start(workdir, nodes=args.nodes, audit=False)
+    result: dict[str, Any] = {
+        "benchmark": "operator",
+        "nodes": args.nodes,
+        "gpus_per_node": 8,
+        "jobs": args.jobs,
+        "ranks_per_job": args.ranks,
+        "pods": args.jobs * args.ranks,
+        "sharing": args.sharing,
+        "workers": args.workers,
+        "control_plane_start_s": round(time.monotonic() - began, 1),
+        "cpus": os.cpu_count(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        kubeconfig = _operator_identity(cp)
+        metrics_port = 19402
+        log = (workdir / "operator.log").open("w")
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "pipefill_operator", "--kubeconfig", str(kubeconfig), "--workers", str(args.workers),
+             "--metrics-address", f"127.0.0.1:{metrics_port}", "--status-interval", "30"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        api = config.new_client_from_config(str(cp.kubeconfig))  # type: ignore[no-untyped-call]
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        for _ in range(600):  # the operator's metrics endpoint answers once it is up
+            try:
+                _metrics(metrics_port)
+                break
+            except OSError:
+                time.sleep(0.1)
+        cpu_idle_s, _ = _proc_usage(operator.pid)
+        before = _metrics(metrics_port)
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: custom.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, _job(i, args.ranks, args.sharing)), range(args.jobs)))  # fmt: skip
+        created_s = time.monotonic() - started
+        running = _wait_running(custom, args.jobs, started, args.timeout)
+        elapsed_s = time.monotonic() - started
+        cpu_s, peak_rss = _proc_usage(operator.pid)
+        after = _metrics(metrics_port)
+        reconciles = sum(v for (n, _), v in after.items() if n == "pipefill_operator_reconciles_total") - sum(
+            v for (n, _), v in before.items() if n == "pipefill_operator_reconciles_total"
+        )
+        times = sorted(running.values())
+        sched = sorted(_scheduling_s(core))
+        result.update(
+            {
+                "created_s": round(created_s, 2),
+                "all_running": len(running) == args.jobs,
+                "jobs_running": len(running),
+                "all_running_s": round(times[-1], 2) if len(running) == args.jobs else None,
+                "job_running_p50_s": round(statistics.median(times), 2) if times else None,
+                "job_running_p95_s": round(times[int(0.95 * (len(times) - 1))], 2) if times else None,
+                "pod_scheduling_p50_s": round(statistics.median(sched), 2) if sched else None,
+                "pod_scheduling_max_s": round(sched[-1], 2) if sched else None,
+                "reconciles": int(reconciles),
+                "reconciles_per_s": round(reconciles / elapsed_s, 1),
+                "reconcile_wall": _histogram(after, "pipefill_operator_reconcile_duration_seconds"),
+                "reconcile_own": _histogram(after, "pipefill_operator_reconcile_own_seconds"),
+                "api_requests": _histogram(after, "pipefill_operator_api_request_duration_seconds"),
+                "operator_cpu_s": round(cpu_s - cpu_idle_s, 2),
+                "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+                "load_after": [round(x, 2) for x in os.getloadavg()],
+                "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            }
+        )
+    finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(timeout=30)
+        cp.stop()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pipefill bench operator", description=__doc__)
+    p.add_argument("--nodes", type=int, default=1000, help="kwok GPU nodes, 8 GPUs each (default %(default)s)")
+    p.add_argument("--jobs", type=int, default=100, help="PipelineTrainingJobs created at once (default %(default)s)")
+    p.add_argument("--ranks", type=int, default=8, help="ranks (pipeline stages) per job (default %(default)s)")
+    p.add_argument("--sharing", choices=["visibleDevices", "dra", "none"], default="visibleDevices",
+                   help="spec.gpuSharing.mode of the jobs (default %(default)s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=8, help="the operator's reconcile workers (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default %(default)s)")
+    p.add_argument("--dir", help="control plane directory (default: a new temporary one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the default output, kept for symmetry)")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.jobs < 1 or args.ranks < 1 or args.ranks > 12:
+        print("--nodes, --jobs >= 1 and --ranks 1..12 (the jobs train gpt2-small: 12 layers)", file=sys.stderr)
+        return 2
+    result = run(args)
+    print(json.dumps(result, indent=None if args.json else 1))
+    return 0 if result.get("all_running") else 1
