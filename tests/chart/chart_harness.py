@@ -84,16 +84,24 @@ def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
-def local_args(deployment: dict[str, Any]) -> list[str]:
-    """The operator container's arguments, with its endpoints moved from the pod IP to free loopback ports."""
+def local_args(deployment: dict[str, Any], *, pod_ip: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
+    """The operator container's arguments with ``pod_ip`` for $(POD_IP) and free ports for its endpoints, and the
+    URLs of those endpoints (``metrics``, ``liveness``)."""
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["python", "-m", "pipefill_operator"]
-    args = []
+    args, urls = [], {}
     for arg in container["args"]:
-        if arg.startswith(("--metrics-address=", "--liveness=")):
-            arg = re.sub(r"\$\(POD_IP\):\d+", f"127.0.0.1:{free_port()}", arg)
+        flag, _, value = arg.partition("=")
+        if "$(POD_IP)" in value:
+            value = re.sub(r"\$\(POD_IP\)(\]?):\d+", lambda m: f"{pod_ip}{m[1]}:{free_port()}", value)
+            if flag == "--liveness":
+                urls["liveness"] = value
+            else:
+                host, _, port = value.rpartition(":")
+                urls["metrics"] = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+            arg = f"{flag}={value}"
         args.append(arg)
-    return args
+    return args, urls
 
 
 class DeployedOperator(OperatorProcess):

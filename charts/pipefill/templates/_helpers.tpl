@@ -46,10 +46,15 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* "host:port" of an endpoint on the pod IP; IPv6 addresses in brackets (for a URL). */}}
+{{/*
+An endpoint on the pod IP: "host:port" for --metrics-address (split at the last colon, so an IPv6 address goes
+bare), or a URL for --liveness (IPv6 in brackets).
+*/}}
 {{- define "pipefill.podAddress" -}}
-{{- if eq .root.Values.operator.ipFamily "IPv6" -}}
-[$(POD_IP)]:{{ .port }}
+{{- if and .url (eq .root.Values.operator.ipFamily "IPv6") -}}
+http://[$(POD_IP)]:{{ .port }}
+{{- else if .url -}}
+http://$(POD_IP):{{ .port }}
 {{- else -}}
 $(POD_IP):{{ .port }}
 {{- end -}}

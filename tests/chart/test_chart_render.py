@@ -163,7 +163,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
         "--namespace=ml",
         "--workers=3",
         "--status-interval=2.5",
-        "--metrics-address=[$(POD_IP)]:9500",
+        "--metrics-address=$(POD_IP):9500",
         "--liveness=http://[$(POD_IP)]:8081/healthz",
         "--verbose",
     ]
@@ -324,6 +324,10 @@ def test_monitors_are_refused_where_the_prometheus_operator_api_is_not_served(tm
         ({"operator": {"workres": 4}}, "additional properties 'workres' not allowed"),
         ({"monitoring": {"podMonitor": {"interval": "often"}}}, "at '/monitoring/podMonitor/interval'"),
         ({"dashboards": {"labels": {"grafana_dashboard": "0"}}}, "at '/dashboards/labels'"),
+        (
+            {"operator": {"podLabels": {"app.kubernetes.io/component": "x"}}},
+            "invalid propertyName 'app.kubernetes.io/component'",
+        ),
     ],
 )
 def test_the_schema_refuses_malformed_values(values: dict[str, Any], message: str, tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +60,29 @@ def _deployment(cp: ControlPlane, release: str) -> dict[str, Any]:
     return found
 
 
-def _operator(cp: ControlPlane, release: str, log: Path) -> DeployedOperator:
-    """The operator as the chart's pod would run it: the Deployment's arguments, its ServiceAccount's token."""
+def _operator(cp: ControlPlane, release: str, log: Path) -> tuple[DeployedOperator, dict[str, str]]:
+    """The operator as the chart's pod would run it (the Deployment's arguments, its ServiceAccount's token), and
+    the URLs of its endpoints."""
     deployment = _deployment(cp, release)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    return DeployedOperator(local_args(deployment), cp.kubeconfig_for(RELEASE_NAMESPACE, account), log)
+    args, urls = local_args(deployment)
+    return DeployedOperator(args, cp.kubeconfig_for(RELEASE_NAMESPACE, account), log), urls
+
+
+def _get(url: str, *, timeout_s: float = 30) -> str:
+    """GET ``url`` (200 expected). kopf binds its liveness endpoint a moment after the operator says it is ready,
+    and a socket's binding is no event one can wait on: a refused connection is retried until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert response.status == 200, url
+                text: str = response.read().decode()
+                return text
+        except urllib.error.URLError as exc:
+            if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _denied(cp: ControlPlane, account: str) -> list[tuple[str, Any]]:
@@ -94,7 +115,7 @@ def test_every_rendered_object_is_created_by_a_server_side_dry_run(chart_plane: 
         out = cp.kubectl("create", "--dry-run=server", "--validate=strict", "-o", "name", "-f", "-", stdin=docs)
         created = out.stdout.split()
         assert len(created) == len(checked), (values, out.stdout, out.stderr)
-    # The Prometheus Operator's API is not served here: its objects are checked in test_render only.
+    # The Prometheus Operator's API is not served here: its objects are checked in test_chart_render only.
     assert rendered_only == {"PodMonitor", "ServiceMonitor"}
 
 
@@ -130,12 +151,14 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_the_users_jobs(chart_plane
     deployment = _deployment(cp, "pf")
     assert "--workers=2" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
-    operator = _operator(cp, "pf", tmp_path / "operator.log")
+    operator, urls = _operator(cp, "pf", tmp_path / "operator.log")
     operator.start()
     try:
         kube.create_job("users", job_manifest("train"))
         kube.wait_pods("users", "train", running(2))
         kube.wait_job("users", "train", phase("Running"))
+        assert "pipefill_operator_" in _get(urls["metrics"])  # the endpoints the Service and the probe use
+        _get(urls["liveness"])
     finally:
         operator.stop()
     assert _denied(cp, "pf-pipefill-operator") == []
@@ -207,7 +230,7 @@ def test_a_namespaced_install_runs_the_operators_whole_rbac_scenario_under_its_r
         answer = cp.kubectl("auth", "can-i", verb, resource, f"--as={user}", *where, check=False).stdout.strip()
         assert answer == allowed, (verb, resource, ns)
 
-    operator = _operator(cp, "scoped", tmp_path / "operator.log")
+    operator, _ = _operator(cp, "scoped", tmp_path / "operator.log")
     operator.start()
     try:
         _every_kind_of_child(cp, kube, "team-a")
@@ -261,3 +284,18 @@ def _every_kind_of_child(cp: ControlPlane, kube: Kube, ns: str) -> None:
     for pod in kube.wait_pods(ns, "every", running(2), timeout_s=90):
         kube.end_trainer(ns, pod["metadata"]["name"], 0)
     kube.wait_job_gone(ns, "every")
+
+
+def test_on_ipv6_the_endpoints_bind_the_pods_ipv6_address(chart_plane: ControlPlane, tmp_path: Path) -> None:
+    """ipFamily IPv6: --metrics-address takes the bare address, --liveness a URL with it in brackets."""
+    _namespaces(chart_plane, "quiet")
+    values = {"operator": {"ipFamily": "IPv6", "namespaces": ["quiet"]}, "crds": {"install": False}}
+    args, urls = local_args(one(render(values, tmp_path), "Deployment"), pod_ip="::1")
+    operator = DeployedOperator(args, chart_plane.kubeconfig, tmp_path / "operator.log")
+    operator.start()
+    try:
+        assert urls["metrics"].startswith("http://[::1]:") and urls["liveness"].startswith("http://[::1]:")
+        assert "pipefill_operator_" in _get(urls["metrics"])
+        _get(urls["liveness"])
+    finally:
+        operator.stop()
