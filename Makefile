@@ -38,7 +38,7 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and da
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pipefill crds --check crds/ charts/pipefill/crds/ --docs docs/api.md
+	$(BIN)/pipefill crds --check crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
 	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/
 	$(BIN)/hadolint $(DOCKERFILES)
 
@@ -58,8 +58,8 @@ cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in th
 cluster-down: $(STAMP) ## stop the control plane that `make cluster` started
 	$(BIN)/pipefill cluster down --dir .cluster
 
-crds: $(STAMP) ## regenerate crds/ from the spec models
-	$(BIN)/pipefill crds --write crds/ charts/pipefill/crds/ --docs docs/api.md
+crds: $(STAMP) ## regenerate crds/, the chart's CRD templates and docs/api.md from the spec models
+	$(BIN)/pipefill crds --write crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
 
 dashboards: $(STAMP) ## render the Grafana dashboards (pipefill/dashboards) into charts/pipefill/dashboards/
 	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/

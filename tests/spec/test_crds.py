@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipefill.cli.crds import render
+from pipefill.cli.crds import render, render_chart
 from pipefill.spec import KINDS, crd, load_file, parse, to_obj
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,5 +131,15 @@ def test_crds_check_fails_on_stale_or_missing_files_and_passes_after_write(tmp_p
 
 
 def test_chart_ships_the_generated_crds() -> None:
-    for name, text in render().items():
-        assert (ROOT / "charts" / "pipefill" / "crds" / name).read_text(encoding="utf-8") == text
+    for name, text in render_chart().items():
+        assert (ROOT / "charts" / "pipefill" / "templates" / "crds" / name).read_text(encoding="utf-8") == text
+
+
+def test_crds_check_fails_on_a_chart_template_the_spec_does_not_generate(tmp_path: Path) -> None:
+    from pipefill.cli import main
+
+    chart = tmp_path / "chart"
+    assert main(["crds", "--write", str(tmp_path), "--chart", str(chart)]) == 0
+    assert main(["crds", "--check", str(tmp_path), "--chart", str(chart)]) == 0
+    (chart / "pipefill.io_oldjobs.yaml").write_text("{{- if .Values.crds.install }}{{- end }}\n")
+    assert main(["crds", "--check", str(tmp_path), "--chart", str(chart)]) == 1
