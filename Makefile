@@ -6,11 +6,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Tests run on 2 cores; this keeps torch from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
+# Binaries the tests run, cached across worktrees and clones (tests read the same variable).
+export PIPEFILL_BINS ?= $(HOME)/.cache/pipefill/bins
+# Prometheus for tests/dashboards: Debian's package (seconds to fetch); where it is not available, built from
+# cluster/tools/prometheus (Prometheus 3.16.0, minutes, once). docs/dashboards.md says why.
+PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
+PROMETHEUS_DIR := $(PIPEFILL_BINS)/prometheus
+# Images: `make images` tags them $(REGISTRY)/{operator,trainer,fill}:<the chart's appVersion>, the tags the spec
+# defaults and the chart name (tests/images checks that they agree).
+ENGINE ?= docker
+REGISTRY ?= ghcr.io/pipefill
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/pipefill/Chart.yaml)
+DOCKERFILES := operator/Dockerfile trainer-image/Dockerfile fill-image/Dockerfile
 
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,22 +33,63 @@ $(STAMP): pyproject.toml requirements/lock.txt
 
 venv: $(STAMP) ## create .venv with the pinned dependencies (CPU torch 2.13.0)
 
-lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs up to date
+lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and dashboards up to date, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pipefill crds --check crds/ charts/pipefill/crds/ --docs docs/api.md
+	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/
+	$(BIN)/hadolint $(DOCKERFILES)
 
 demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
-test: lint ## lint, then the whole test suite
+test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests
 	$(BIN)/pytest -q
+
+cluster-bins: $(STAMP) ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
+	$(BIN)/pipefill cluster bins
+
+cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…
+	@$(BIN)/pipefill cluster up --dir .cluster
+
+cluster-down: $(STAMP) ## stop the control plane that `make cluster` started
+	$(BIN)/pipefill cluster down --dir .cluster
 
 crds: $(STAMP) ## regenerate crds/ from the spec models
 	$(BIN)/pipefill crds --write crds/ charts/pipefill/crds/ --docs docs/api.md
+
+dashboards: $(STAMP) ## render the Grafana dashboards (pipefill/dashboards) into charts/pipefill/dashboards/
+	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/
+
+dashboard-images: $(STAMP) prometheus-bin ## redraw docs/img/dashboard-*.png from a real scrape of a short local run
+	PIPEFILL_DASHBOARD_IMAGES=docs/img $(BIN)/pytest -q tests/dashboards/test_prometheus.py
+
+images: ## build the three images with a container engine (ENGINE=docker or podman; none on the CI machines)
+	@command -v $(ENGINE) >/dev/null || { echo "make images: '$(ENGINE)' not found; set ENGINE=podman or install a container engine" >&2; exit 2; }
+	$(ENGINE) build -f operator/Dockerfile -t $(REGISTRY)/operator:$(IMAGE_TAG) .
+	$(ENGINE) build -f trainer-image/Dockerfile -t $(REGISTRY)/trainer:$(IMAGE_TAG) .
+	$(ENGINE) build -f fill-image/Dockerfile -t $(REGISTRY)/fill:$(IMAGE_TAG) .
+
+prometheus-bin: ## Prometheus and promtool into PIPEFILL_BINS/prometheus/ (default ~/.cache/pipefill/bins), once
+	@test "$$(cat "$(PROMETHEUS_DIR)/VERSION" 2>/dev/null)" = "$(PROMETHEUS_DEB)" || $(MAKE) --no-print-directory fetch-prometheus
+
+fetch-prometheus:
+	mkdir -p "$(PIPEFILL_BINS)"
+	set -e; tmp=$$(mktemp -d "$(PIPEFILL_BINS)/.prometheus.XXXXXX"); trap 'rm -rf "$$tmp"' EXIT; \
+	if (cd "$$tmp" && apt-get download -qq prometheus=$(PROMETHEUS_DEB) 2>/dev/null) \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd "$$tmp" && apt-get download -qq prometheus=$(PROMETHEUS_DEB)); }; then \
+	  dpkg-deb -x "$$tmp"/prometheus_*.deb "$$tmp/root"; mkdir "$$tmp/bin"; \
+	  mv "$$tmp/root/usr/bin/prometheus" "$$tmp/root/usr/bin/promtool" "$$tmp/bin/"; \
+	else \
+	  echo "Debian's prometheus $(PROMETHEUS_DEB) is not available here: building Prometheus from cluster/tools/prometheus (minutes, once)"; \
+	  (cd cluster/tools/prometheus && GOFLAGS="-buildvcs=false -tags=remove_all_sd" go build -trimpath -o "$$tmp/bin/" \
+	    github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool); \
+	fi; \
+	echo "$(PROMETHEUS_DEB)" > "$$tmp/bin/VERSION"; rm -rf "$(PROMETHEUS_DIR)"; mv -T "$$tmp/bin" "$(PROMETHEUS_DIR)"
+	"$(PROMETHEUS_DIR)/prometheus" --version | head -1
 
 fmt: $(STAMP) ## format the code
 	$(BIN)/ruff format .
@@ -44,10 +97,11 @@ fmt: $(STAMP) ## format the code
 
 lock: ## re-resolve requirements/lock.txt in a scratch venv
 	rm -rf /tmp/pipefill-lock && $(PYTHON) -m venv /tmp/pipefill-lock
-	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 -e '.[operator,trainer,fill,local,dev]'
-	/tmp/pipefill-lock/bin/pip freeze --exclude-editable | grep -v '^torch==' | sed '1i torch==2.13.0' > requirements/lock.txt
+	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 'setuptools>=77' -e '.[operator,trainer,fill,local,dashboards,dev]'
+	/tmp/pipefill-lock/bin/pip freeze --all --exclude-editable | grep -v '^torch==\|^pip==' | sed '1i torch==2.13.0' > requirements/lock.txt
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo lint test crds fmt lock clean
+.PHONY: help venv demo lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: cluster-bins cluster cluster-down

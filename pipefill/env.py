@@ -13,12 +13,14 @@ __all__ = [
     "COMM_TIMEOUT_S",
     "CPU_AFFINITY",
     "DEFAULT_CHANNEL_DIR",
+    "DEFAULT_FILL_MAX_ACTIVE_JOBS",
     "DEVICE",
     "EXIT_INVALID_CONFIG",
     "EXIT_OK",
     "EXIT_PEER_FAILED",
     "EXIT_RETRYABLE",
     "FILL_GUARD_MS",
+    "FILL_MAX_ACTIVE_JOBS",
     "FILL_MIN_BUBBLE_MS",
     "FILL_OFFLOAD",
     "FILL_RESERVED_BYTES",
@@ -58,6 +60,13 @@ FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill m
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
+
+# Fill executor and operator both
+FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"
+"""FillJobs one rank's executor works on at once, and so the most the operator's queue assigns to one rank pod;
+default :data:`DEFAULT_FILL_MAX_ACTIVE_JOBS`. More jobs per rank let a job use bubble classes another cannot, but a
+job that shares its only class with another waits for it."""
+DEFAULT_FILL_MAX_ACTIVE_JOBS = 2
 
 # Trainer exit codes; the operator restarts the job on the retryable ones (spec.runPolicy.restartOnExitCodes).
 EXIT_OK = 0

@@ -4,11 +4,11 @@ FillJob spec so both work sources give the same) and the slices of its units of 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipefill.queue.slices import MIN_SLICE_UNITS, SLICES_PER_RANK, Slice, plan_slices
 from pipefill.spec import FillJob
 
 __all__ = ["MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "TaskSpec", "plan_slices"]
@@ -66,36 +66,3 @@ class TaskSpec:
         """What identifies the workload for the profile cache: its class and parameters."""
         what = self.builtin or self.import_path or "?"
         return f"{what}:{sorted(self.parameters.items())!r}"
-
-
-SLICES_PER_RANK = 4
-"""Slices per allowed rank (spec.maxParallelRanks): several, so a faster rank takes more and the tail is short."""
-MIN_SLICE_UNITS = 64
-"""No slice is smaller than this many samples: every slice costs a workload setup and files of its own."""
-
-
-@dataclass(frozen=True, order=True)
-class Slice:
-    """Units of work ``[start, end)`` of one job (samples; steps for training, which is never split)."""
-
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise ValueError(f"a slice needs 0 ≤ start < end; got [{self.start}, {self.end})")
-
-    @property
-    def key(self) -> str:
-        return f"{self.start:012d}-{self.end:012d}"
-
-    def __str__(self) -> str:
-        return f"[{self.start}, {self.end})"
-
-
-def plan_slices(total: int, *, parallel_ranks: int) -> list[Slice]:
-    """Equal slices of ``[0, total)``: ``SLICES_PER_RANK`` per rank, none below ``MIN_SLICE_UNITS``; one slice when
-    only one rank may work on the job."""
-    count = 1 if parallel_ranks <= 1 else max(1, min(parallel_ranks * SLICES_PER_RANK, total // MIN_SLICE_UNITS))
-    bounds = [total * i // count for i in range(count + 1)]
-    return [Slice(a, b) for a, b in itertools.pairwise(bounds)]

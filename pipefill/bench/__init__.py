@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "channel": "pipefill.bench.channel",
     "colocation": "pipefill.bench.colocation",
     "fill": "pipefill.bench.fill",
+    "scheduler": "pipefill.queue.bench",
     "trainer": "pipefill.bench.trainer",
 }
 """benchmark name → module with ``main(argv: list[str]) -> int``"""

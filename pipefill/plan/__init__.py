@@ -1,6 +1,7 @@
 """The execution planner (torch-free): which batch size, how many steps per bubble, and which job in which bubble."""
 
 from pipefill.plan.assign import Assignment, JobProfile, assign_jobs
+from pipefill.plan.bulk import samples_per_bubble
 from pipefill.plan.classes import BubbleLike, ObservedBubble, classes_from_bubbles
 from pipefill.plan.planner import BubbleClass, ClassPlan, JobPlan, ProfilePoint, plan_class, plan_job
 
@@ -17,4 +18,5 @@ __all__ = [
     "classes_from_bubbles",
     "plan_class",
     "plan_job",
+    "samples_per_bubble",
 ]

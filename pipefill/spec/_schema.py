@@ -22,6 +22,13 @@ __all__ = ["FieldInfo", "Model", "Rule", "field", "from_obj", "json_name", "open
 
 _MISSING: Any = dataclasses.MISSING
 _T = typing.TypeVar("_T")
+# Bounds on every string, list and map unless a field sets its own. The API server estimates each CEL rule's cost
+# from the largest value the schema allows and refuses a CRD whose rules could exceed the budget; unbounded strings
+# and lists make every rule that touches them "unbounded". The bounds are generous for what the fields hold.
+_MAX_STRING_LENGTH = 1024
+_MAX_QUANTITY_LENGTH = 64
+_MAX_ITEMS = 256
+_MAX_PROPERTIES = 256
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ def _type_schema(tp: Any, info: FieldInfo | None) -> dict[str, Any]:
             "x-kubernetes-int-or-string": True,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
+            "maxLength": _MAX_QUANTITY_LENGTH,
         }
     tp, _ = _strip_optional(tp)
     origin = typing.get_origin(tp)
@@ -122,17 +130,17 @@ def _type_schema(tp: Any, info: FieldInfo | None) -> dict[str, Any]:
     if tp is float:
         return {"type": "number"}
     if tp is str:
-        return {"type": "string"}
+        return {"type": "string", "maxLength": _MAX_STRING_LENGTH}
     if origin is list:
         (item,) = typing.get_args(tp)
-        return {"type": "array", "items": _type_schema(item, None)}
+        return {"type": "array", "items": _type_schema(item, None), "maxItems": _MAX_ITEMS}
     if origin is dict:
         key, value = typing.get_args(tp)
         if key is not str:
             raise TypeError(f"map keys must be strings: {tp}")
         if value is Any:
             return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-        return {"type": "object", "additionalProperties": _type_schema(value, None)}
+        return {"type": "object", "additionalProperties": _type_schema(value, None), "maxProperties": _MAX_PROPERTIES}
     raise TypeError(f"unsupported spec type {tp!r}")
 
 

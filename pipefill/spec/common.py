@@ -16,8 +16,8 @@ MAX_NAME_LENGTH = 48
 NAME_RULE = Rule(
     rule=f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
     message=f"metadata.name must be a DNS label (a-z, 0-9, '-', starting with a letter) of at most {MAX_NAME_LENGTH} characters",
-    message_expression="'metadata.name ' + self.metadata.name + ' is not allowed: use lower-case letters, digits and \\'-\\', start with a letter,"
-    f" at most {MAX_NAME_LENGTH} characters (pod and service names are derived from it)'",
+    message_expression="'metadata.name %s is not allowed: use lower-case letters, digits and \\'-\\', start with a letter,"
+    f" at most {MAX_NAME_LENGTH} characters (pod and service names are derived from it)'.format([self.metadata.name])",
     field_path=".metadata.name",
 )
 

@@ -73,8 +73,8 @@ class Workload:
         Rule(
             rule=f"!has(self.builtin) || {_BUILTIN_KIND_CEL}[self.builtin] == self.kind",
             message="spec.workload.kind does not match the builtin workload's kind",
-            message_expression=f"'spec.workload.kind is ' + self.kind + ' but builtin ' + self.builtin + ' is of kind ' + {_BUILTIN_KIND_CEL}[self.builtin]"
-            f" + '; set kind: ' + {_BUILTIN_KIND_CEL}[self.builtin]",
+            message_expression="'spec.workload.kind is %s but builtin %s is of kind %s; set kind: %s'.format("
+            f"[self.kind, self.builtin, {_BUILTIN_KIND_CEL}[self.builtin], {_BUILTIN_KIND_CEL}[self.builtin]])",
             field_path=".kind",
         ),
     )
@@ -147,10 +147,28 @@ class FillJobSpec:
             rule="self.workload.kind != 'training' || self.maxParallelRanks == 1",
             message="spec.maxParallelRanks must be 1 for a training workload: its optimizer steps are one sequence "
             "and run on one rank (only inference jobs are split across ranks); remove maxParallelRanks or set it to 1",
-            message_expression="'spec.maxParallelRanks is ' + string(self.maxParallelRanks) + ' but must be 1 for a "
+            message_expression="'spec.maxParallelRanks is %d but must be 1 for a "
             "training workload: its optimizer steps are one sequence and run on one rank (only inference jobs are "
-            "split across ranks); remove maxParallelRanks or set it to 1'",
+            "split across ranks); remove maxParallelRanks or set it to 1'.format([self.maxParallelRanks])",
             field_path=".maxParallelRanks",
+        ),
+        # Update-only (transition) rules: progress, slices and outputs are counted against these three fields.
+        Rule(
+            rule="has(self.totalSamples) == has(oldSelf.totalSamples) && (!has(self.totalSamples) || self.totalSamples"
+            " == oldSelf.totalSamples)",
+            message="spec.totalSamples is immutable: progress and slices are counted against it; create a new FillJob",
+            field_path=".totalSamples",
+        ),
+        Rule(
+            rule="self.maxParallelRanks == oldSelf.maxParallelRanks",
+            message="spec.maxParallelRanks is immutable: the slice plan is fixed when the job is first scheduled; "
+            "create a new FillJob",
+            field_path=".maxParallelRanks",
+        ),
+        Rule(
+            rule="self.output == oldSelf.output",
+            message="spec.output is immutable: committed outputs are already there; create a new FillJob",
+            field_path=".output",
         ),
     )
 

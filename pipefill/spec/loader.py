@@ -67,8 +67,11 @@ def parse_yaml(text: str, *, source: str = "<input>") -> list[dict[str, Any]]:
     return docs
 
 
-def validate(obj: dict[str, Any], *, source: str = "<input>") -> tuple[str, str, list[FieldError]]:
-    """(kind, name, violations) of one manifest; ``obj`` gets the schema's defaults when it is valid."""
+def validate(
+    obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None
+) -> tuple[str, str, list[FieldError]]:
+    """(kind, name, violations) of one manifest; ``obj`` gets the schema's defaults when it is valid. ``old``: the
+    stored object when ``obj`` is an update of it (then the update-only rules with ``oldSelf`` apply too)."""
     kind = obj.get("kind")
     name = str((obj.get("metadata") or {}).get("name", "")) if isinstance(obj.get("metadata"), dict) else ""
     if obj.get("apiVersion") != API_VERSION:
@@ -94,16 +97,16 @@ def validate(obj: dict[str, Any], *, source: str = "<input>") -> tuple[str, str,
             ],
         )
     obj.pop("status", None)  # the status subresource ignores status on create
-    errors = check_object(object_schema(kind), obj)
+    errors = check_object(object_schema(kind), obj, old)
     if not errors and kind == "PipelineTrainingJob":  # what the schema cannot say: the schedule's own rules
         errors = shape_errors(from_obj(PipelineTrainingJob, obj))
     return kind, name, errors
 
 
-def parse(obj: dict[str, Any], *, source: str = "<input>") -> Manifest:
-    """A typed manifest, or :class:`SpecError` naming every violation."""
+def parse(obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None) -> Manifest:
+    """A typed manifest, or :class:`SpecError` naming every violation; ``old`` as in :func:`validate`."""
     obj = copy.deepcopy(obj)
-    kind, name, errors = validate(obj, source=source)
+    kind, name, errors = validate(obj, source=source, old=old)
     if errors:
         raise SpecError(kind=kind, name=name, source=source, errors=errors)
     model: Manifest = from_obj(KINDS[kind].model, obj)

@@ -97,9 +97,9 @@ class Model:
         Rule(
             rule="!has(self.hiddenSize) || !has(self.heads) || self.hiddenSize % self.heads == 0",
             message="spec.model.hiddenSize must be a multiple of heads",
-            message_expression="'spec.model.hiddenSize ' + string(self.hiddenSize) + ' must be a multiple of heads ('"
-            " + string(self.heads) + '); set hiddenSize to ' + string(self.hiddenSize / self.heads * self.heads + self.heads)"
-            " + ' or heads to a divisor of it'",
+            message_expression="'spec.model.hiddenSize %d must be a multiple of heads (%d); set hiddenSize to %d"
+            " or heads to a divisor of it'.format([self.hiddenSize, self.heads,"
+            " self.hiddenSize / self.heads * self.heads + self.heads])",
             field_path=".hiddenSize",
         ),
     )
@@ -171,15 +171,17 @@ class Pipeline:
         Rule(
             rule="self.globalBatch % (self.microbatches * self.dataParallel) == 0",
             message="spec.pipeline.globalBatch must be divisible by microbatches × dataParallel",
-            message_expression="'spec.pipeline.globalBatch ' + string(self.globalBatch) + ' must be divisible by microbatches × dataParallel = '"
-            " + string(self.microbatches * self.dataParallel) + '; use a multiple such as ' + string((self.globalBatch / (self.microbatches * self.dataParallel) + 1) * self.microbatches * self.dataParallel)",
+            message_expression="'spec.pipeline.globalBatch %d must be divisible by microbatches × dataParallel = %d;"
+            " use a multiple such as %d'.format([self.globalBatch, self.microbatches * self.dataParallel,"
+            " (self.globalBatch / (self.microbatches * self.dataParallel) + 1) * self.microbatches * self.dataParallel])",
             field_path=".globalBatch",
         ),
         Rule(
             rule="self.virtualStages == 1 || self.schedule in ['interleaved-1f1b', 'zero-bubble-h1', 'zbv', 'custom']",
             message="spec.pipeline.virtualStages > 1 needs schedule interleaved-1f1b, zero-bubble-h1, zbv or custom",
-            message_expression="'spec.pipeline.virtualStages ' + string(self.virtualStages) + ' is not allowed with schedule ' + self.schedule"
-            " + ': only interleaved-1f1b, zero-bubble-h1, zbv and custom run several stages per rank; set virtualStages: 1 or change the schedule'",
+            message_expression="'spec.pipeline.virtualStages %d is not allowed with schedule %s: only interleaved-1f1b,"
+            " zero-bubble-h1, zbv and custom run several stages per rank; set virtualStages: 1 or change the"
+            " schedule'.format([self.virtualStages, self.schedule])",
             field_path=".virtualStages",
         ),
         Rule(
@@ -196,9 +198,27 @@ class Pipeline:
         Rule(
             rule="!has(self.layersPerStage) || size(self.layersPerStage) == self.stages * self.virtualStages",
             message="spec.pipeline.layersPerStage needs one entry per stage (stages × virtualStages)",
-            message_expression="'spec.pipeline.layersPerStage has ' + string(size(self.layersPerStage)) + ' entries, needs stages × virtualStages = '"
-            " + string(self.stages * self.virtualStages)",
+            message_expression="'spec.pipeline.layersPerStage has %d entries, needs stages × virtualStages = %d'.format("
+            "[size(self.layersPerStage), self.stages * self.virtualStages])",
             field_path=".layersPerStage",
+        ),
+        # The schedule generators' own arithmetic rules (pipefill.schedules.generators.build_schedule), held by
+        # admission too so `kubectl apply` refuses what the trainer would refuse at start.
+        Rule(
+            rule="self.schedule != '1f1b' || self.microbatches >= self.stages",
+            message="spec.pipeline.microbatches must be at least stages for schedule 1f1b",
+            message_expression="'spec.pipeline.microbatches %d is fewer than the %d stages: schedule 1f1b needs"
+            " microbatches >= stages; raise microbatches or use gpipe'.format([self.microbatches, self.stages])",
+            field_path=".microbatches",
+        ),
+        Rule(
+            rule="!(self.schedule in ['interleaved-1f1b', 'zero-bubble-h1']) || self.microbatches % (self.microbatches"
+            " / self.stages > 1 ? self.microbatches / self.stages : 1) == 0",
+            message="spec.pipeline.microbatches must be a multiple of its rounds max(1, microbatches / stages)",
+            message_expression="'spec.pipeline.microbatches %d is not a multiple of its rounds max(1, microbatches /"
+            " stages) = %d, which schedule %s needs; use a multiple of stages (%d)'.format([self.microbatches,"
+            " self.microbatches / self.stages, self.schedule, self.stages])",
+            field_path=".microbatches",
         ),
     )
 
@@ -371,18 +391,28 @@ class PipelineTrainingJobSpec:
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            rule=f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? {_LAYERS_CEL}[self.model.preset]"
+            # An unknown preset is the pattern's error; this rule must not fail on its map lookup as well.
+            rule=f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? (self.model.preset in"
+            f" {_LAYERS_CEL} ? {_LAYERS_CEL}[self.model.preset] : 1048576)"
             " : (has(self.model.layers) ? self.model.layers : 1048576))",
             message="spec.pipeline: stages × virtualStages must not exceed the model's layers",
-            message_expression=f"'spec.pipeline: stages × virtualStages = ' + string(self.pipeline.stages * self.pipeline.virtualStages)"
-            f" + ' exceeds the model\\'s ' + string(has(self.model.preset) ? {_LAYERS_CEL}[self.model.preset] : self.model.layers)"
-            " + ' layers; every stage needs at least one layer: use fewer stages or a larger model'",
+            message_expression="'spec.pipeline: stages × virtualStages = %d exceeds the model\\'s %d layers; every stage"
+            " needs at least one layer: use fewer stages or a larger model'.format([self.pipeline.stages *"
+            f" self.pipeline.virtualStages, has(self.model.preset) ? {_LAYERS_CEL}[self.model.preset] : self.model.layers])",
             field_path=".pipeline.stages",
         ),
         Rule(
             rule="self.gpuSharing.mode == 'none' || self.resources.gpus >= 1",
             message="spec.gpuSharing.mode dra or visibleDevices needs spec.resources.gpus >= 1; set mode: none to train on CPU",
             field_path=".gpuSharing.mode",
+        ),
+        Rule(
+            rule="self.gpuSharing.mode != 'visibleDevices' || self.resources.gpus == 1",
+            message="spec.gpuSharing.mode visibleDevices supports exactly one GPU per rank",
+            message_expression="'spec.resources.gpus is %d but gpuSharing mode visibleDevices supports exactly one GPU"
+            " per rank (the fill selects the trainer\\'s GPU by its UUID); set gpus: 1 or use mode dra'.format("
+            "[self.resources.gpus])",
+            field_path=".resources.gpus",
         ),
         Rule(
             rule="!self.gpuSharing.mps.enabled || self.gpuSharing.mode != 'none'",

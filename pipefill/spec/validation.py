@@ -12,6 +12,7 @@ import copy
 import datetime
 import difflib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -147,17 +148,59 @@ def _schema_error(err: Any) -> FieldError:
     return FieldError(path, f"{head}: {err.message}")
 
 
-def _rule_errors(schema: dict[str, Any], obj: Any, path: list[Any]) -> Iterator[FieldError]:
-    """Evaluate CEL rules bottom-up: children first, as the API server reports them."""
+_FORMAT_VERB = re.compile(r"%(.)")
+
+
+def _cel_format(template: str, args: list[Any]) -> str:
+    """``'…'.format([…])`` of Kubernetes' CEL strings library, for the verbs our messages use (%s, %d, %%).
+
+    The API server estimates ``'a' + string(x)`` as unbounded in cost and refuses such a messageExpression in a
+    CRD; ``format`` is what it accepts. The CEL library used here lacks it, hence this small, strict version."""
+    values = iter(args)
+
+    def verb(match: re.Match[str]) -> str:
+        letter = match.group(1)
+        if letter == "%":
+            return "%"
+        value = next(values)
+        if letter == "d" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if letter == "s":
+            return value if isinstance(value, str) else str(value)
+        raise ValueError(f"format verb %{letter} does not take {value!r}")
+
+    text = _FORMAT_VERB.sub(verb, template)
+    if next(values, None) is not None:
+        raise ValueError(f"format: more arguments than verbs in {template!r}")
+    return text
+
+
+_ABSENT: Any = object()  # no old value at this path: a create, or a field the update adds
+
+
+def _rule_errors(schema: dict[str, Any], obj: Any, path: list[Any], old: Any = _ABSENT) -> Iterator[FieldError]:
+    """Evaluate CEL rules bottom-up: children first, as the API server reports them.
+
+    ``old`` is the value at the same path in the stored object on an update. Transition rules (those that read
+    ``oldSelf``) run only where it exists, as in the API server; list items are not correlated (our schemas declare
+    no map-type lists), so rules inside lists see no ``oldSelf``."""
     if isinstance(obj, dict) and "properties" in schema:
         for key, child in schema["properties"].items():
             if key in obj:
-                yield from _rule_errors(child, obj[key], [*path, key])
+                child_old = old[key] if isinstance(old, dict) and key in old else _ABSENT
+                yield from _rule_errors(child, obj[key], [*path, key], child_old)
     elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(obj):
             yield from _rule_errors(schema["items"], item, [*path, i])
     for rule in schema.get("x-kubernetes-validations", ()):
-        context = {"self": obj}
+        transition = "oldSelf" in rule["rule"]
+        if transition and old is _ABSENT:
+            continue
+        context = cel.Context()
+        context.add_variable("self", obj)
+        if transition:
+            context.add_variable("oldSelf", old)
+        context.add_function("format", _cel_format)
         try:
             ok = cel.evaluate(rule["rule"], context)
         except Exception as exc:  # a rule that cannot be evaluated fails, as in the API server
@@ -186,12 +229,22 @@ def _rule_errors(schema: dict[str, Any], obj: Any, path: list[Any]) -> Iterator[
         yield FieldError(where, f"{where}: {label}: {text}{detail} [rule: {rule['rule']}]")
 
 
-def check_object(schema: dict[str, Any], obj: dict[str, Any]) -> list[FieldError]:
-    """All violations of ``obj`` (defaulted in place when the schema passes) against a CRD version's schema."""
+# Schema errors after which the API server evaluates no CEL rule (apiextensions-apiserver's hasBlockingErr: types,
+# unsupported enum values, missing required fields, too long, too many); after the others (ranges, patterns) it
+# still runs them and reports both.
+_BLOCKING = frozenset({"type", "format", "enum", "required", "maxLength", "maxItems", "maxProperties", "anyOf"})
+_BLOCKING |= {"additionalProperties"}  # an unknown field: the server refuses to decode the object at all
+
+
+def check_object(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[FieldError]:
+    """All violations of ``obj`` (defaulted in place when the schema passes) against a CRD version's schema;
+    ``old``: the stored object when ``obj`` updates it (transition rules with ``oldSelf`` then apply)."""
     validator = jsonschema.Draft4Validator(strict_schema(schema), format_checker=_FORMATS)
     errors = sorted(validator.iter_errors(obj), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     found = [_schema_error(e) for e in errors]
-    if found:
+    if any(e.validator in _BLOCKING for e in errors):
         return list(dict.fromkeys(found))
     apply_defaults(schema, obj)
-    return list(_rule_errors(schema, obj, []))
+    if old is not None:
+        old = apply_defaults(schema, copy.deepcopy(old))
+    return list(dict.fromkeys([*found, *_rule_errors(schema, obj, [], _ABSENT if old is None else old)]))

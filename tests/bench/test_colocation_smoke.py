@@ -80,7 +80,7 @@ def test_quick_run_measures_all_three_modes_consistently() -> None:
         (["--replay", "--replay-stages", "0,8"], "--replay-stages"),
         (["--cores", "0"], "need one core each"),
         (["--warmup-steps", "2"], "--warmup-steps"),
-        (["--microbatches", "1"], "spec.pipeline.microbatches: Invalid value: 1: schedule '1f1b' needs"),
+        (["--microbatches", "1"], "spec.pipeline.microbatches: Invalid value: 1: spec.pipeline.microbatches 1 is fewer"),
     ],
 )
 def test_bad_options_are_refused_with_the_option_named(

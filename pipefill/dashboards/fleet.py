@@ -1,0 +1,106 @@
+"""The Fleet dashboard: how much GPU time the fill jobs recovered across training jobs, and what it cost them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipefill.dashboards._panels import Board, Q
+from pipefill.dashboards.queries import FILL_JOB_LABEL, job_selector, rate
+
+__all__ = ["build"]
+
+_S = job_selector()
+_BUSY = rate("pipefill_fill_busy_seconds_total", _S)
+_BUBBLE = rate("pipefill_trainer_bubble_seconds_total", _S)
+_STEP_SUM = rate("pipefill_trainer_step_seconds_sum", _S)
+_STEP_COUNT = rate("pipefill_trainer_step_seconds_count", _S)
+
+
+def build() -> Any:
+    board = Board(
+        "fleet",
+        "PipeFill / Fleet",
+        "GPU time the fill jobs recovered from pipeline bubbles, per training job, and the training jobs' pace.",
+        one_job=False,
+    )
+    board.row("Recovered GPU time")
+    board.stat(
+        "GPU time recovered",
+        "Seconds per second the fill executors ran fill work inside bubbles, summed over all ranks: how many GPUs' "
+        "worth of time the fill jobs got.",
+        "short",
+        Q(f"sum({_BUSY})"),
+    )
+    board.stat(
+        "Share of bubble time recovered",
+        "Fill busy seconds ÷ measured bubble seconds of the trainers (announced or not).",
+        "percentunit",
+        Q(f"sum({_BUSY}) / sum({_BUBBLE})"),
+    )
+    board.stat(
+        "Bubble fraction",
+        "Measured idle seconds inside steps ÷ step seconds, over all ranks of the selected jobs.",
+        "percentunit",
+        Q(f"sum({_BUBBLE}) / sum({_STEP_SUM})"),
+    )
+    board.stat(
+        "Fill items per second",
+        "Units of fill work (samples, or steps for training) done per second by all fill executors.",
+        "short",
+        Q(f"sum({rate('pipefill_fill_items_total', _S)})"),
+    )
+    board.timeseries(
+        "GPU time recovered per training job",
+        "Fill busy seconds per second, summed over the job's ranks.",
+        "short",
+        Q(f"sum by (training_job) ({_BUSY})", "{{training_job}}"),
+    )
+    board.timeseries(
+        "Share of bubble time recovered per training job",
+        "Fill busy seconds ÷ measured bubble seconds, per training job.",
+        "percentunit",
+        Q(f"sum by (training_job) ({_BUSY}) / sum by (training_job) ({_BUBBLE})", "{{training_job}}"),
+    )
+    board.row("Training jobs")
+    board.timeseries(
+        "Bubble fraction per training job",
+        "Measured idle seconds inside steps ÷ step seconds, over the job's ranks.",
+        "percentunit",
+        Q(f"sum by (training_job) ({_BUBBLE}) / sum by (training_job) ({_STEP_SUM})", "{{training_job}}"),
+        span=8,
+    )
+    board.timeseries(
+        "Step time per training job",
+        "Mean wall time of one optimizer step (with fill running beside it). The slowdown against a no-fill "
+        "baseline needs a baseline metric the trainer does not export yet.",
+        "s",
+        Q(f"sum by (training_job) ({_STEP_SUM}) / sum by (training_job) ({_STEP_COUNT})", "{{training_job}}"),
+        span=8,
+    )
+    board.timeseries(
+        "Training tokens per second",
+        "Tokens per second of the whole job, from its last step.",
+        "short",
+        Q(f"max by (training_job) (pipefill_trainer_tokens_per_second{_S})", "{{training_job}}"),
+        span=8,
+    )
+    board.row("Fill jobs")
+    board.timeseries(
+        "Fill throughput per FillJob",
+        "Units of work per second, summed over every rank that runs the FillJob.",
+        "short",
+        Q(
+            f"sum by ({FILL_JOB_LABEL}) ({rate('pipefill_fill_items_total', _S)})",
+            "{{" + FILL_JOB_LABEL + "}}",
+        ),
+    )
+    board.timeseries(
+        "Fill overrun, 99th percentile",
+        "How long after a used bubble's expected end the fill yielded the GPU: the delay the fill can add to a step.",
+        "s",
+        Q(
+            f"histogram_quantile(0.99, sum by (training_job, le) ({rate('pipefill_fill_overrun_seconds_bucket', _S)}))",
+            "{{training_job}}",
+        ),
+    )
+    return board.build()

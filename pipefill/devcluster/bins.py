@@ -1,0 +1,176 @@
+"""Build the control plane's binaries from their Go modules, once, into a cache outside the repository.
+
+Each tool is one small Go module under ``cluster/tools/<module>/`` whose ``go.mod`` names the upstream command as a
+``tool`` dependency and pins every version (the go.mod files are the one place the versions live; ``go.sum`` makes the
+build reproducible). Nothing of upstream is copied into this repository. A build lands in
+``$PIPEFILL_BINS/<module>-<version>-<key>/`` (default ``~/.cache/pipefill/bins``) where the key hashes the go.mod, go.sum and the build flags, so a version bump
+builds anew and an unchanged module is never rebuilt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+__all__ = ["MODULES", "BinaryMissing", "GoModule", "binary", "bins_dir", "ensure_built", "tools_dir"]
+
+
+class BinaryMissing(RuntimeError):
+    """A control-plane binary is not built yet (or cannot be built here)."""
+
+
+@dataclass(frozen=True)
+class GoModule:
+    """One module under cluster/tools/ and the commands it builds."""
+
+    name: str  # directory under cluster/tools/
+    packages: tuple[str, ...]  # Go packages of the upstream commands
+    binaries: tuple[str, ...]  # output names, same order as ``packages``
+    upstream: str  # the module whose version the go.mod pins (printed, and put into the binary's version)
+    version_vars: tuple[str, ...] = ()  # ``-X`` variables that receive the upstream version
+
+    def version(self) -> str:
+        """The pinned upstream version, read from go.mod."""
+        text = (tools_dir() / self.name / "go.mod").read_text()
+        match = re.search(rf"^\s*{re.escape(self.upstream)} (v\S+)", text, re.MULTILINE)
+        if not match:
+            raise BinaryMissing(f"cluster/tools/{self.name}/go.mod does not require {self.upstream}")
+        return match.group(1)
+
+    def ldflags(self) -> str:
+        version = self.version()
+        flags = ["-s", "-w"]
+        for var in self.version_vars:
+            value = version
+            if var.endswith("gitMajor"):
+                value = version.lstrip("v").split(".")[0]
+            elif var.endswith("gitMinor"):
+                value = version.lstrip("v").split(".")[1]
+            flags.append(f"-X {var}={value}")
+        return " ".join(flags)
+
+
+_K8S_VERSION_VARS = tuple(
+    f"{pkg}.{var}"
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+    for var in ("gitVersion", "gitMajor", "gitMinor")
+)
+
+MODULES: dict[str, GoModule] = {
+    "etcd": GoModule("etcd", ("go.etcd.io/etcd/server/v3",), ("etcd",), "go.etcd.io/etcd/server/v3"),
+    "kube": GoModule(
+        "kube",
+        tuple(f"k8s.io/kubernetes/cmd/{c}" for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")),
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+        "k8s.io/kubernetes",
+        _K8S_VERSION_VARS,
+    ),
+    "kwok": GoModule("kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",), "sigs.k8s.io/kwok"),
+    "helm": GoModule(
+        "helm",
+        ("helm.sh/helm/v4/cmd/helm",),
+        ("helm",),
+        "helm.sh/helm/v4",
+        ("helm.sh/helm/v4/internal/version.version",),
+    ),
+}
+_BY_BINARY = {b: m for m in MODULES.values() for b in m.binaries}
+
+
+def tools_dir() -> Path:
+    """``cluster/tools`` of this checkout (the devcluster runs from a clone of the repository)."""
+    return Path(__file__).resolve().parents[2] / "cluster" / "tools"
+
+
+def bins_dir() -> Path:
+    """``$PIPEFILL_BINS`` or ``~/.cache/pipefill/bins``: outside the repository, kept across clones, so a fresh clone
+    builds nothing twice (Prometheus for the dashboard checks lands here too, see the Makefile)."""
+    return Path(os.environ.get("PIPEFILL_BINS") or Path.home() / ".cache" / "pipefill" / "bins")
+
+
+def _key(module: GoModule) -> str:
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        digest.update((tools_dir() / module.name / name).read_bytes())
+    digest.update(module.ldflags().encode())
+    return digest.hexdigest()[:12]
+
+
+def _out_dir(module: GoModule) -> Path:
+    return bins_dir() / f"{module.name}-{module.version()}-{_key(module)}"
+
+
+def binary(name: str) -> Path:
+    """Path of a built binary; :class:`BinaryMissing` with the command that builds it when it is not there."""
+    module = _BY_BINARY[name]
+    path = _out_dir(module) / name
+    if not (path.parent / ".complete").exists():
+        raise BinaryMissing(
+            f"{name} {module.version()} is not built (looked in {path.parent}); run `make cluster-bins`"
+        )
+    return path
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BinaryMissing(
+            "no Go toolchain found on PATH: the control plane (etcd, kube-apiserver, kube-controller-manager, "
+            "kube-scheduler, kwok) and helm are built from their Go modules; install Go ≥ 1.26 and run `make cluster-bins`"
+        )
+    return go
+
+
+def _build(module: GoModule, log: Callable[[str], None]) -> None:
+    out = _out_dir(module)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false", "CGO_ENABLED": "0"}
+    target = [f"-o={tmp}/{module.binaries[0]}"] if len(module.packages) == 1 else [f"-o={tmp}/"]
+    argv = [_go(), "build", "-trimpath", f"-ldflags={module.ldflags()}", *target, *module.packages]
+    log(f"building {', '.join(module.binaries)} from {module.upstream} {module.version()} …")
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=tools_dir() / module.name, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+        raise BinaryMissing(f"`go build` of cluster/tools/{module.name} failed (exit {proc.returncode}):\n{tail}")
+    (tmp / ".complete").write_text(f"{module.upstream} {module.version()}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"built {', '.join(module.binaries)} in {time.monotonic() - started:.0f} s → {out}")
+
+
+def ensure_built(names: tuple[str, ...] = tuple(MODULES), *, log: Callable[[str], None] | None = None) -> None:
+    """Build every module in ``names`` whose binaries are missing; print progress through ``log``."""
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    lock_path = bins_dir() / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:  # one builder at a time: several checkouts may run `make test` at once
+        if not _try_lock(lock):
+            say(f"waiting for another build to finish (lock {lock_path}) …")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in names:
+            module = MODULES[name]
+            if (_out_dir(module) / ".complete").exists():
+                say(f"{', '.join(module.binaries)} {module.version()}: cached")
+                continue
+            _build(module, say)
+
+
+def _try_lock(lock: IO[str]) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

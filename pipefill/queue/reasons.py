@@ -1,0 +1,135 @@
+"""Why a FillJob with work left runs nowhere after a pass, in the words its status condition will carry.
+
+The checks follow the path a slice takes to a rank, and the first that rules out every rank is the reason: no
+running training job in the namespace, hostSelector, ``spec.fill.enabled``, the training jobs' fill-job selectors,
+ranks whose bubbles are unknown, slices still held by pods that have not terminated, unfit reports, bubbles that fit
+no batch of the job, full ranks, and last the policy. Jobs of one eligibility group and profile share the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipefill.queue.fit import why_unfit
+from pipefill.queue.state import Host, Job, State
+from pipefill.spec.common import LabelSelector
+
+__all__ = ["Memo", "format_selector", "why_waiting"]
+
+_LIST_AT_MOST = 3
+
+
+@dataclass
+class Memo:
+    """What jobs of one pass share: answers per (group, profile, unfit, pods), per group, free hosts per group."""
+
+    reasons: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    selectors: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    free: dict[tuple[Any, ...], list[Host]] = field(default_factory=dict)
+
+
+def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> str:
+    """The reason ``job`` (open work, no pod of a running host) waits; ``memo`` shares answers within a pass."""
+    if not job.open:
+        return _draining(job)
+    key = (job.group.key, job.demand_id, job.unfit, frozenset(job.pods), job.note)
+    found = memo.reasons.get(key)
+    if found is None:
+        found = memo.reasons[key] = _funnel(state, job, policy, memo)
+    return found
+
+
+def _funnel(state: State, job: Job, policy: str, memo: Memo) -> str:
+    v = job.view
+    prefix = memo.selectors.get(job.group.key)
+    if prefix is None:
+        prefix = memo.selectors[job.group.key] = _selectors(state, job)
+    if prefix:
+        return prefix
+    if job.allowance <= 0:
+        return _draining(job)
+    unfit = job.unfit
+    if unfit and all((h.tj.name, h.rank.rank) in unfit for h in job.group.hosts):
+        details = "; ".join(f"{u.training_job}/{u.rank}: {u.reason}" for u in v.unfit[:_LIST_AT_MOST])
+        return f"every eligible rank reported this job unfit ({details})"
+    fits = state.rates.fits
+    free = memo.free.get(job.group.key)
+    if free is None:
+        free = memo.free[job.group.key] = [h for h in job.group.hosts if h.load < state.max_jobs]
+    free_fitting = sum(
+        1
+        for h in free
+        if (h.tj.name, h.rank.rank) not in unfit and h.rank.pod_uid not in job.pods and fits(job.demand_id, h.cap_id)
+    )
+    if free_fitting and policy == "makespan":
+        return job.note or (
+            f"waiting: on the {free_fitting} free ranks that fit, other jobs use every bubble class the job could "
+            "(makespan places a job only where it adds work)"
+        )
+    if free_fitting:
+        return f"waiting behind jobs ahead of it under policy {policy}"
+    if unfit:
+        somewhere = any(fits(job.demand_id, h.cap_id) for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit)
+    else:  # ranks of equal capacity answer alike
+        somewhere = any(fits(job.demand_id, cap_id) for cap_id in job.group.by_cap)
+    if somewhere:
+        return (
+            f"waiting for a free rank: every rank whose bubbles fit runs {state.max_jobs} fill jobs already "
+            "(PIPEFILL_FILL_MAX_ACTIVE_JOBS)"
+        )
+    reported = [h for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit]
+    h = reported[0]
+    return (
+        f"no bubble class of the {len(reported)} eligible ranks fits the job ({h.name}: {why_unfit(job.demand, h.cap)})"
+    )
+
+
+def _selectors(state: State, job: Job) -> str:
+    """The reason no rank admits any job of ``job``'s group (namespace, hostSelector, labels); "" when some does."""
+    v = job.view
+    ns = v.namespace
+    running = [t for t in state.training_jobs if t.namespace == ns and t.running]
+    if not running:
+        return f"no PipelineTrainingJob is Running in namespace {ns}"
+    matched = [t for t in running if v.host_selector.matches(dict(t.labels))]
+    if not matched:
+        return (
+            f"hostSelector {format_selector(v.host_selector)} matches no running training job "
+            f"({len(running)} running in namespace {ns}: {_names(t.name for t in running)})"
+        )
+    enabled = [t for t in matched if t.fill_enabled]
+    if not enabled:
+        return f"fill is disabled (spec.fill.enabled: false) on every training job hostSelector matches: {_names(t.name for t in matched)}"
+    admitted = [t for t in enabled if t.fill_job_selector.matches(dict(v.labels))]
+    if not admitted:
+        t = enabled[0]
+        return (
+            f"the fill-job selector of every matching training job refuses this job's labels "
+            f"{format_labels(v.labels)} ({t.name} admits {format_selector(t.fill_job_selector)})"
+        )
+    return ""
+
+
+def _draining(job: Job) -> str:
+    held = ", ".join(f"[{p.start}, {p.end}) on {p.pod}" for p in job.kept[:_LIST_AT_MOST])
+    return f"slices {held} wait for their pods to terminate before they move"
+
+
+def format_selector(selector: LabelSelector) -> str:
+    """``{a=b, c In (x,y)}``, or ``{}`` for the empty selector (which matches everything)."""
+    parts = [f"{k}={val}" for k, val in sorted(selector.match_labels.items())]
+    for r in selector.match_expressions:
+        parts.append(f"{r.key} {r.operator}" + (f" ({','.join(r.values)})" if r.values else ""))
+    return "{" + ", ".join(parts) + "}"
+
+
+def format_labels(labels: Any) -> str:
+    return "{" + ", ".join(f"{k}={val}" for k, val in sorted(dict(labels).items())) + "}"
+
+
+def _names(names: Iterable[str]) -> str:
+    items = list(names)
+    more = f" and {len(items) - _LIST_AT_MOST} more" if len(items) > _LIST_AT_MOST else ""
+    return ", ".join(items[:_LIST_AT_MOST]) + more

@@ -1,0 +1,118 @@
+"""FillJob status written by several executors at once: what a progress report is and how it is merged.
+
+Each executor reports the job's progress as it reads it from the job's output directory (every slice's commit pointer:
+the truth, shared by all), so a report from any executor is right for the whole job; :func:`merged_status` merges it
+into the status others write too, under a lock (files) or a resourceVersion precondition (Kubernetes), so no concurrent
+update is lost and progress never goes backwards. It lives in the core because the operator, which owns assignments
+and final phases, must read the status by the same rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipefill.queue.slices import Slice
+from pipefill.spec import FillJobPhase, FillJobStatus, to_obj
+from pipefill.spec.filljob import Assignment
+
+__all__ = ["FINAL_PHASES", "Identity", "ProgressReport", "merged_status", "now_rfc3339"]
+
+FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is asking: the PipelineTrainingJob, this pod's rank, and the training job's labels for hostSelector
+    (None: not known here; the queue was filtered for this host already, as ``pipefill local`` and the operator do)."""
+
+    training_job: str
+    rank: int
+    labels: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """What an executor reports about a job after a commit or a phase change.
+
+    ``committed``: units of work committed over all the job's slices; ``throughput_per_s``: the job's committed units
+    per second as this executor saw them grow (all ranks' work)."""
+
+    phase: FillJobPhase
+    committed: int
+    total: int
+    throughput_per_s: float | None = None
+    message: str = ""
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merged_status(
+    old: dict[str, Any], report: ProgressReport, *, identity: Identity, held: Sequence[Slice] | None
+) -> dict[str, Any] | None:
+    """The job's status (camelCase FillJob status fields) after this executor's ``report``, from the status as it is
+    now (``old``, written by any executor); None when the report changes nothing that may change.
+
+    * A final phase (Succeeded, Failed, Cancelled) stays: a late report of another executor does not undo it.
+    * ``samplesDone`` never decreases (committed work only grows; a report read before another's commit is older).
+    * ``held``: the slices this executor holds now, which replace its assignments (by training job and rank) and any
+      other assignment of the same slices (a slice taken over from a dead executor); None leaves assignments alone
+      (the operator owns them). A final phase clears them: nothing runs any more.
+    * Queued from this executor (no batch size fits its bubbles) while others hold slices stays Running.
+    * ``startTime`` is the first one reported; ``throughput`` the latest reported while running.
+    """
+    old_phase = old.get("phase")
+    if old_phase in FINAL_PHASES and old_phase != report.phase.value:
+        return None
+    assignments = [Assignment(**_snake(a)) for a in old.get("assignments") or []]
+    if held is not None:
+        mine = {(s.start, s.end) for s in held}
+        assignments = [
+            a
+            for a in assignments
+            if (a.training_job, a.rank) != (identity.training_job, identity.rank) and (a.start, a.end) not in mine
+        ]
+        assignments += [Assignment(identity.training_job, identity.rank, s.start, s.end) for s in sorted(held)]
+    phase = report.phase
+    if phase == FillJobPhase.QUEUED and assignments:
+        phase = FillJobPhase.RUNNING
+    if phase.value in FINAL_PHASES:
+        assignments = []
+    done = min(max(int(old.get("samplesDone") or 0), report.committed), report.total)
+    throughput = report.throughput_per_s
+    if throughput is None and phase == FillJobPhase.RUNNING:
+        throughput = old.get("throughput")
+    eta = None
+    if throughput and phase == FillJobPhase.RUNNING:
+        left_s = max(0, report.total - done) / throughput
+        eta = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=left_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = to_obj(
+        FillJobStatus(
+            phase=phase,
+            assignments=sorted(assignments, key=lambda a: (a.start, a.training_job, a.rank)),
+            samples_done=done,
+            progress=round(100.0 * done / report.total, 3) if report.total else 0.0,
+            throughput=round(throughput, 6) if throughput is not None else None,
+            estimated_completion_time=eta,
+            start_time=old.get("startTime") or report.start_time,
+            completion_time=report.completion_time or old.get("completionTime"),
+        )
+    )
+    if report.message:
+        status["message"] = report.message
+    return status
+
+
+def _snake(assignment: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "training_job": assignment["trainingJob"],
+        "rank": assignment["rank"],
+        "start": assignment["start"],
+        "end": assignment["end"],
+    }

@@ -1,0 +1,66 @@
+"""Session-wide fixtures: the real control plane for tests marked ``cluster``.
+
+One control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok GPU nodes) per test session,
+in a temporary directory on free loopback ports; each test gets a fresh namespace. With ``CI=true`` a missing binary
+or a failed start fails the run (it must never skip there); elsewhere those tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
+
+_IN_CI = os.environ.get("CI", "").lower() == "true"
+_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        cp = start(tmp_path_factory.mktemp("control-plane"), nodes=4)
+    except (BinaryMissing, StartFailed) as exc:
+        if _IN_CI:
+            pytest.fail(f"CI=true and the control plane cannot start: {exc}", pytrace=False)
+        pytest.skip(f"no control plane: {exc}")
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "cluster" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _outcomes[report.outcome] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    ran = sum(_outcomes.values())
+    if ran:
+        terminalreporter.write_line(
+            f"control-plane tests: {_outcomes['passed']} passed, {_outcomes['failed']} failed, "
+            f"{_outcomes['skipped']} skipped"
+        )
+    if _IN_CI and _outcomes["skipped"]:
+        terminalreporter.write_line("CI=true: control-plane tests must run, not skip", red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _IN_CI and _outcomes["skipped"] and exitstatus == 0:
+        session.exitstatus = 1
