@@ -1,15 +1,22 @@
 """Online estimates the runner decides with: the next step's duration, the commit's, the wake-up/switch cost.
 
-Each keeps a window of recent measurements and predicts a high quantile of it (never less than the profiled median),
-so one slow step moves the prediction up at once and the runner stops earlier, while one fast step cannot make it
-start a step that would overrun.
+:class:`Estimator` keeps a window of recent measurements and predicts a high quantile of it. :class:`StepModel`
+predicts a fill step of any batch size: the profile's medians, interpolated between the profiled batch sizes, times a
+factor learnt from the steps run since — a high quantile of measured ÷ profiled, kept per bubble kind, because steps
+run slower in some bubbles than in others (the end-of-step bubble, where the trainer's own threads may still run on
+the shared core). One slow step moves the prediction up at once, so the runner stops earlier; one fast step cannot
+make it start a step that would overrun. With the factor at a high quantile the last step of a bubble is the one sized
+to the time left, so what the quantile costs is a fraction of one small step.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
 from collections import deque
+from collections.abc import Callable
 
-__all__ = ["Estimator", "StepPredictor"]
+__all__ = ["Estimator", "StepModel"]
 
 
 class Estimator:
@@ -33,27 +40,110 @@ class Estimator:
         return len(self.samples)
 
 
-class StepPredictor:
-    """Step-time estimators per batch size, seeded by the profile's medians."""
+class StepModel:
+    """Step time by batch size and bubble kind, from the profile (batch size → median seconds) and the steps run.
 
-    def __init__(self, profiled_s: dict[int, float], *, window: int = 32, quantile: float = 0.9) -> None:
-        self.profiled_s = dict(profiled_s)
-        self._window, self._quantile = window, quantile
-        self._by_batch: dict[int, Estimator] = {}
+    ``base_s(b)``: the profiled medians made non-decreasing in the batch size (a larger batch never takes less time;
+    a noisy profile point otherwise inverts the order), interpolated linearly between profiled sizes and extrapolated
+    along the last segment. ``predict_s(b, kind)``: ``base_s(b)`` times the ``quantile`` of the last ``window``
+    ratios measured ÷ base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any).
+    Ratios older than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core) would otherwise
+    keep every step from fitting, and without steps no faster ratio would ever replace them.
+    """
 
-    def _est(self, batch_size: int) -> Estimator:
-        if batch_size not in self._by_batch:
-            base = self.profiled_s.get(batch_size)
-            if base is None:  # scale the nearest smaller measured batch linearly: an upper bound for batched kernels
-                smaller = [b for b in self.profiled_s if b < batch_size] or list(self.profiled_s)
-                ref = max(smaller) if smaller else batch_size
-                base = self.profiled_s.get(ref, 0.0) * batch_size / ref
-            self._by_batch[batch_size] = Estimator(default_s=base, window=self._window, quantile=self._quantile)
-        return self._by_batch[batch_size]
+    def __init__(
+        self,
+        profiled_s: dict[int, float],
+        *,
+        window: int = 64,
+        quantile: float = 0.99,
+        warm: int = 4,
+        horizon_s: float = 10.0,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        if not profiled_s:
+            raise ValueError("StepModel needs at least one profiled batch size")
+        self.sizes = sorted(profiled_s)
+        times, top = [], 0.0
+        for b in self.sizes:
+            top = max(top, profiled_s[b])
+            times.append(top)
+        self.times = times
+        self.window, self.quantile, self.warm = window, quantile, warm
+        self.horizon_ns, self.clock = int(horizon_s * 1e9), clock
+        self._ratios: dict[str, deque[tuple[int, float]]] = {}
+        self._factor: dict[str, float] = {}
+        self._expires_ns = 0  # when the oldest ratio kept ages out (0: none kept)
 
-    def record(self, batch_size: int, duration_s: float) -> None:
-        self._est(batch_size).record(duration_s)
+    def base_s(self, batch_size: int) -> float:
+        sizes, times = self.sizes, self.times
+        if len(sizes) == 1 or batch_size <= sizes[0]:
+            return times[0] * (batch_size / sizes[0] if batch_size > sizes[0] else 1.0)
+        i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
+        b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
+        return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
 
-    def predict_s(self, batch_size: int) -> float:
-        est = self._est(batch_size)
-        return max(est.predict_s(), self.profiled_s.get(batch_size, 0.0) if len(est) < 4 else 0.0)
+    def factor(self, kind: str = "") -> float:
+        """The learnt ratio measured ÷ profiled for bubbles of ``kind`` (of any kind before ``warm`` of it)."""
+        if self._expires_ns and self.clock() > self._expires_ns:
+            self._forget(self.clock())
+        f = self._factor.get(kind)
+        return self._factor.get("", 1.0) if f is None else f
+
+    def predict_s(self, batch_size: int, kind: str = "") -> float:
+        return self.base_s(batch_size) * self.factor(kind)
+
+    def record(self, batch_size: int, duration_s: float, kind: str = "") -> None:
+        now = self.clock()
+        ratio = max(0.0, duration_s) / max(1e-9, self.base_s(batch_size))
+        for key in (kind, "") if kind else ("",):
+            window = self._ratios.setdefault(key, deque(maxlen=self.window))
+            window.append((now, ratio))
+            self._update(key, window, now)
+        if not self._expires_ns:
+            self._expires_ns = now + self.horizon_ns + 1
+
+    def _update(self, key: str, window: deque[tuple[int, float]], now_ns: int) -> None:
+        while window and now_ns - window[0][0] > self.horizon_ns:
+            window.popleft()
+        if len(window) >= self.warm:
+            ordered = sorted([r for _, r in window])
+            self._factor[key] = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        else:
+            self._factor.pop(key, None)
+
+    def _forget(self, now_ns: int) -> None:
+        """Drop ratios older than the horizon from every kind and recompute the factors from the rest."""
+        oldest = None
+        for key, window in self._ratios.items():
+            self._update(key, window, now_ns)
+            if window:
+                oldest = window[0][0] if oldest is None else min(oldest, window[0][0])
+        self._expires_ns = 0 if oldest is None else oldest + self.horizon_ns + 1
+
+    def largest_fitting(self, time_s: float, max_batch: int, kind: str = "", *, any_size: bool = True) -> int | None:
+        """The largest batch size ≤ ``max_batch`` whose predicted step fits ``time_s``: any size (inference: every
+        sample is computed alike whatever the batch), else only profiled sizes; None when not even the smallest fits."""
+        budget = time_s / self.factor(kind)
+        sizes, times = self.sizes, self.times
+        if budget < times[0]:
+            return None
+        if not any_size:
+            fit = [b for b, t in zip(sizes, times, strict=True) if t <= budget and b <= max_batch]
+            return fit[-1] if fit else None
+        best = sizes[0]
+        for i in range(1, len(sizes)):
+            b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
+            if t1 <= budget:
+                best = b1
+                continue
+            if t1 > t0:
+                best = max(best, b0 + int((budget - t0) * (b1 - b0) / (t1 - t0)))
+            break
+        else:  # past the largest profiled size: extrapolate along the last segment
+            if len(sizes) > 1 and times[-1] > times[-2]:
+                slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+                best = max(best, sizes[-1] + int((budget - times[-1]) / slope))
+        if len(sizes) == 1 and budget >= times[0]:
+            best = sizes[0]
+        return min(best, max_batch) if best >= 1 else None

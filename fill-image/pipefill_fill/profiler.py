@@ -162,10 +162,15 @@ class BubbleProfiler:
         return self.candidates[self._i]
 
     def predict_s(self) -> float | None:
+        """The next measurement's expected duration; None: unknown (the runner starts it only at a bubble's start).
+
+        The very first step of a fresh job pays one-off costs (lazy initialization, first allocations) that can make
+        it ten times slower than the next: it is never taken as a prediction, or a job whose bubbles are a few
+        milliseconds long would wait for bubbles that fit its slow first step, and give up."""
         if len(self._times) > self.warmup:
             return statistics.median(self._times[self.warmup :])
-        if self._times:  # warm-up: the first calls pay one-off costs (allocation, lazy init) that do not repeat
-            return min(self._times)
+        if self._times and (self._points or len(self._times) > 1):  # warm-up: the fastest so far
+            return min(self._times[1:] if not self._points else self._times)
         if self._points:
             last = self._points[-1]
             return last.step_s * self.batch_size / last.batch_size

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipefill.channel import layout as L
-from pipefill.channel._files import CHANNEL_FILE, FILL_LOCK, TRAINER_LOCK, OwnerLock, resolve_dir
+from pipefill.channel._files import CHANNEL_FILE, FILL_LOCK, HOLD_FILE, TRAINER_LOCK, OwnerLock, resolve_dir
 from pipefill.channel._mapping import Mapping
 from pipefill.channel.errors import ChannelNotFoundError
 from pipefill.channel.futex import Futex
@@ -34,6 +34,7 @@ class Consumer:
 
     def __init__(self, *, directory: Path, fill_lock: OwnerLock, trainer_lock: OwnerLock, mapping: Mapping) -> None:
         self._dir = directory
+        self._hold_path = str(directory / HOLD_FILE)
         self._fill_lock = fill_lock
         self._trainer_lock = trainer_lock
         self._totals = [0, 0, 0, 0]  # acked, used_ns, overrun_ns, work since attach
@@ -162,6 +163,10 @@ class Consumer:
         m.q[f_off >> 3] = 0
         L.FILL_ENTRY.pack_into(m.mm, f_off + 8, used_ns, overrun_ns, work)
         m.q[f_off >> 3] = bubble_id
+
+    def hold_requested(self) -> bool:
+        """Whether someone asked the fill to idle (``fill.hold`` exists in the channel directory; one stat)."""
+        return os.path.exists(self._hold_path)
 
     def trainer_alive(self) -> bool:
         """Whether a live trainer owns the channel; re-attaches first when a restarted trainer replaced it."""
