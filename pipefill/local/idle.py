@@ -94,7 +94,6 @@ class IdleAccount:
         """Account every wait still open to matching (the end of the logs)."""
         self._resolve(final=True)
 
-
     def idle_s(self, kind: str | None = None) -> float:
         rows = self.by_kind.values() if kind is None else [self.by_kind.get(kind, {})]
         return sum(sum(r.values()) for r in rows)
@@ -114,13 +113,7 @@ class IdleAccount:
                 fills.popleft()
             if fills and fills[0].open_ns <= w.end_ns:
                 self._account(waits.popleft(), fills.popleft())
-            elif (
-                not w.announced
-                or fills
-                or final
-                or self._fill_seen_ns > w.end_ns
-                or len(waits) > _MAX_PENDING
-            ):
+            elif not w.announced or fills or final or self._fill_seen_ns > w.end_ns or len(waits) > _MAX_PENDING:
                 self._account(waits.popleft(), None)
             else:
                 break
