@@ -26,7 +26,8 @@ from typing import Any
 from pipefill.bench.colocation_run import BenchError, manifests, processes, rank_stats, run_processes
 from pipefill.bench.paired import Block, blocks_of, bootstrap_ci, hold_label, pair_slowdowns
 from pipefill.channel import hold_fill
-from pipefill.events import EventTail, HoldEvent, StepEvent, read_events
+from pipefill.channel.nextopen import NextOpen
+from pipefill.events import BubbleEvent, Event, EventTail, HoldEvent, StepEvent, read_events
 from pipefill.local.report import rank_log_paths
 
 __all__ = ["run_blocks"]
@@ -69,10 +70,29 @@ def _labels(run_dir: Path, ranks: list[int], first: int, last: int) -> tuple[dic
     return labels, step_s
 
 
+def open_errors_ns(trainer: list[Event], first_step: int) -> list[int]:
+    """|actual − predicted| open of each announced bubble from ``first_step`` on, as the fill's own model
+    (:class:`NextOpen`, what a spinning consumer predicts) would have predicted it: replayed over the trainer's
+    waits (a wait's start and end are its bubble's open and close, to a few µs)."""
+    waits = sorted(
+        (e for e in trainer if isinstance(e, BubbleEvent) and e.announced and e.step >= first_step),
+        key=lambda e: e.start_ns,
+    )
+    model = NextOpen(errors=len(waits) + 1)
+    prev: BubbleEvent | None = None
+    ordinal = predicted = 0
+    for w in waits:
+        if prev is not None:
+            model.observe((prev.kind, ordinal), prev.end_ns, w.start_ns, predicted)
+        ordinal = ordinal + 1 if prev is not None and prev.step == w.step else 0
+        predicted, prev = model.predict((w.kind, ordinal), w.end_ns), w
+    return [abs(e) for e in model.errors_ns]
+
+
 def _rank_figures(run_dir: Path, rank: int, blocks: list[Block]) -> dict[str, Any]:
     trainer, fill = (read_events(p) for p in rank_log_paths(run_dir, rank))
     starts = {e.step: (e.start_ns, e.start_ns + int(e.step_s * 1e9)) for e in trainer if isinstance(e, StepEvent)}
-    out: dict[str, Any] = {"rank": rank}
+    out: dict[str, Any] = {"rank": rank, "open_errors_ns": open_errors_ns(trainer, min(b.steps[0] for b in blocks))}
     for label in ("A", "B"):
         steps = {s for b in blocks if b.label == label for s in b.steps}
         t0, t1 = min(starts[s][0] for s in steps), max(starts[s][1] for s in steps)
@@ -117,6 +137,7 @@ def run_blocks(
     offered_b = sum(r["B"]["announced_bubble_s"] for r in ranks) / n_b
     mean_a = statistics.fmean(s for b in got if b.label == "A" for s in b.step_s)
     mean_b = statistics.fmean(s for b in got if b.label == "B" for s in b.step_s)
+    errors = sorted(e for r in ranks for e in r.pop("open_errors_ns"))
     return {
         "slowdown": statistics.fmean(pairs) if pairs else None,
         "slowdown_ci": list(ci) if ci else None,
@@ -126,6 +147,12 @@ def run_blocks(
         "fill_step_s": mean_b,
         "idle_s_per_step_alone": idle_a,
         "fill_s_per_step": work_b,
+        # what a spinning fill would have predicted (pipefill bench channel --open-error-us takes this)
+        "open_prediction_error_us": {
+            f"p{q}": round(errors[min(len(errors) - 1, len(errors) * q // 100)] / 1e3, 1) for q in (50, 90, 99)
+        }
+        if errors
+        else None,
         "pairs": len(pairs),
         "pair_slowdowns": pairs,
         "blocks": [{"label": b.label, "steps": len(b.steps), "mean_step_s": b.mean_s} for b in got],
