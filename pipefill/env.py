@@ -29,6 +29,7 @@ __all__ = [
     "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
+    "POD_NAMESPACE",
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
@@ -62,6 +63,7 @@ FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMillise
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
+POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"

@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr, flush=True)
         return env.EXIT_INVALID_CONFIG
+    from pipefill_trainer.runtime import build_rank
     from pipefill_trainer.train import Trainer
 
     trainer = None
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(build_rank(cfg))
         if cfg.replay_stage is not None:
             print(
                 f"[replay] REPLAY MODE: pipeline rank {cfg.replay_stage} of {cfg.pp} runs its real compute; its peers "
@@ -61,20 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, dist.DistError, ConnectionError, TimeoutError) as exc:
         where = "starting up (rendezvous)"
         if trainer is not None:
-            where = trainer.pr.executor.waiting_what or ""
+            where = trainer.waiting_what or ""
             if not where and not isinstance(exc, dist.DistError | ConnectionError | TimeoutError):
                 raise  # not a communication failure: a bug, reported as such (exit 1)
-        peers: list[int] = []
-        if trainer is not None and trainer.monitor is not None:
-            peers = trainer.monitor.dead_peers()
+        peers = trainer.parts.peers.dead_peers() if trainer is not None else []
         message = peer_failure_message(rank=cfg.rank, peers=peers, where=where or "communicating", error=exc)
         print(message, file=sys.stderr, flush=True)
         return env.EXIT_RETRYABLE
     finally:
         if trainer is not None:
-            trainer.events.close()
-            if trainer.producer is not None:
-                trainer.producer.close()
+            trainer.parts.close()
 
 
 if __name__ == "__main__":

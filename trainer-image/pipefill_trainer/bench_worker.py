@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from pipefill_trainer.config import TrainerConfig
+from pipefill_trainer.runtime import build_rank
 from pipefill_trainer.train import Trainer
 
 __all__ = ["main"]
@@ -40,33 +41,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    trainer = Trainer(TrainerConfig.from_env(profile_steps=3))
-    stage_idx = trainer.pr.stage_ids[0]
-    module = trainer.pr.stages[stage_idx]
-    stage = PipelineStage(module, stage_idx, trainer.schedule.num_stages, trainer.device)
-    cls = ScheduleGPipe if trainer.schedule.name == "gpipe" else Schedule1F1B  # the job's schedule, in torch
+    parts = build_rank(TrainerConfig.from_env(profile_steps=3))
+    trainer, pipeline, schedule_ours = Trainer(parts), parts.pipeline, parts.shape.schedule
+    stage_idx = pipeline.stage_ids[0]
+    stage = PipelineStage(pipeline.stages[stage_idx], stage_idx, schedule_ours.num_stages, parts.device)
+    cls = ScheduleGPipe if schedule_ours.name == "gpipe" else Schedule1F1B  # the job's schedule, in torch
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out.flatten(0, 1).float(), target.flatten())
 
-    schedule = cls(stage, n_microbatches=trainer.m, loss_fn=loss_fn)
+    schedule = cls(stage, n_microbatches=parts.shape.microbatches, loss_fn=loss_fn)
     step = 0
-    for _ in range(trainer.cfg.profile_steps + 2):  # profile, then settle the predictions
+    for _ in range(parts.cfg.profile_steps + 2):  # profile, then settle the predictions
         trainer.step(step)
         step += 1
 
     def torch_step(k: int) -> float:
-        tokens, targets = trainer.data.batch(k, dp_rank=0)
-        trainer.pr.zero_grad()
+        tokens, targets = parts.data.batch(k, dp_rank=0)
+        pipeline.zero_grad()
         t0 = time.perf_counter()
-        if trainer.pr.has_first_stage():
+        if pipeline.has_first_stage():
             schedule.step(tokens)
         else:
             schedule.step(target=targets, losses=[])
         # the same step end as ours: grad-norm all-reduce, clipping, AdamW
-        stats = torch.stack([trainer.pr.grad_sq_norm(), torch.zeros(()), torch.zeros(())])
+        stats = torch.stack([pipeline.grad_sq_norm(), torch.zeros(()), torch.zeros(())])
         dist.all_reduce(stats)
-        trainer._clip_and_step(k, float(stats[0]))
+        trainer.clip_and_step(k, float(stats[0]))
         return time.perf_counter() - t0
 
     torch_step(0)  # torch's first step infers shapes
@@ -76,8 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     for _ in range(args.blocks):
         dist.barrier()
         for _ in range(args.steps_per_block):
-            _, step_s, _ = trainer.step(step)
-            ours.append(step_s)
+            ours.append(trainer.step(step).step_s)
             assert trainer.announcer is not None
             for rec in trainer.announcer.records:  # the bubbles big enough to announce
                 measured = (rec.end_ns - rec.start_ns) / 1e9

@@ -45,7 +45,7 @@ class TrainerConfig:
     steps: int
     """optimizer steps to train (spec.steps unless overridden)"""
     replay_stage: int | None = None
-    """replay mode: run only this pipeline rank's compute, peers modeled (see replay.py)"""
+    """replay mode: run only this pipeline rank's compute, peers modeled (:class:`pipefill_trainer.peers.ReplayPeers`)"""
     profile_steps: int = 3
     """steps without bubble announcements at the start: the first is warm-up, the rest are profiled"""
     reserved_bytes: int = 0

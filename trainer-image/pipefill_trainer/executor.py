@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -50,14 +50,26 @@ class NoHooks:
 class StepTiming:
     """Monotonic ns of the last step: per action its compute span, and the blocked wait before it (0 if none).
 
-    On CUDA the spans are the GPU's with :attr:`PipelineExecutor.exact_spans`; without, a span is when the CPU queued
-    the action, except that one after a blocking wait starts when the GPU had its input.
+    On CUDA the spans are the GPU's with ``run_step(exact_spans=True)``; without, a span is when the CPU queued the
+    action, except that one after a blocking wait starts when the GPU had its input.
     """
 
     step_start_ns: int
     start_ns: list[int]
     end_ns: list[int]
     wait_ns: list[int]
+
+
+@dataclass
+class _StepState:
+    """What one step carries from action to action."""
+
+    loss_sum: torch.Tensor
+    handles: dict[int, RecvHandle] = field(default_factory=dict)  # posted receives by consuming action
+    next_post: int = 0  # index into the posting order
+    saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)  # F → B
+    local_act: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # same-rank hand-offs
+    local_grad: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +119,6 @@ class PipelineExecutor:
         self.waiting_on: int | None = None  # global rank this rank waits for right now (for failure messages)
         self.waiting_what: str | None = None
         self.timing: StepTiming | None = None
-        self.exact_spans = False
-        """Drain the device at the step start and after each action, so every span ends when the device finished it
-        (the profiling steps set it: it costs CUDA its run-ahead; on CPU there is nothing to drain)."""
 
     def _plan_of(self, a: Action, place: Sequence[int], ranks: Sequence[int]) -> _Plan:
         me, s = self.pp_rank, a.stage_idx
@@ -153,101 +162,132 @@ class PipelineExecutor:
         """Global rank the action waits for, if any (for error messages)."""
         return self._plan[action_idx].recv_src
 
-    def run_step(self, tokens: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> float:
+    def run_step(
+        self,
+        tokens: Sequence[torch.Tensor] | None,
+        targets: Sequence[torch.Tensor] | None,
+        *,
+        exact_spans: bool = False,
+    ) -> float:
         """One step's actions. ``tokens``/``targets``: per-microbatch (B, T) on the ranks holding the first/last stage.
 
         Gradients accumulate into the stages' ``.grad`` (the caller zeroes them); returns the summed loss
         (mean over the step's tokens) on the rank holding the last stage, else 0. Returns once the device has run
         the step's actions (on CUDA the end-of-step bubble begins then, not when the CPU has queued them).
+        ``exact_spans``: drain the device at the step start and after each action, so every span ends when the device
+        finished it (the profiling steps ask for it: it costs CUDA its run-ahead; on CPU there is nothing to drain).
         """
         n = len(self.actions)
-        start_ns, end_ns, wait_ns = [0] * n, [0] * n, [0] * n
-        sync, exact = self.sync, self.exact_spans
-        if exact:
-            sync.drain()  # the previous step's optimizer may still run on the GPU
-        step_start = time.monotonic_ns()
-        self.transport.step_begin(step_start)
-        handles: dict[int, RecvHandle] = {}
-        postings, next_post, ahead = self._postings, 0, self.prefetch * 2
-        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
-        local_act: dict[tuple[int, int], torch.Tensor] = {}
-        local_grad: dict[tuple[int, int], torch.Tensor] = {}
-        loss_sum = torch.zeros((), device=self.device)
-        hooks, last = self.hooks, self.num_stages - 1
-
+        timing = StepTiming(0, [0] * n, [0] * n, [0] * n)
+        if exact_spans:
+            self.sync.drain()  # the previous step's optimizer may still run on the GPU
+        timing.step_start_ns = time.monotonic_ns()
+        self.transport.step_begin(timing.step_start_ns)
+        st = _StepState(loss_sum=torch.zeros((), device=self.device))
         for idx, a in enumerate(self.actions):
-            plan = self._plan[idx]
-            while next_post < len(postings) and postings[next_post][0] <= idx + ahead:
-                ridx = postings[next_post][1]
-                stream = self._plan[ridx].recv_stream
-                assert stream is not None
-                handles[ridx] = self.transport.recv(
-                    action_idx=ridx, shape=self.act_shape, dtype=torch.float32, stream=stream
-                )
-                next_post += 1
-            received = None
-            if plan.recv_stream is not None:
-                handle = handles.pop(idx)
-                self.waiting_on, self.waiting_what = plan.recv_src, f"waiting for the input of action {a}"
-                if not handle.done() and sync.idle_before(handle):
-                    t0 = time.monotonic_ns()
-                    hooks.wait_begin(idx)
-                    received = sync.wait(handle)
-                    hooks.wait_end(idx)
-                    wait_ns[idx] = time.monotonic_ns() - t0
-                else:
-                    received = handle.wait()  # arrived: on CUDA this only orders the compute stream after it
-                self.waiting_on = self.waiting_what = None
-            start_ns[idx] = time.monotonic_ns()
-            s, mb = a.stage_idx, a.mb_idx
-            stage = self.stages[s]
+            self._post_receives(st, upto=idx + 2 * self.prefetch)
+            received = self._await_input(st, idx, timing)
+            timing.start_ns[idx] = time.monotonic_ns()
             if a.kind == Kind.F:
-                if s == 0:
-                    x = None
-                    inp = tokens[mb] if tokens is not None else None
-                    assert inp is not None, "the rank holding stage 0 needs tokens"
-                else:
-                    x = (received if received is not None else local_act.pop((s, mb))).detach().requires_grad_()
-                    inp = x
-                with self._autocast():
-                    out = stage(inp)
-                    if s == last:
-                        assert targets is not None, "the rank holding the last stage needs targets"
-                        out = F.cross_entropy(out.flatten(0, 1).float(), targets[mb].flatten()) / self.m
-                        loss_sum += out.detach()
-                saved[(s, mb)] = (x, out)
-                if s < last:
-                    if plan.send_stream is not None:
-                        self.transport.send(out.detach(), stream=plan.send_stream)
-                    else:
-                        local_act[(s + 1, mb)] = out.detach()
+                self._forward(st, a, self._plan[idx], received, tokens, targets)
             elif a.kind in (Kind.B, Kind.I):
-                x, out = saved.pop((s, mb))
-                grad = None if s == last else (received if received is not None else local_grad.pop((s, mb)))
-                self.store.key = (s, mb) if a.kind == Kind.I else None
-                try:
-                    torch.autograd.backward(out, grad_tensors=grad)
-                finally:
-                    self.store.key = None
-                if s > 0:
-                    assert x is not None and x.grad is not None
-                    if plan.send_stream is not None:
-                        self.transport.send(x.grad, stream=plan.send_stream)
-                    else:
-                        local_grad[(s - 1, mb)] = x.grad
+                self._backward(st, a, self._plan[idx], received)
             else:  # W
-                self.store.apply((s, mb))
-            if exact:
-                sync.drain()
-            end_ns[idx] = time.monotonic_ns()
-        self.timing = StepTiming(step_start, start_ns, end_ns, wait_ns)
-        if saved or local_act or local_grad or len(self.store):
+                self.store.apply((a.stage_idx, a.mb_idx))
+            if exact_spans:
+                self.sync.drain()
+            timing.end_ns[idx] = time.monotonic_ns()
+        self.timing = timing
+        if st.saved or st.local_act or st.local_grad or len(self.store):
             raise RuntimeError(
                 f"schedule {self.schedule.name!r} left work undone on rank {self.pp_rank}: "
-                f"forwards without backward {sorted(saved)}, deferred weight grads {len(self.store)}"
+                f"forwards without backward {sorted(st.saved)}, deferred weight grads {len(self.store)}"
             )
-        sync.drain()
-        return float(loss_sum)
+        self.sync.drain()
+        return float(st.loss_sum)
+
+    # -- receive bookkeeping and the wait point ------------------------------------------------------------------
+    def _post_receives(self, st: _StepState, *, upto: int) -> None:
+        """Post every receive due by action ``upto`` (in each stream's send order, see :meth:`_posting_order`)."""
+        postings = self._postings
+        while st.next_post < len(postings) and postings[st.next_post][0] <= upto:
+            ridx = postings[st.next_post][1]
+            stream = self._plan[ridx].recv_stream
+            assert stream is not None
+            st.handles[ridx] = self.transport.recv(
+                action_idx=ridx, shape=self.act_shape, dtype=torch.float32, stream=stream
+            )
+            st.next_post += 1
+
+    def _await_input(self, st: _StepState, idx: int, timing: StepTiming) -> torch.Tensor | None:
+        """The peer's tensor action ``idx`` needs (None: it needs none). If the device would idle for it, this is a
+        wait point: the hooks are told right before the rank blocks and right after it resumes."""
+        plan = self._plan[idx]
+        if plan.recv_stream is None:
+            return None
+        handle = st.handles.pop(idx)
+        self.waiting_on, self.waiting_what = plan.recv_src, f"waiting for the input of action {self.actions[idx]}"
+        if not handle.done() and self.sync.idle_before(handle):
+            t0 = time.monotonic_ns()
+            self.hooks.wait_begin(idx)
+            received = self.sync.wait(handle)
+            self.hooks.wait_end(idx)
+            timing.wait_ns[idx] = time.monotonic_ns() - t0
+        else:
+            received = handle.wait()  # arrived: on CUDA this only orders the compute stream after it
+        self.waiting_on = self.waiting_what = None
+        return received
+
+    # -- the actions -----------------------------------------------------------------------------------------------
+    def _forward(
+        self,
+        st: _StepState,
+        a: Action,
+        plan: _Plan,
+        received: torch.Tensor | None,
+        tokens: Sequence[torch.Tensor] | None,
+        targets: Sequence[torch.Tensor] | None,
+    ) -> None:
+        """``F``: stage input (tokens on stage 0, else the received or hand-off activation) → output, sent on; on the
+        last stage the loss (÷ m, so the step's gradients are the mean's)."""
+        s, mb, last = a.stage_idx, a.mb_idx, self.num_stages - 1
+        if s == 0:
+            x = None
+            inp = tokens[mb] if tokens is not None else None
+            assert inp is not None, "the rank holding stage 0 needs tokens"
+        else:
+            x = (received if received is not None else st.local_act.pop((s, mb))).detach().requires_grad_()
+            inp = x
+        with self._autocast():
+            out = self.stages[s](inp)
+            if s == last:
+                assert targets is not None, "the rank holding the last stage needs targets"
+                out = F.cross_entropy(out.flatten(0, 1).float(), targets[mb].flatten()) / self.m
+                st.loss_sum += out.detach()
+        st.saved[(s, mb)] = (x, out)
+        if s < last:
+            if plan.send_stream is not None:
+                self.transport.send(out.detach(), stream=plan.send_stream)
+            else:
+                st.local_act[(s + 1, mb)] = out.detach()
+
+    def _backward(self, st: _StepState, a: Action, plan: _Plan, received: torch.Tensor | None) -> None:
+        """``B`` (or ``I``: the input gradient only, weight gradients deferred to ``W``): the output's gradient (the
+        loss on the last stage) → the input's, sent on."""
+        s, mb = a.stage_idx, a.mb_idx
+        x, out = st.saved.pop((s, mb))
+        grad = None if s == self.num_stages - 1 else (received if received is not None else st.local_grad.pop((s, mb)))
+        self.store.key = (s, mb) if a.kind == Kind.I else None
+        try:
+            torch.autograd.backward(out, grad_tensors=grad)
+        finally:
+            self.store.key = None
+        if s > 0:
+            assert x is not None and x.grad is not None
+            if plan.send_stream is not None:
+                self.transport.send(x.grad, stream=plan.send_stream)
+            else:
+                st.local_grad[(s - 1, mb)] = x.grad
 
     def flush_sends(self) -> None:
         self.transport.flush()

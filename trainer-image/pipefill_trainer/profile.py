@@ -1,100 +1,106 @@
-"""From the profiled steps to bubble announcements: gather the pipeline's action costs, simulate, connect the channel.
+"""From the profiled steps to the predicted bubbles: every stage's costs → the profile JSON → the simulated timeline →
+this rank's bubble slots. Returned as a :class:`Prediction`; the trainer installs the announcer and the peers follow
+the timeline (replay), nothing here changes them.
 
-Every rank measured only its own stages; the medians are gathered over the job so every rank simulates the same
-whole-pipeline timeline. In replay mode there are no peers: the parts of the model (a block, the embeddings, the
-head with the loss) are timed forward and backward on this device, and a modeled stage costs the sum of its parts
-scaled by how this rank's own stages compared with the sum of theirs (per action kind) — so a last stage with a large
-vocabulary head costs what it would. The timeline also gives the absolute times at which the replayed peers' data
-"arrives".
+Every rank measures only its own stages; :meth:`pipefill_trainer.peers.Peers.stage_profiles` makes them the whole
+pipeline's (gathered from the live peers, or modeled in replay mode by :func:`model_peer_medians`), so every rank
+simulates the same timeline.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from pipefill.schedules.costs import Costs
+from pipefill.schedules.model import Schedule
 from pipefill.schedules.simulate import simulate
-from pipefill_trainer.instrument import BubbleAnnouncer, Slot, build_profile
-from pipefill_trainer.partition import PartSeconds, measure_parts
+from pipefill.schedules.timeline import Timeline
+from pipefill_trainer.instrument import Slot, build_profile
+from pipefill_trainer.partition import PartSeconds
 
-if TYPE_CHECKING:
-    from pipefill_trainer.train import Trainer
+__all__ = [
+    "Prediction",
+    "StageProfile",
+    "model_peer_medians",
+    "modeled_stage_profiles",
+    "own_stage_profiles",
+    "predict",
+]
 
-__all__ = ["finish_profile", "model_peer_medians"]
 
-_GPU_SAFETY_BYTES = 512 * 2**20  # never offered: the trainer's allocator may still grow a little inside a bubble
+@dataclass(frozen=True)
+class StageProfile:
+    """One stage's measured costs and what the memory model needs of it."""
+
+    median_s: dict[str, float]
+    """median seconds per action kind (``F``, ``B``, ``I``, ``W``) over the profiled steps"""
+    static_bytes: int
+    """weights, gradients and the two AdamW moments"""
+    p2p_bytes_per_mb: int
+    """one microbatch's activations between stages, (B, T, C) float32"""
+    layers: int
 
 
-def _stage_extra(trainer: Trainer) -> dict[int, dict[str, Any]]:
-    cfg = trainer.model_cfg
-    extra = {}
-    for s, module in trainer.pr.stages.items():
+@dataclass(frozen=True)
+class Prediction:
+    """The profile JSON (``Costs.from_profile``'s schema), its simulated timeline, and this rank's bubble slots by the
+    index of the action each bubble precedes (``len(actions)``: the end of the step)."""
+
+    profile: dict[str, Any]
+    timeline: Timeline
+    slots: dict[int, Slot]
+
+
+def own_stage_profiles(
+    stages: Mapping[int, torch.nn.Module],
+    medians: Mapping[int, dict[str, float]],
+    *,
+    layer_ranges: Sequence[range],
+    p2p_bytes_per_mb: int,
+) -> dict[int, StageProfile]:
+    """This rank's stages: their measured medians and sizes."""
+    out = {}
+    for s, module in stages.items():
         param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-        extra[s] = {
-            "static_bytes": 4 * param_bytes,  # weights, gradients, two AdamW moments
-            "p2p_bytes_per_mb": trainer.mb_size * cfg.seq_len * cfg.hidden * 4,
-            "layers": len(trainer.layer_ranges[s]),
-        }
-    return extra
+        out[s] = StageProfile(dict(medians[s]), 4 * param_bytes, p2p_bytes_per_mb, len(layer_ranges[s]))
+    return out
 
 
-def finish_profile(trainer: Trainer, medians: dict[int, dict[str, float]]) -> BubbleAnnouncer:
-    """Build the profile JSON, this rank's bubble slots, and the announcer (installed as the executor's hooks)."""
-    schedule, pp_rank = trainer.schedule, trainer.topo.pp_rank
-    mine = {"medians": medians, "extra": _stage_extra(trainer)}
-    gathered: list[Any] = [mine]
-    if not trainer.replay:
-        gathered = [None] * trainer.cfg.world_size
-        dist.all_gather_object(gathered, mine)
-        gathered = [gathered[r] for r in trainer.topo.pipeline_ranks]
-    per_stage: dict[int, dict[str, float]] = {}
-    extra: dict[int, dict[str, Any]] = {}
-    for entry in gathered:
-        assert entry is not None
-        per_stage.update(entry["medians"])
-        extra.update(entry["extra"])
-    if trainer.replay:
-        parts = measure_parts(trainer.model_cfg, mb_size=trainer.mb_size, device=trainer.device)
-        layers = [len(r) for r in trainer.layer_ranges]
-        per_stage = model_peer_medians(per_stage, parts=parts, layers_per_stage=layers)
-        own_extra = next(iter(extra.values()))
-        for s in range(schedule.num_stages):
-            extra.setdefault(s, {**own_extra, "layers": layers[s]})
+def predict(schedule: Schedule, pp_rank: int, stages: Mapping[int, StageProfile], *, replay: bool) -> Prediction:
+    """Simulate ``schedule`` with every stage's costs; ``pp_rank``'s bubbles become its slots."""
+    per_stage = {s: p.median_s for s, p in stages.items()}
+    extra = {s: {"static_bytes": p.static_bytes, "p2p_bytes_per_mb": p.p2p_bytes_per_mb, "layers": p.layers}
+             for s, p in stages.items()}  # fmt: skip
     profile = build_profile(per_stage, num_stages=schedule.num_stages, extra=extra)
     profile["schedule"] = schedule.name
-    profile["replay"] = trainer.replay
+    profile["replay"] = replay
     timeline = simulate(schedule, Costs.from_profile(profile), validate=False)
-    if trainer.cfg.out_dir is not None:
-        trainer.cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        (trainer.cfg.out_dir / "profile.json").write_text(json.dumps(profile, indent=1))
-        (trainer.cfg.out_dir / "timeline.json").write_text(json.dumps(timeline.to_dict(with_actions=False), indent=1))
     actions = schedule.ranks[pp_rank]
     slots = {}
     for b in timeline.bubbles(pp_rank):
         mb = actions[b.before_action_idx].mb_idx if b.before_action_idx < len(actions) else -1
         slots[b.before_action_idx] = Slot(b.before_action_idx, b.kind, b.duration_s, mb)
-    if trainer.replay:
-        spans = timeline.ranks[pp_rank].actions
-        trainer.transport.release_s = {i: spans[i].start_s for i in range(len(spans))}
-        trainer.replay_step_s = timeline.step_s
-    producer = trainer.producer
-    announcer = BubbleAnnouncer(
-        actions=actions,
-        slots=slots,
-        producer=producer,
-        min_bubble_s=trainer.cfg.job.spec.fill.min_bubble_milliseconds / 1000,
-        free_bytes=_free_bytes_fn(trainer),
+    return Prediction(profile, timeline, slots)
+
+
+def modeled_stage_profiles(
+    own: Mapping[int, StageProfile], *, parts: PartSeconds, layers_per_stage: Sequence[int]
+) -> dict[int, StageProfile]:
+    """Every stage's profile from this rank's ``own`` (kept as measured): the others' medians modeled
+    (:func:`model_peer_medians`), their sizes this rank's with their own layer count."""
+    medians = model_peer_medians(
+        {s: p.median_s for s, p in own.items()}, parts=parts, layers_per_stage=layers_per_stage
     )
-    trainer.pr.executor.hooks = announcer
-    predicted = ", ".join(f"{s.kind}@{s.action_idx}={s.predicted_s * 1e3:.2f}ms" for s in slots.values())
-    trainer._log(f"profiled; predicted step {timeline.step_s * 1e3:.1f} ms, bubbles: {predicted or 'none'}")
-    return announcer
+    template = next(iter(own.values()))
+    return {
+        s: own[s] if s in own else replace(template, median_s=medians[s], layers=layers_per_stage[s])
+        for s in range(len(layers_per_stage))
+    }
 
 
 def model_peer_medians(
@@ -115,16 +121,3 @@ def model_peer_medians(
     kinds = {k for med in own.values() for k in med}
     scale = {k: statistics.mean(med[k] / parts_s(s, k) for s, med in own.items() if k in med) for k in kinds}
     return {s: dict(own[s]) if s in own else {k: f * parts_s(s, k) for k, f in scale.items()} for s in range(n)}
-
-
-def _free_bytes_fn(trainer: Trainer) -> Any:
-    reserved = trainer.cfg.reserved_bytes
-    if trainer.device.type == "cuda":
-        device = trainer.device
-
-        def gpu_free() -> int:
-            free, _ = torch.cuda.mem_get_info(device)
-            return max(0, min(free - _GPU_SAFETY_BYTES, free))
-
-        return gpu_free
-    return lambda: reserved  # CPU: the configured budget (spec.fill.reservedMemory)

@@ -1,330 +1,183 @@
-"""The training loop of one rank: setup, steps, profile → bubble announcements, checkpoints, metrics, events.
+"""The training loop of one rank over its parts (:mod:`pipefill_trainer.runtime`): steps, the switch from profiling
+to announcing bubbles, checkpoints, metrics and event records.
 
 A step: the executor runs the rank's actions (bubbles inside it open and close around receive waits), then the
-end-of-step bubble spans sends draining, the data-parallel gradient all-reduce and one all-reduce of
-[grad-norm², loss, stop]; then clipping and AdamW. On CUDA that bubble begins when the GPU has run the step's actions
-and ends when the all-reduce has completed on it (:mod:`pipefill_trainer.devsync`). The stop flag makes a SIGTERM on
-any rank a job-wide, agreed stop after a checkpoint.
+end-of-step bubble spans the peers' step-end exchange (:meth:`pipefill_trainer.peers.Peers.step_end`: draining
+sends, the data-parallel gradient all-reduce and one all-reduce of [grad-norm², loss, stop]); then clipping and
+AdamW. On CUDA that bubble begins when the GPU has run the step's actions and ends when the all-reduce has completed on
+it (:mod:`pipefill_trainer.devsync`). The stop flag makes a SIGTERM on any rank a job-wide, agreed stop after a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import time
-from datetime import timedelta
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from prometheus_client import CollectorRegistry
 
-from pipefill.events import TRAINER_EVENTS, ActionEvent, BubbleEvent, EventWriter, RestartEvent, StepEvent
-from pipefill.schedules.validate import p2p_streams
-from pipefill.spec.shape import PipelineShape, ShapeError, from_spec
+from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent
 from pipefill_trainer import checkpoint as ckpt
-from pipefill_trainer.channel_link import connect_producer
-from pipefill_trainer.comm import DistTransport, ReplayTransport
-from pipefill_trainer.config import ConfigError, TrainerConfig
-from pipefill_trainer.data import TokenSource
-from pipefill_trainer.devsync import WorkPending
-from pipefill_trainer.failure import EXIT_SIGTERM, PeerMonitor, Watchdog
+from pipefill_trainer.channel_link import free_bytes_fn
+from pipefill_trainer.failure import EXIT_SIGTERM
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
-from pipefill_trainer.metrics import TrainerMetrics
-from pipefill_trainer.model import GPTConfig
-from pipefill_trainer.partition import analytic_costs, measure_costs, partition_layers
-from pipefill_trainer.pipeline import PipelineRank, Topology
-from pipefill_trainer.profile import finish_profile
+from pipefill_trainer.profile import own_stage_profiles, predict
+from pipefill_trainer.runtime import RankParts, checkpoint_root
 
-__all__ = ["Trainer"]
+__all__ = ["StepResult", "Trainer"]
 
 
-def _shape(cfg: TrainerConfig) -> PipelineShape:
-    try:
-        return from_spec(cfg.job, schedule_csv=cfg.schedule_csv)
-    except ShapeError as exc:  # admission checked all but a custom schedule's CSV
-        raise ConfigError(str(exc)) from None
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    """mean over the global batch"""
+    step_s: float
+    stop: bool
+    """a rank asked to stop (SIGTERM): save and end"""
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, *, registry: CollectorRegistry | None = None) -> None:
-        self.cfg = cfg
-        spec, pipe = cfg.job.spec, cfg.job.spec.pipeline
-        if cfg.cpu_affinity:
-            os.sched_setaffinity(0, cfg.cpu_affinity)
-        self.device = torch.device(cfg.device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(1)  # one core plays one GPU; more threads only contend on small machines
-        else:
-            torch.cuda.set_device(self.device)
-        self.replay = cfg.replay_stage is not None
-        self.shape = _shape(cfg)
-        self.schedule = self.shape.schedule
-        layers, hidden, heads = spec.model.dims()
-        self.model_cfg = GPTConfig(
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            seq_len=spec.model.seq_len,
-            vocab_size=spec.model.vocab_size,
-            tied_embeddings=spec.model.tied_embeddings,
-            activation_checkpointing=pipe.activation_checkpointing,
-            seed=spec.data.seed,
-        )
-        self.m = self.shape.microbatches
-        self.mb_size = self.shape.microbatch_size
-        self.topo = Topology(rank=cfg.rank, stages=pipe.stages, data_parallel=1 if self.replay else pipe.data_parallel)
-        self.watchdog = Watchdog(timeout_s=cfg.comm_timeout_s + 30, rank=cfg.rank)
-        if not self.replay:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            timeout = timedelta(seconds=cfg.comm_timeout_s)
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                cfg.master_addr, cfg.master_port, cfg.world_size, is_master=cfg.rank == 0, timeout=timeout
-            )
-            dist.init_process_group(backend, store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
-            self.monitor: PeerMonitor | None = PeerMonitor(
-                host=cfg.master_addr, port=cfg.master_port, rank=cfg.rank, world_size=cfg.world_size
-            )
-        else:
-            self.monitor = None
-        ranges = self._partition()
-        if self.replay:
-            self.transport: Any = ReplayTransport(device=self.device)
-        else:
-            self.transport = DistTransport.open(
-                device=self.device,
-                schedule=self.schedule,
-                replicas=self.topo.replicas,
-                rank=cfg.rank,
-                timeout=timedelta(seconds=cfg.comm_timeout_s),
-            )
-        autocast = torch.bfloat16 if self.device.type == "cuda" else None
-        self.pr = PipelineRank(
-            cfg=self.model_cfg,
-            schedule=self.schedule,
-            topo=self.topo,
-            layer_ranges=ranges,
-            mb_size=self.mb_size,
-            device=self.device,
-            transport=self.transport,
-            autocast_dtype=autocast,
-            distributed=not self.replay,
-            timeout=timedelta(seconds=cfg.comm_timeout_s),
-        )
-        for st in p2p_streams(self.schedule):
-            if st.reordered and st.dst_rank == self.topo.pp_rank:
-                self._log(f"{st}: consumed in microbatch order {st.recv_order}, posted in send order {st.send_order}")
-        self.layer_ranges = ranges
-        params = self.pr.parameters()
-        opt = spec.optimizer
-        groups: list[dict[str, Any]] = [
-            {"params": [p for p in params if p.dim() >= 2]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        self.optimizer = torch.optim.AdamW(
-            groups,
-            lr=opt.learning_rate,
-            betas=(opt.beta1, opt.beta2),
-            weight_decay=opt.weight_decay,
-        )
-        self.data = TokenSource(
-            spec.data,
-            vocab_size=spec.model.vocab_size,
-            seq_len=spec.model.seq_len,
-            replica_batch=self.shape.replica_batch,
-            replicas=self.shape.data_parallel,
-        )
-        self.registry = registry if registry is not None else CollectorRegistry()
-        gpu_index = self.device.index or 0 if self.device.type == "cuda" else None
-        self.metrics = TrainerMetrics(self.registry, device_index=gpu_index)
-        TrainerMetrics.serve(cfg.metrics_port, self.registry)
-        self.events = EventWriter(cfg.out_dir / TRAINER_EVENTS if cfg.out_dir else None, flush_each=False)
-        self.producer: Any = connect_producer(
-            cfg, device=self.device, stage_idx=self.pr.stage_ids[0], num_stages=self.schedule.num_stages
-        )
+    """Runs steps over a rank's :class:`~pipefill_trainer.runtime.RankParts` (built by ``build_rank``)."""
+
+    def __init__(self, parts: RankParts) -> None:
+        self.parts = parts
         self.announcer: BubbleAnnouncer | None = None
-        self.replay_step_s = 0.0  # replay: the modeled step (the slowest rank's finish), set by the profile
-        self._durations: list[list[float]] = []
-        self._stop = False
+        """set once the profile is simulated; until then steps are profiled, bubbles only measured"""
         self.start_step = 0
         self.losses: dict[int, float] = {}
+        self._durations: list[list[float]] = []
+        self._stop = False
 
-    def _partition(self) -> list[range]:
-        """Explicit layersPerStage, else the partition saved with the checkpoints (a resumed job keeps its cut),
-        else balanced by costs measured once on rank 0 and broadcast, so every rank cuts the model the same way."""
-        pipe, layers, n = self.cfg.job.spec.pipeline, self.model_cfg.layers, self.schedule.num_stages
-        if pipe.layers_per_stage is not None:
-            return partition_layers(
-                layers, n, costs=analytic_costs(self.model_cfg), layers_per_stage=pipe.layers_per_stage
-            )
-        saved = _ckpt_root(self.cfg) / "partition.json"
-        box: list[Any] = [None]
-        if self.cfg.rank == 0:
-            if saved.is_file():
-                box[0] = json.loads(saved.read_text())
-            else:
-                costs = measure_costs(self.model_cfg, mb_size=self.mb_size, device=self.device)
-                box[0] = [len(r) for r in partition_layers(layers, n, costs=costs)]
-                if not self.replay:
-                    saved.parent.mkdir(parents=True, exist_ok=True)
-                    saved.write_text(json.dumps(box[0]))
-        if not self.replay:
-            dist.broadcast_object_list(box, src=0)
-        return partition_layers(layers, n, costs=analytic_costs(self.model_cfg), layers_per_stage=box[0])
+    @property
+    def waiting_what(self) -> str | None:
+        """What the rank waits for right now (for the message when a peer fails)."""
+        return self.parts.pipeline.executor.waiting_what
 
     # --- checkpoint -------------------------------------------------------------------------------------------
     def resume(self) -> None:
-        root = _ckpt_root(self.cfg)
+        p = self.parts
+        root = checkpoint_root(p.cfg)
         step = ckpt.latest_step(root)
         if step is None:
             return
-        state = ckpt.load_rank(root, step=step, rank=self.cfg.rank, map_location=self.device)
-        for s, module in self.pr.stages.items():
+        state = ckpt.load_rank(root, step=step, rank=p.cfg.rank, map_location=p.device)
+        for s, module in p.pipeline.stages.items():
             module.load_state_dict(state["stages"][s])
-        self.optimizer.load_state_dict(state["optimizer"])
+        p.optimizer.load_state_dict(state["optimizer"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = step
-        self.events.write(RestartEvent(step=step, checkpoint=str(root)))
-        self._log(f"resumed from {root} at step {step}")
+        p.events.write(RestartEvent(step=step, checkpoint=str(root)))
+        p.log(f"resumed from {root} at step {step}")
 
     def save(self, step: int) -> None:
-        root = _ckpt_root(self.cfg)
+        p = self.parts
+        root = checkpoint_root(p.cfg)
         state = {
-            "stages": {s: m.state_dict() for s, m in self.pr.stages.items()},
-            "optimizer": self.optimizer.state_dict(),
+            "stages": {s: m.state_dict() for s, m in p.pipeline.stages.items()},
+            "optimizer": p.optimizer.state_dict(),
             "rng": ckpt.rng_state(),
             "data_position": step,
         }
-        ckpt.save_rank(root, step=step, rank=self.cfg.rank, state=state)
-        if not self.replay:
-            dist.barrier()
-        if self.cfg.rank == 0:
+        ckpt.save_rank(root, step=step, rank=p.cfg.rank, state=state)
+        p.peers.barrier()
+        if p.cfg.rank == 0:
             ckpt.write_latest(root, step)
 
     # --- the loop ---------------------------------------------------------------------------------------------
-    def _lr(self, step: int) -> float:
-        opt = self.cfg.job.spec.optimizer
-        if opt.warmup_steps and step < opt.warmup_steps:
-            return opt.learning_rate * (step + 1) / opt.warmup_steps
-        return opt.learning_rate
-
-    def _log(self, text: str) -> None:
-        prefix = "[replay] " if self.replay else ""
-        print(f"{prefix}rank {self.cfg.rank}: {text}", flush=True)
-
     def request_stop(self, *_: Any) -> None:
         self._stop = True
 
     def train(self) -> int:
         """Run the remaining steps; returns the exit code (0 done, 143 stopped by SIGTERM after a checkpoint)."""
         signal.signal(signal.SIGTERM, self.request_stop)
-        cfg, interval = self.cfg, self.cfg.job.spec.checkpoint.interval_steps
-        self.watchdog.start()
+        cfg, interval = self.parts.cfg, self.parts.cfg.job.spec.checkpoint.interval_steps
+        self.parts.watchdog.start()
         for step in range(self.start_step, cfg.steps):
-            loss, step_s, stop = self.step(step)
+            result = self.step(step)
             if cfg.rank == 0 and (step % 10 == 0 or step == cfg.steps - 1):
-                self._log(f"step {step} loss {loss:.4f} step_s {step_s:.4f}")
+                self.parts.log(f"step {step} loss {result.loss:.4f} step_s {result.step_s:.4f}")
             done = step + 1
-            if (interval and done % interval == 0) or done == cfg.steps or stop:
+            if (interval and done % interval == 0) or done == cfg.steps or result.stop:
                 self.save(done)
-            if stop:
-                self._log(f"stopped by SIGTERM after step {step}; checkpoint saved")
+            if result.stop:
+                self.parts.log(f"stopped by SIGTERM after step {step}; checkpoint saved")
                 return EXIT_SIGTERM
         return 0
 
-    def step(self, step: int) -> tuple[float, float, bool]:
-        """One optimizer step: (loss, step seconds, stop requested by any rank)."""
-        spec = self.cfg.job.spec
-        tokens_per_step = self.shape.global_batch * spec.model.seq_len
-        first, last = self.pr.has_first_stage(), self.pr.has_last_stage()
-        self.pr.zero_grad()
+    def step(self, step: int) -> StepResult:
+        """One optimizer step."""
+        p = self.parts
+        pipeline, executor = p.pipeline, p.pipeline.executor
+        first, last = pipeline.has_first_stage(), pipeline.has_last_stage()
+        pipeline.zero_grad()
         tokens = targets = None
-        if first or last or self.replay:
-            tokens, targets = self.data.microbatches(step, dp_rank=self.topo.dp_rank, m=self.m)
+        if first or last:  # only the ends read data
+            tokens, targets = p.data.microbatches(step, dp_rank=p.topology.dp_rank, m=p.shape.microbatches)
         if self.announcer is not None:
             self.announcer.begin_step(step)
-        self.pr.executor.exact_spans = self.announcer is None  # profiling: spans as the device ran them
         t0 = time.monotonic_ns()
-        loss_local = self.pr.executor.run_step(tokens if first else None, targets if last else None)
-        end_idx = len(self.pr.executor.actions)
-        hooks = self.pr.executor.hooks
+        loss_local = executor.run_step(
+            tokens if first else None,
+            targets if last else None,
+            exact_spans=self.announcer is None,  # profiling: spans as the device ran them
+        )
+        end_idx = len(executor.actions)
         # the grad norm is local work when no collective changes the gradients: done before the bubble opens, so
         # the fill does not share the device with it
-        local_sq_norm = None if self.pr.has_grad_collectives() else self._local_sq_norm()
-        hooks.wait_begin(end_idx)  # the end-of-step bubble: this rank is done, the slowest is not
-        sq_norm, loss, stop = self._step_end(loss_local, t0, local_sq_norm)
-        hooks.wait_end(end_idx)
-        self._clip_and_step(step, sq_norm)
+        local_sq_norm = None if pipeline.has_grad_collectives() else self._local_sq_norm()
+        executor.hooks.wait_begin(end_idx)  # the end-of-step bubble: this rank is done, the slowest is not
+        totals = p.peers.step_end(pipeline, start_ns=t0, loss=loss_local, local_sq_norm=local_sq_norm, stop=self._stop)
+        executor.hooks.wait_end(end_idx)
+        self.clip_and_step(step, totals.sq_norm)
         step_s = (time.monotonic_ns() - t0) / 1e9
-        self.losses[step] = loss
-        self.watchdog.beat()
-        if self.producer is not None:
-            self.producer.heartbeat()
-        flops = tokens_per_step * self.model_cfg.flops_per_token()
-        self.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=loss, flops=flops)
+        self.losses[step] = totals.loss
+        p.watchdog.beat()
+        if p.producer is not None:
+            p.producer.heartbeat()
+        tokens_per_step = p.shape.global_batch * p.model.seq_len
+        flops = tokens_per_step * p.model.flops_per_token()
+        p.metrics.observe_step(step_s=step_s, tokens=tokens_per_step, loss=totals.loss, flops=flops)
         self._after_step(step)
-        self.events.write(
-            StepEvent(step=step, loss=loss, step_s=step_s, tokens_per_s=tokens_per_step / step_s, start_ns=t0)
+        p.events.write(
+            StepEvent(step=step, loss=totals.loss, step_s=step_s, tokens_per_s=tokens_per_step / step_s, start_ns=t0)
         )
-        self.events.flush()
-        return loss, step_s, stop
+        p.events.flush()
+        return StepResult(totals.loss, step_s, totals.stop)
 
     def _local_sq_norm(self) -> torch.Tensor:
         """The gradients' squared norm, with the device done computing it (a wait point follows)."""
-        sq_norm = self.pr.grad_sq_norm()
-        self.pr.executor.sync.drain()
+        sq_norm = self.parts.pipeline.grad_sq_norm()
+        self.parts.pipeline.executor.sync.drain()
         return sq_norm
 
-    def _step_end(self, loss_local: float, t0: int, local_sq_norm: torch.Tensor | None) -> tuple[float, float, bool]:
-        """Inside the end-of-step bubble: the all-reduce of [grad norm², loss, stop]; ``local_sq_norm`` when known."""
-        if self.replay:
-            self.transport.flush()
-            timeline_end_s = self.replay_step_s
-            while time.monotonic_ns() < t0 + int(timeline_end_s * 1e9):  # the slowest rank's modeled finish
-                time.sleep(min(1e-3, max(0.0, (t0 + timeline_end_s * 1e9 - time.monotonic_ns()) / 1e9)))
-            sq_norm = self.pr.grad_sq_norm() if local_sq_norm is None else local_sq_norm
-            return float(sq_norm), loss_local, self._stop
-        ex = self.pr.executor
-        ex.waiting_on, ex.waiting_what = None, "draining sends and in the step-end all-reduce"
-        ex.flush_sends()
-        self.pr.sync_grads()
-        stats = torch.stack(
-            [
-                self.pr.grad_sq_norm() if local_sq_norm is None else local_sq_norm,
-                torch.tensor(loss_local, dtype=torch.float32, device=self.device),
-                torch.tensor(float(self._stop), device=self.device),
-            ]
-        )
-        work = dist.all_reduce(stats, async_op=True)
-        assert work is not None
-        ex.sync.wait(WorkPending(work))  # on CUDA: until the GPU completed it (the slowest rank is done)
-        ex.waiting_what = None
-        dp = self.topo.data_parallel
-        return float(stats[0]) / dp, float(stats[1]) / dp, bool(stats[2] > 0)
-
-    def _clip_and_step(self, step: int, sq_norm: float) -> None:
-        clip = self.cfg.job.spec.optimizer.grad_clip
+    def clip_and_step(self, step: int, sq_norm: float) -> None:
+        """Clip to ``spec.optimizer.gradClip`` by the global norm, set the warmed-up learning rate, AdamW."""
+        opt = self.parts.cfg.job.spec.optimizer
         norm = math.sqrt(sq_norm)
-        if clip > 0 and norm > clip:
-            scale = clip / (norm + 1e-6)
-            for p in self.pr.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        lr = self._lr(step)
-        for group in self.optimizer.param_groups:
+        if opt.grad_clip > 0 and norm > opt.grad_clip:
+            scale = opt.grad_clip / (norm + 1e-6)
+            for param in self.parts.pipeline.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        lr = opt.learning_rate
+        if opt.warmup_steps and step < opt.warmup_steps:
+            lr = opt.learning_rate * (step + 1) / opt.warmup_steps
+        for group in self.parts.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        self.parts.optimizer.step()
 
+    # --- after a step: records, learning, the profile -------------------------------------------------------------
     def _after_step(self, step: int) -> None:
-        timing = self.pr.executor.timing
+        p = self.parts
+        timing, actions = p.pipeline.executor.timing, p.pipeline.executor.actions
         assert timing is not None
-        actions = self.pr.executor.actions
-        if self.events.enabled:
+        if p.events.enabled:
             for idx, a in enumerate(actions):
-                self.events.write(
+                p.events.write(
                     ActionEvent(
                         step=step, idx=idx, action=str(a), start_ns=timing.start_ns[idx], end_ns=timing.end_ns[idx]
                     )
@@ -332,10 +185,10 @@ class Trainer:
         if self.announcer is not None:
             for rec in self.announcer.end_step():
                 measured_s = (rec.end_ns - rec.start_ns) / 1e9
-                self.metrics.observe_bubble(
+                p.metrics.observe_bubble(
                     kind=rec.kind, measured_s=measured_s, predicted_s=rec.predicted_s, announced=rec.announced
                 )
-                self.events.write(
+                p.events.write(
                     BubbleEvent(
                         step=step,
                         idx=rec.action_idx,
@@ -350,10 +203,37 @@ class Trainer:
         profiled = step - self.start_step
         if profiled >= 1:  # the first step after (re)start is warm-up
             self._durations.append([(e - s) / 1e9 for s, e in zip(timing.start_ns, timing.end_ns, strict=True)])
-        if profiled >= self.cfg.profile_steps - 1 and self._durations:
-            medians = stage_medians(actions, self._durations)
-            self.announcer = finish_profile(self, medians)
+        if profiled >= p.cfg.profile_steps - 1 and self._durations:
+            self.announcer = self._announce(stage_medians(actions, self._durations))
 
-
-def _ckpt_root(cfg: TrainerConfig) -> Path:
-    return Path(cfg.job.spec.checkpoint.path)
+    def _announce(self, medians: dict[int, dict[str, float]]) -> BubbleAnnouncer:
+        """The profile is complete: simulate the whole pipeline with every stage's costs, then announce this rank's
+        predicted bubbles from the next step on."""
+        p = self.parts
+        own = own_stage_profiles(
+            p.pipeline.stages,
+            medians,
+            layer_ranges=p.layer_ranges,
+            p2p_bytes_per_mb=p.shape.microbatch_size * p.model.seq_len * p.model.hidden * 4,
+        )
+        stages = p.peers.stage_profiles(
+            own, pipeline_ranks=p.topology.pipeline_ranks, layers_per_stage=[len(r) for r in p.layer_ranges]
+        )
+        prediction = predict(p.shape.schedule, p.topology.pp_rank, stages, replay=p.peers.replay)
+        if p.cfg.out_dir is not None:
+            p.cfg.out_dir.mkdir(parents=True, exist_ok=True)
+            (p.cfg.out_dir / "profile.json").write_text(json.dumps(prediction.profile, indent=1))
+            timeline = prediction.timeline.to_dict(with_actions=False)
+            (p.cfg.out_dir / "timeline.json").write_text(json.dumps(timeline, indent=1))
+        p.peers.follow(prediction.timeline, p.topology.pp_rank)
+        announcer = BubbleAnnouncer(
+            actions=p.pipeline.executor.actions,
+            slots=prediction.slots,
+            producer=p.producer,
+            min_bubble_s=p.cfg.job.spec.fill.min_bubble_milliseconds / 1000,
+            free_bytes=free_bytes_fn(p.device, reserved_bytes=p.cfg.reserved_bytes),
+        )
+        p.pipeline.executor.hooks = announcer
+        slots = ", ".join(f"{s.kind}@{s.action_idx}={s.predicted_s * 1e3:.2f}ms" for s in prediction.slots.values())
+        p.log(f"profiled; predicted step {prediction.timeline.step_s * 1e3:.1f} ms, bubbles: {slots or 'none'}")
+        return announcer

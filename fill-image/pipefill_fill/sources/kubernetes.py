@@ -29,6 +29,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from pipefill import env
 from pipefill.spec import GROUP, VERSION, FillJob, SpecError, parse
 from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
 from pipefill_fill.work import Slice, TaskSpec
@@ -171,8 +172,8 @@ class KubernetesSource(WorkSource):
 
 
 def _own_namespace() -> str:
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
+    if os.environ.get(env.POD_NAMESPACE):
+        return os.environ[env.POD_NAMESPACE]
     try:
         return _NAMESPACE_FILE.read_text().strip()
     except OSError:

@@ -1,0 +1,186 @@
+"""One rank's runtime: from (spec, rank, environment) — a :class:`~pipefill_trainer.config.TrainerConfig` — to its parts.
+
+:func:`build_rank` makes them in the order they depend on each other: the device; the pipeline's shape (schedule,
+microbatch size: :func:`pipefill.spec.shape.from_spec`); the model; the peers (live or replayed,
+:mod:`pipefill_trainer.peers`) and the topology they give; the layer cut (measured once on rank 0, shared); the
+transport; this rank's stages and executor; the optimizer; the data; metrics, the event log and the bubble channel.
+The loop (:mod:`pipefill_trainer.train`) only uses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from pipefill.channel import Producer
+from pipefill.events import TRAINER_EVENTS, EventWriter
+from pipefill.schedules.validate import p2p_streams
+from pipefill.spec.shape import PipelineShape, ShapeError, from_spec
+from pipefill_trainer.channel_link import connect_producer
+from pipefill_trainer.config import ConfigError, TrainerConfig
+from pipefill_trainer.data import TokenSource
+from pipefill_trainer.failure import Watchdog
+from pipefill_trainer.metrics import TrainerMetrics
+from pipefill_trainer.model import GPTConfig
+from pipefill_trainer.partition import analytic_costs, measure_costs, partition_layers
+from pipefill_trainer.peers import Peers, open_peers
+from pipefill_trainer.pipeline import PipelineRank, Topology
+
+__all__ = ["RankParts", "build_rank", "checkpoint_root"]
+
+
+@dataclass
+class RankParts:
+    """Everything one rank trains with, built by :func:`build_rank`."""
+
+    cfg: TrainerConfig
+    device: torch.device
+    shape: PipelineShape
+    model: GPTConfig
+    peers: Peers
+    topology: Topology
+    layer_ranges: list[range]
+    pipeline: PipelineRank
+    """this rank's stages, its executor (schedule actions over the transport) and the gradient reductions"""
+    optimizer: torch.optim.Optimizer
+    data: TokenSource
+    metrics: TrainerMetrics
+    events: EventWriter
+    producer: Producer | None
+    """the bubble channel's producer; None when the fill is disabled (bubbles measured, never announced)"""
+    watchdog: Watchdog
+
+    def log(self, text: str) -> None:
+        prefix = "[replay] " if self.peers.replay else ""
+        print(f"{prefix}rank {self.cfg.rank}: {text}", flush=True)
+
+    def close(self) -> None:
+        self.events.close()
+        if self.producer is not None:
+            self.producer.close()
+
+
+def checkpoint_root(cfg: TrainerConfig) -> Path:
+    return Path(cfg.job.spec.checkpoint.path)
+
+
+def _model_config(cfg: TrainerConfig) -> GPTConfig:
+    spec = cfg.job.spec
+    layers, hidden, heads = spec.model.dims()
+    return GPTConfig(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=spec.model.seq_len,
+        vocab_size=spec.model.vocab_size,
+        tied_embeddings=spec.model.tied_embeddings,
+        activation_checkpointing=spec.pipeline.activation_checkpointing,
+        seed=spec.data.seed,
+    )
+
+
+def _comm_timeout(cfg: TrainerConfig) -> timedelta:
+    return timedelta(seconds=cfg.comm_timeout_s)
+
+
+def _layer_cut(
+    cfg: TrainerConfig, model: GPTConfig, shape: PipelineShape, peers: Peers, device: torch.device
+) -> list[range]:
+    """Explicit layersPerStage, else the cut saved with the checkpoints (a resumed job keeps its cut), else balanced
+    by costs measured once on rank 0 and shared, so every rank cuts the model the same way."""
+    n, explicit = shape.schedule.num_stages, cfg.job.spec.pipeline.layers_per_stage
+    if explicit is not None:
+        return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=explicit)
+    saved = checkpoint_root(cfg) / "partition.json"
+
+    def measured() -> list[int]:
+        if saved.is_file():
+            counts: list[int] = json.loads(saved.read_text())
+            return counts
+        costs = measure_costs(model, mb_size=shape.microbatch_size, device=device)
+        counts = [len(r) for r in partition_layers(model.layers, n, costs=costs)]
+        if peers.writes_job_state:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(counts))
+        return counts
+
+    return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=peers.share(measured))
+
+
+def _optimizer(cfg: TrainerConfig, pipeline: PipelineRank) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and norms (parameters of fewer than 2 dimensions)."""
+    opt, params = cfg.job.spec.optimizer, pipeline.parameters()
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in params if p.dim() >= 2]},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
+
+
+def build_rank(cfg: TrainerConfig, *, registry: CollectorRegistry | None = None) -> RankParts:
+    """The rank's parts; collective with the other ranks (process groups, the layer cut, the transport)."""
+    if cfg.cpu_affinity:
+        os.sched_setaffinity(0, cfg.cpu_affinity)
+    device = torch.device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # one core plays one GPU; more threads only contend on small machines
+    else:
+        torch.cuda.set_device(device)
+    try:
+        shape = from_spec(cfg.job, schedule_csv=cfg.schedule_csv)
+    except ShapeError as exc:  # admission checked all but a custom schedule's CSV
+        raise ConfigError(str(exc)) from None
+    model = _model_config(cfg)
+    peers = open_peers(cfg, device, model=model, microbatch_size=shape.microbatch_size)
+    topology = peers.topology(cfg.rank, stages=shape.stages, data_parallel=shape.data_parallel)
+    layer_ranges = _layer_cut(cfg, model, shape, peers, device)
+    pipeline = PipelineRank(
+        cfg=model,
+        schedule=shape.schedule,
+        topo=topology,
+        layer_ranges=layer_ranges,
+        mb_size=shape.microbatch_size,
+        device=device,
+        transport=peers.open_transport(shape.schedule, topology),
+        autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        distributed=peers.collectives,
+        timeout=_comm_timeout(cfg),
+    )
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = TrainerMetrics(registry, device_index=device.index or 0 if device.type == "cuda" else None)
+    TrainerMetrics.serve(cfg.metrics_port, registry)
+    parts = RankParts(
+        cfg=cfg,
+        device=device,
+        shape=shape,
+        model=model,
+        peers=peers,
+        topology=topology,
+        layer_ranges=layer_ranges,
+        pipeline=pipeline,
+        optimizer=_optimizer(cfg, pipeline),
+        data=TokenSource(
+            cfg.job.spec.data,
+            vocab_size=model.vocab_size,
+            seq_len=model.seq_len,
+            replica_batch=shape.replica_batch,
+            replicas=shape.data_parallel,
+        ),
+        metrics=metrics,
+        events=EventWriter(cfg.out_dir / TRAINER_EVENTS if cfg.out_dir else None, flush_each=False),
+        producer=connect_producer(
+            cfg, device=device, stage_idx=pipeline.stage_ids[0], num_stages=shape.schedule.num_stages
+        ),
+        watchdog=Watchdog(timeout_s=cfg.comm_timeout_s + 30, rank=cfg.rank),
+    )
+    for st in p2p_streams(shape.schedule):
+        if st.reordered and st.dst_rank == topology.pp_rank:
+            parts.log(f"{st}: consumed in microbatch order {st.recv_order}, posted in send order {st.send_order}")
+    return parts
