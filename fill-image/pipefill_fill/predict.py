@@ -71,7 +71,7 @@ class StepModel:
         self.times = times
         self.window, self.quantile, self.warm = window, quantile, warm
         self.horizon_ns, self.clock = int(horizon_s * 1e9), clock
-        self._ratios: dict[str, deque[tuple[int, float]]] = {}
+        self._ratios: dict[str, _Window] = {}
         self._factor: dict[str, float] = {}
         self._expires_ns = 0  # when the oldest ratio kept ages out (0: none kept)
 
@@ -97,18 +97,18 @@ class StepModel:
         now = self.clock()
         ratio = max(0.0, duration_s) / max(1e-9, self.base_s(batch_size))
         for key in (kind, "") if kind else ("",):
-            window = self._ratios.setdefault(key, deque(maxlen=self.window))
-            window.append((now, ratio))
+            window = self._ratios.get(key)
+            if window is None:
+                window = self._ratios[key] = _Window(self.window)
+            window.add(now, ratio)
             self._update(key, window, now)
         if not self._expires_ns:
             self._expires_ns = now + self.horizon_ns + 1
 
-    def _update(self, key: str, window: deque[tuple[int, float]], now_ns: int) -> None:
-        while window and now_ns - window[0][0] > self.horizon_ns:
-            window.popleft()
+    def _update(self, key: str, window: _Window, now_ns: int) -> None:
+        window.drop_before(now_ns - self.horizon_ns)
         if len(window) >= self.warm:
-            ordered = sorted([r for _, r in window])
-            self._factor[key] = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+            self._factor[key] = window.quantile(self.quantile)
         else:
             self._factor.pop(key, None)
 
@@ -117,8 +117,8 @@ class StepModel:
         oldest = None
         for key, window in self._ratios.items():
             self._update(key, window, now_ns)
-            if window:
-                oldest = window[0][0] if oldest is None else min(oldest, window[0][0])
+            if len(window):
+                oldest = window.oldest_ns if oldest is None else min(oldest, window.oldest_ns)
         self._expires_ns = 0 if oldest is None else oldest + self.horizon_ns + 1
 
     def largest_fitting(self, time_s: float, max_batch: int, kind: str = "", *, any_size: bool = True) -> int | None:
@@ -147,3 +147,38 @@ class StepModel:
         if len(sizes) == 1 and budget >= times[0]:
             best = sizes[0]
         return min(best, max_batch) if best >= 1 else None
+
+
+class _Window:
+    """The last ``size`` (time, value) samples, also kept sorted by value: a quantile is one index, an update one
+    insertion and at most a few removals (a step's bookkeeping stays a few microseconds)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._fifo: deque[tuple[int, float]] = deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    @property
+    def oldest_ns(self) -> int:
+        return self._fifo[0][0]
+
+    def add(self, t_ns: int, value: float) -> None:
+        self._fifo.append((t_ns, value))
+        bisect.insort(self._sorted, value)
+        if len(self._fifo) > self.size:
+            self._pop()
+
+    def drop_before(self, t_ns: int) -> None:
+        while self._fifo and self._fifo[0][0] < t_ns:
+            self._pop()
+
+    def quantile(self, q: float) -> float:
+        ordered = self._sorted
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def _pop(self) -> None:
+        _, value = self._fifo.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
