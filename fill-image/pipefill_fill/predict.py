@@ -43,12 +43,14 @@ class Estimator:
 class StepModel:
     """Step time by batch size and bubble kind, from the profile (batch size → median seconds) and the steps run.
 
-    ``base_s(b)``: the profiled medians made non-decreasing in the batch size (a larger batch never takes less time;
-    a noisy profile point otherwise inverts the order), interpolated linearly between profiled sizes and extrapolated
-    along the last segment. ``predict_s(b, kind)``: ``base_s(b)`` times the ``quantile`` of the last ``window``
-    ratios measured ÷ base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any).
-    Ratios older than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core) would otherwise
-    keep every step from fitting, and without steps no faster ratio would ever replace them.
+    ``base_s(b)``: per profiled batch size (an *anchor*), its profiled median times the median ratio measured ÷
+    profiled of the recent steps nearest that size (the profile is taken inside bubbles, on a machine others may
+    share: one slow anchor must not keep small steps from ever fitting), made non-decreasing in the batch size by
+    pooling neighbours that invert the order, interpolated linearly between anchors and extrapolated along the last
+    segment. ``predict_s(b, kind)``: ``base_s(b)`` times the ``quantile`` of the last ``window`` ratios measured ÷
+    base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any). Samples older
+    than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core) would otherwise keep every
+    step from fitting, and without steps no faster ratio would ever replace them.
     """
 
     def __init__(
@@ -64,27 +66,21 @@ class StepModel:
         if not profiled_s:
             raise ValueError("StepModel needs at least one profiled batch size")
         self.sizes = sorted(profiled_s)
-        times, top = [], 0.0
-        for b in self.sizes:
-            top = max(top, profiled_s[b])
-            times.append(top)
-        self.times = times
+        self.profiled = _monotone([profiled_s[b] for b in self.sizes])
+        self.times = list(self.profiled)
         self.window, self.quantile, self.warm = window, quantile, warm
         self.horizon_ns, self.clock = int(horizon_s * 1e9), clock
-        self._ratios: dict[str, _Window] = {}
+        self._anchors = [_Window(window // 2) for _ in self.sizes]  # measured ÷ profiled, by nearest anchor
+        self._recorded = 0
+        self._ratios: dict[str, _Window] = {}  # measured ÷ base, by bubble kind ("": any)
         self._factor: dict[str, float] = {}
-        self._expires_ns = 0  # when the oldest ratio kept ages out (0: none kept)
+        self._expires_ns = 0  # when the oldest sample kept ages out (0: none kept)
 
     def base_s(self, batch_size: int) -> float:
-        sizes, times = self.sizes, self.times
-        if len(sizes) == 1 or batch_size <= sizes[0]:
-            return times[0] * (batch_size / sizes[0] if batch_size > sizes[0] else 1.0)
-        i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
-        b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
-        return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+        return _interpolate(self.sizes, self.times, batch_size)
 
     def factor(self, kind: str = "") -> float:
-        """The learnt ratio measured ÷ profiled for bubbles of ``kind`` (of any kind before ``warm`` of it)."""
+        """The learnt ratio measured ÷ base for bubbles of ``kind`` (of any kind before ``warm`` of it)."""
         if self._expires_ns and self.clock() > self._expires_ns:
             self._forget(self.clock())
         f = self._factor.get(kind)
@@ -94,16 +90,42 @@ class StepModel:
         return self.base_s(batch_size) * self.factor(kind)
 
     def record(self, batch_size: int, duration_s: float, kind: str = "") -> None:
-        now = self.clock()
-        ratio = max(0.0, duration_s) / max(1e-9, self.base_s(batch_size))
+        now, duration_s = self.clock(), max(0.0, duration_s)
+        sizes = self.sizes
+        k = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)  # the nearest anchor, on a log scale
+        if k and batch_size * batch_size < sizes[k - 1] * sizes[k]:
+            k -= 1
+        self._anchors[k].add(now, duration_s / max(1e-9, _interpolate(sizes, self.profiled, batch_size)))
+        self._recorded += 1
+        if self._recorded % 8 == 0 or self._recorded <= self.warm * len(sizes):
+            self._reanchor(now)
+        ratio = duration_s / max(1e-9, self.base_s(batch_size))
         for key in (kind, "") if kind else ("",):
             window = self._ratios.get(key)
             if window is None:
                 window = self._ratios[key] = _Window(self.window)
-            window.add(now, ratio)
+            window.add(now, ratio, (batch_size, duration_s))
             self._update(key, window, now)
         if not self._expires_ns:
             self._expires_ns = now + self.horizon_ns + 1
+
+    def _reanchor(self, now_ns: int) -> None:
+        """Each anchor's time: its profiled median × the median ratio of its recent steps (the nearest anchor's that
+        has some, else as profiled), then made non-decreasing."""
+        medians: list[float | None] = []
+        for window in self._anchors:
+            window.drop_before(now_ns - self.horizon_ns)
+            medians.append(window.quantile(0.5) if len(window) >= self.warm else None)
+        known = [k for k, m in enumerate(medians) if m is not None]
+        times = []
+        for k, t in enumerate(self.profiled):
+            near = min(known, key=lambda j: abs(j - k), default=None)
+            times.append(t * (medians[near] or 1.0) if near is not None else t)
+        old, self.times = self.times, _monotone(times)
+        if any(abs(a - b) > 0.05 * b for a, b in zip(self.times, old, strict=True)):  # ratios to the old base: stale
+            for key, window in self._ratios.items():
+                window.revalue(lambda src: src[1] / max(1e-9, self.base_s(src[0])))
+                self._update(key, window, now_ns)
 
     def _update(self, key: str, window: _Window, now_ns: int) -> None:
         window.drop_before(now_ns - self.horizon_ns)
@@ -113,10 +135,14 @@ class StepModel:
             self._factor.pop(key, None)
 
     def _forget(self, now_ns: int) -> None:
-        """Drop ratios older than the horizon from every kind and recompute the factors from the rest."""
+        """Drop samples older than the horizon everywhere and recompute the anchors and factors from the rest."""
+        self._reanchor(now_ns)
         oldest = None
         for key, window in self._ratios.items():
             self._update(key, window, now_ns)
+            if len(window):
+                oldest = window.oldest_ns if oldest is None else min(oldest, window.oldest_ns)
+        for window in self._anchors:
             if len(window):
                 oldest = window.oldest_ns if oldest is None else min(oldest, window.oldest_ns)
         self._expires_ns = 0 if oldest is None else oldest + self.horizon_ns + 1
@@ -149,13 +175,35 @@ class StepModel:
         return min(best, max_batch) if best >= 1 else None
 
 
+def _monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators: neighbours in the wrong order become their
+    mean), so one noisy point is averaged with its neighbours rather than raising every larger size to it."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+def _interpolate(sizes: list[int], times: list[float], batch_size: int) -> float:
+    if len(sizes) == 1 or batch_size <= sizes[0]:
+        return times[0] * (batch_size / sizes[0] if batch_size > sizes[0] else 1.0)
+    i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
+    b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
+    return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+
+
 class _Window:
-    """The last ``size`` (time, value) samples, also kept sorted by value: a quantile is one index, an update one
-    insertion and at most a few removals (a step's bookkeeping stays a few microseconds)."""
+    """The last ``size`` samples (time, value, and what the value was computed from), also kept sorted by value: a
+    quantile is one index, an update one insertion and at most a few removals (a step's bookkeeping stays a few
+    microseconds); :meth:`revalue` recomputes every value when what they are relative to changed."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._fifo: deque[tuple[int, float]] = deque()
+        self._fifo: deque[tuple[int, float, tuple[int, float]]] = deque()
         self._sorted: list[float] = []
 
     def __len__(self) -> int:
@@ -165,8 +213,8 @@ class _Window:
     def oldest_ns(self) -> int:
         return self._fifo[0][0]
 
-    def add(self, t_ns: int, value: float) -> None:
-        self._fifo.append((t_ns, value))
+    def add(self, t_ns: int, value: float, source: tuple[int, float] = (0, 0.0)) -> None:
+        self._fifo.append((t_ns, value, source))
         bisect.insort(self._sorted, value)
         if len(self._fifo) > self.size:
             self._pop()
@@ -179,6 +227,10 @@ class _Window:
         ordered = self._sorted
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
+    def revalue(self, value_of: Callable[[tuple[int, float]], float]) -> None:
+        self._fifo = deque((t, value_of(src), src) for t, _, src in self._fifo)
+        self._sorted = sorted(v for _, v, _ in self._fifo)
+
     def _pop(self) -> None:
-        _, value = self._fifo.popleft()
+        _, value, _ = self._fifo.popleft()
         del self._sorted[bisect.bisect_left(self._sorted, value)]

@@ -27,8 +27,8 @@ class Clock:
 
 def test_base_interpolates_and_never_decreases_with_the_batch() -> None:
     model = StepModel({1: 0.004, 2: 0.003, 4: 0.002, 8: 0.006})  # a noisy profile: small batches slower
-    assert [model.base_s(b) for b in (1, 2, 4)] == [0.004, 0.004, 0.004]
-    assert model.base_s(6) == pytest.approx(0.005)
+    assert [model.base_s(b) for b in (1, 2, 4)] == pytest.approx([0.003, 0.003, 0.003])  # pooled, not the maximum
+    assert model.base_s(6) == pytest.approx(0.0045)
     exact = StepModel(PROFILE)
     assert exact.base_s(10) == pytest.approx(0.002 + 0.003 * 6 / 12)
     assert exact.base_s(1) == 0.001
@@ -53,9 +53,9 @@ def test_slow_steps_of_one_bubble_kind_do_not_slow_the_others() -> None:
     for _ in range(8):
         model.record(16, 0.010, "end-of-step")  # twice the profile: the trainer still runs on the core
         model.record(16, 0.0051, "steady")
-    assert model.factor("end-of-step") == pytest.approx(2.0)
-    assert model.factor("steady") == pytest.approx(1.02)
-    assert model.factor("cool-down") == pytest.approx(2.0)  # unseen kind: every kind's quantile
+    assert model.predict_s(16, "end-of-step") == pytest.approx(0.010)
+    assert model.predict_s(16, "steady") == pytest.approx(0.0051)
+    assert model.predict_s(16, "cool-down") == pytest.approx(0.010)  # unseen kind: every kind's quantile
     assert model.largest_fitting(0.0101, 64, "end-of-step") == 16
     assert model.largest_fitting(0.0101, 64, "steady") == 35
 
@@ -69,6 +69,18 @@ def test_a_burst_of_slow_steps_is_forgotten() -> None:
     clock.ns += 11 * 10**9
     assert model.factor("steady") == 1.0  # … until the burst ages out
     assert model.largest_fitting(0.008, 64, "steady") == 28
+
+
+def test_a_profile_taken_on_a_busy_machine_is_corrected_by_the_steps_run() -> None:
+    clock = Clock()
+    model = StepModel({1: 0.006, 4: 0.002, 16: 0.005, 64: 0.017}, clock=clock)  # batch 1 measured while preempted
+    assert model.largest_fitting(0.0035, 64) is None  # so no small step fits a short tail …
+    for _ in range(16):
+        for b, t in ((1, 0.0005), (4, 0.0010), (16, 0.0040), (64, 0.0150)):
+            clock.ns += 10**6
+            model.record(b, t, "steady")
+    assert model.base_s(1) == pytest.approx(0.0005, rel=0.05)  # … until the steps run correct each anchor
+    assert model.largest_fitting(0.0035, 64, "steady") == 14  # 4 + 12 × 2.5 ÷ 3
 
 
 def test_profile_model_refuses_an_empty_profile() -> None:
