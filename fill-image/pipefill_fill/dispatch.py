@@ -87,14 +87,16 @@ class Dispatcher:
         points = [p for p in (a.profile.points if a.profile else ()) if p.peak_bytes <= free - margin]
         if not points or a.model is None:
             return name, "memory", BubbleOutcome(), None
-        # never larger than the most efficient batch that fits the memory; smaller ones as the time left requires
-        max_batch = max(points, key=lambda p: p.items / p.step_s).batch_size
+        # never larger than the most efficient batch that fits the memory (by the step times measured since the
+        # profile: a profile taken on a busy machine can be far off); smaller ones as the time left requires
+        model = a.model
+        max_batch = max(points, key=lambda p: p.items / model.base_s(p.batch_size)).batch_size
         with _guard(name):
             out = run_steps(
                 bubble,
                 task=a.task,
                 max_batch=max_batch,
-                model=a.model,
+                model=model,
                 commit_estimate=a.commit_estimate,
                 is_open=self.is_open,
                 deadline_ns=deadline_ns,
