@@ -16,7 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["Estimator", "StepModel"]
+__all__ = ["INTERRUPTED", "Estimator", "StepModel"]
+
+INTERRUPTED = 3.0
+"""A step this many times slower than the base was interrupted (the process descheduled: another process took the
+core): it says nothing about the step's own duration, so it stays out of the quantiles. A lasting slowdown still
+moves the base (the anchors are medians of every step), after which such steps are no longer outliers."""
 
 
 class Estimator:
@@ -48,7 +53,8 @@ class StepModel:
     share: one slow anchor must not keep small steps from ever fitting), made non-decreasing in the batch size by
     pooling neighbours that invert the order, interpolated linearly between anchors and extrapolated along the last
     segment. ``predict_s(b, kind)``: ``base_s(b)`` times the ``quantile`` of the last ``window`` ratios measured ÷
-    base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any). Samples older
+    base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any), steps that were
+    interrupted (:data:`INTERRUPTED`) left out. Samples older
     than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core) would otherwise keep every
     step from fitting, and without steps no faster ratio would ever replace them.
     """
@@ -72,6 +78,8 @@ class StepModel:
         self.horizon_ns, self.clock = int(horizon_s * 1e9), clock
         self._anchors = [_Window(window // 2) for _ in self.sizes]  # measured ÷ profiled, by nearest anchor
         self._recorded = 0
+        self.interrupted = 0
+        """steps that took more than ``INTERRUPTED`` × their prediction (left out of the quantiles)"""
         self._ratios: dict[str, _Window] = {}  # measured ÷ base, by bubble kind ("": any)
         self._factor: dict[str, float] = {}
         self._expires_ns = 0  # when the oldest sample kept ages out (0: none kept)
@@ -100,6 +108,9 @@ class StepModel:
         if self._recorded % 8 == 0 or self._recorded <= self.warm * len(sizes):
             self._reanchor(now)
         ratio = duration_s / max(1e-9, self.base_s(batch_size))
+        if ratio > INTERRUPTED and self._factor:
+            self.interrupted += 1  # descheduled: no batch size predicts that; the anchors' medians saw it
+            return
         for key in (kind, "") if kind else ("",):
             window = self._ratios.get(key)
             if window is None:

@@ -71,6 +71,17 @@ def test_a_burst_of_slow_steps_is_forgotten() -> None:
     assert model.largest_fitting(0.008, 64, "steady") == 28
 
 
+def test_an_interrupted_step_stays_out_of_the_quantile() -> None:
+    clock = Clock()
+    model = StepModel(PROFILE, clock=clock)
+    for i in range(20):
+        clock.ns += 10**6
+        model.record(16, 0.005 * (1 + i / 200), "warm-up")
+    before = model.predict_s(16, "warm-up")
+    model.record(16, 0.040, "warm-up")  # eight times its prediction: another process had the core
+    assert model.interrupted == 1 and model.predict_s(16, "warm-up") == before == pytest.approx(0.005 * 1.095)
+
+
 def test_a_profile_taken_on_a_busy_machine_is_corrected_by_the_steps_run() -> None:
     clock = Clock()
     model = StepModel({1: 0.006, 4: 0.002, 16: 0.005, 64: 0.017}, clock=clock)  # batch 1 measured while preempted
