@@ -193,5 +193,7 @@ def breakdown_markdown(ranks: list[tuple[int, list[dict[str, Any]]]]) -> list[st
         for row in rows:
             shares = [f"{100 * row['share'].get(p, 0.0):.1f}%" for p in pieces]
             kind = f"**{row['kind']}**" if row["kind"] == "all" else row["kind"]
-            lines.append("| " + " | ".join([str(rank), kind, str(row["waits"]), f"{row['idle_s']:.3f}", *shares]) + " |")
+            lines.append(
+                "| " + " | ".join([str(rank), kind, str(row["waits"]), f"{row['idle_s']:.3f}", *shares]) + " |"
+            )
     return lines
