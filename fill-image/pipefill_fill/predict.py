@@ -108,7 +108,7 @@ class StepModel:
         if self._recorded % 8 == 0 or self._recorded <= self.warm * len(sizes):
             self._reanchor(now)
         ratio = duration_s / max(1e-9, self.base_s(batch_size))
-        if ratio > INTERRUPTED and self._factor:
+        if ratio > INTERRUPTED:
             self.interrupted += 1  # descheduled: no batch size predicts that; the anchors' medians saw it
             return
         for key in (kind, "") if kind else ("",):
