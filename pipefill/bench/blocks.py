@@ -73,19 +73,19 @@ def _labels(run_dir: Path, ranks: list[int], first: int, last: int) -> tuple[dic
 def open_errors_ns(trainer: list[Event], first_step: int) -> list[int]:
     """|actual − predicted| open of each announced bubble from ``first_step`` on, as the fill's own model
     (:class:`NextOpen`, what a spinning consumer predicts) would have predicted it: replayed over the trainer's
-    waits (a wait's start and end are its bubble's open and close, to a few µs)."""
+    waits (a wait's start and end are its bubble's open and close, to a few µs; the position is the wait's action
+    index, where the consumer has the bubble's kind and microbatch: the same on a 2-stage pipeline)."""
     waits = sorted(
         (e for e in trainer if isinstance(e, BubbleEvent) and e.announced and e.step >= first_step),
         key=lambda e: e.start_ns,
     )
     model = NextOpen(errors=len(waits) + 1)
     prev: BubbleEvent | None = None
-    ordinal = predicted = 0
+    predicted = 0
     for w in waits:
         if prev is not None:
-            model.observe((prev.kind, ordinal), prev.end_ns, w.start_ns, predicted)
-        ordinal = ordinal + 1 if prev is not None and prev.step == w.step else 0
-        predicted, prev = model.predict((w.kind, ordinal), w.end_ns), w
+            model.observe((prev.kind, prev.idx), prev.end_ns, w.start_ns, predicted)
+        predicted, prev = model.predict((w.kind, w.idx), w.end_ns), w
     return [abs(e) for e in model.errors_ns]
 
 

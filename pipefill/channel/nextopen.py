@@ -1,9 +1,11 @@
 """When the next bubble will open: the fill's own model of the trainer's timeline (no channel field needed).
 
 A pipeline step repeats the same waits in the same order, and the compute between two waits — the *gap* from a
-bubble's close to the next bubble's open — repeats with them. The model keeps, per position (the kind of the bubble
-before the gap and its ordinal among the step's bubbles), the median of the last gaps it saw, and predicts the next
-open as the last bubble's close (its expected end while it is still open) plus that gap. The consumer uses it to spin shortly before a
+bubble's close to the next bubble's open — repeats with them. The model keeps, per position (the kind and microbatch
+of the bubble before the gap: a rank waits once per microbatch and kind, except a middle stage's steady waits before
+a forward and a backward of the same microbatch, which then share a key), the median of the last gaps it saw, and
+predicts the next open as the last bubble's close (its expected end while it is still open) plus that gap. Not the
+bubble's ordinal in its step: which short waits are announced varies from step to step, and shifts every ordinal. The consumer uses it to spin shortly before a
 predicted bubble instead of sleeping through the wake-up (docs/channel.md, "Spinning before a predicted bubble").
 """
 
@@ -69,7 +71,6 @@ class Anticipation:
         self.spin_ns = 0
         """time spent spinning, ns (CPU time: the loop never sleeps)"""
         self._prev: Bubble | None = None  # the bubble the current prediction is made from
-        self._ordinal = 0  # its place among its step's bubbles (counted by id: a bubble missed still counts)
         self._pred_ns = 0
         self._pred_closed = False
         self._spun_for = -1
@@ -85,16 +86,15 @@ class Anticipation:
             return 0
         prev = self._prev
         if prev is None or prev.id != cur.id:  # a new bubble since the last prediction: learn the gap before it
-            ordinal = self._ordinal + cur.id - prev.id if prev is not None and prev.step == cur.step else 0
             if prev is not None and cur.id == prev.id + 1:
                 close = self.close_of(prev)
                 if close:
-                    self.model.observe((str(prev.kind), self._ordinal), close, cur.open_ns, self._pred_ns)
-            self._prev, self._ordinal, self._pred_ns, self._pred_closed = cur, ordinal, 0, False
+                    self.model.observe((str(prev.kind), prev.mb_idx), close, cur.open_ns, self._pred_ns)
+            self._prev, self._pred_ns, self._pred_closed = cur, 0, False
         if not self._pred_closed:
             close = self.close_of(cur)
             self._pred_closed = bool(close)
-            self._pred_ns = self.model.predict((str(cur.kind), self._ordinal), close or cur.expected_end_ns)
+            self._pred_ns = self.model.predict((str(cur.kind), cur.mb_idx), close or cur.expected_end_ns)
         return self._pred_ns
 
     def window(self, cur: Bubble | None) -> tuple[int, int] | None:
