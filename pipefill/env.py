@@ -24,6 +24,7 @@ __all__ = [
     "FILL_MIN_BUBBLE_MS",
     "FILL_OFFLOAD",
     "FILL_RESERVED_BYTES",
+    "FILL_SPIN_US",
     "JOB_NAME",
     "LOG_LEVEL",
     "METRICS_PORT",
@@ -61,6 +62,7 @@ FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill m
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
+FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 
 # Fill executor and operator both

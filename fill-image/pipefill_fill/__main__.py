@@ -1,8 +1,8 @@
 """``python -m pipefill_fill``: the fill executor of one rank, configured by the environment contract.
 
 Reads PIPEFILL_CHANNEL_DIR, PIPEFILL_WORK_SOURCE, PIPEFILL_JOB_NAME, PIPEFILL_RANK, PIPEFILL_FILL_RESERVED_BYTES,
-PIPEFILL_FILL_MIN_BUBBLE_MS, PIPEFILL_FILL_GUARD_MS, PIPEFILL_FILL_OFFLOAD, PIPEFILL_DEVICE, PIPEFILL_CPU_AFFINITY,
-PIPEFILL_METRICS_PORT and PIPEFILL_OUT_DIR (docs/fill.md). Exits 0 when the trainer is gone or on SIGTERM, after
+PIPEFILL_FILL_MIN_BUBBLE_MS, PIPEFILL_FILL_GUARD_MS, PIPEFILL_FILL_OFFLOAD, PIPEFILL_FILL_SPIN_US, PIPEFILL_DEVICE,
+PIPEFILL_CPU_AFFINITY, PIPEFILL_METRICS_PORT and PIPEFILL_OUT_DIR (docs/fill.md). Exits 0 when the trainer is gone or on SIGTERM, after
 committing what is done; 2 when the configuration can never work.
 """
 
@@ -49,6 +49,7 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
         log.error("invalid configuration: %s", exc)
         return env.EXIT_INVALID_CONFIG
     link = attach(settings.channel_dir)
+    link.consumer.set_spin(settings.spin_s)
     try:
         device = select_device(settings.device, link.gpu_uuids)
         fraction = cap_memory(device, settings.reserved_bytes)

@@ -32,6 +32,9 @@ class ChannelLink:
     def trainer_alive(self) -> bool:
         return self.consumer.trainer_alive()
 
+    def hold_requested(self) -> bool:
+        return self.consumer.hold_requested()
+
     def recent_bubbles(self) -> list[ObservedBubble]:
         """Closed bubbles of the ring, with their measured length (the planner's input once bubbles were seen)."""
         return [

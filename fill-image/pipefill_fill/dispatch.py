@@ -8,14 +8,13 @@ measured bubbles every 64 bubbles and whenever the active jobs change.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from pipefill.events import AssignEvent, EventWriter
-from pipefill.plan import BubbleClass, JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles, plan_class
+from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
 from pipefill_fill.jobs import ActiveJob, Jobs
 from pipefill_fill.predict import Estimator
@@ -84,31 +83,30 @@ class Dispatcher:
         free = min(
             int(getattr(bubble, "free_bytes", 0) or 0) or self.settings.reserved_bytes, self.settings.reserved_bytes
         )
-        points = a.profile.points if a.profile else ()
-        plan = plan_class(
-            BubbleClass(max(0, deadline_ns - time.monotonic_ns()) / 1e9, free),
-            points,
-            guard_s=0.0,
-            transfer_s=2 * a.transfer_estimate.predict_s() if a.offloader else 0.0,
-            margin_bytes=self.settings.margin_bytes if self.device.type == "cuda" else 0,
-        )
-        if plan.batch_size is None or a.predictor is None:
-            return name, "memory" if plan.reason.startswith("memory") else "time", BubbleOutcome(), None
-        smaller = sorted((p.batch_size for p in points if p.batch_size < plan.batch_size), reverse=True)
+        margin = self.settings.margin_bytes if self.device.type == "cuda" else 0
+        points = [p for p in (a.profile.points if a.profile else ()) if p.peak_bytes <= free - margin]
+        if not points or a.model is None:
+            return name, "memory", BubbleOutcome(), None
+        # never larger than the most efficient batch that fits the memory (by the step times measured since the
+        # profile: a profile taken on a busy machine can be far off); smaller ones as the time left requires
+        model = a.model
+        max_batch = max(points, key=lambda p: p.items / model.base_s(p.batch_size)).batch_size
         with _guard(name):
             out = run_steps(
                 bubble,
                 task=a.task,
-                batch_sizes=[plan.batch_size, *smaller],
-                predictor=a.predictor,
+                max_batch=max_batch,
+                model=model,
                 commit_estimate=a.commit_estimate,
                 is_open=self.is_open,
                 deadline_ns=deadline_ns,
                 device=self.device,
+                kind=str(getattr(bubble, "kind", "")),
+                any_size=a.any_batch_size,
                 offloader=a.offloader if self.settings.offload else None,
                 transfer_estimate=a.transfer_estimate,
             )
-        return name, "", out, plan.batch_size
+        return name, "", out, max_batch
 
     def _job_for(self, bubble: Any) -> str | None:
         """The job whose class this bubble belongs to."""

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from pipefill_fill.offload import Offloader
-from pipefill_fill.predict import Estimator, StepPredictor
+from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
@@ -48,6 +48,10 @@ class BubbleOutcome:
     transfer_ns: int = 0
     committed_bytes: int = 0
     spans_ns: list[tuple[int, int]] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    """the batch size of every step"""
+    commits_ns: list[tuple[int, int]] = field(default_factory=list)
+    """[start, end] of every commit made in the bubble"""
     stop: str = ""  # why the last step was not started: time, closed, done, error
 
     @property
@@ -68,28 +72,29 @@ def run_steps(
     bubble: OpenBubble,
     *,
     task: FillTask,
-    batch_sizes: list[int],
-    predictor: StepPredictor,
+    max_batch: int,
+    model: StepModel,
     commit_estimate: Estimator,
     is_open: Callable[[int], bool],
     deadline_ns: int,
     device: torch.device,
+    kind: str = "",
+    any_size: bool = True,
     offloader: Offloader | None = None,
     transfer_estimate: Estimator | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> BubbleOutcome:
     """Steps of ``task`` until the next would not finish by ``deadline_ns`` (expected end − guard).
 
-    ``batch_sizes``: the planned batch size first, then smaller ones; when the planned one no longer fits, the
-    rest of the bubble is filled with the largest smaller one that does.
+    Each step runs the largest batch (≤ ``max_batch``) whose predicted time (:class:`StepModel`, at its high
+    quantile for bubbles of ``kind``) fits the time left, so the last steps of a bubble are sized to its tail:
+    any size with ``any_size`` (inference), else the profiled sizes only.
     """
     out = BubbleOutcome()
-    sizes = list(batch_sizes)
-    batch_size = sizes[0]
     moving = offloader is not None and offloader.enabled
     transfer_s = transfer_estimate.predict_s() if (moving and transfer_estimate is not None) else 0.0
     if moving:
-        if clock() + int(1e9 * (2 * transfer_s + predictor.predict_s(batch_size))) > deadline_ns:
+        if model.largest_fitting((deadline_ns - clock()) / 1e9 - 2 * transfer_s, max_batch, kind) is None:
             out.stop = "time"
             return out
         t = clock()
@@ -103,24 +108,19 @@ def run_steps(
             out.stop = "done"
             break
         start = clock()
-        if start + int(1e9 * (predictor.predict_s(batch_size) + transfer_s)) > deadline_ns:
-            fits = [
-                b
-                for b in sizes
-                if b < batch_size and start + int(1e9 * (predictor.predict_s(b) + transfer_s)) <= deadline_ns
-            ]
-            if not fits:
-                out.stop = "time"
-                break
-            batch_size = max(fits)
+        batch_size = model.largest_fitting((deadline_ns - start) / 1e9 - transfer_s, max_batch, kind, any_size=any_size)
+        if batch_size is None:
+            out.stop = "time"
+            break
         if not is_open(bubble.id):
             out.stop = "closed"
             break
         items = task.step(batch_size)
         _sync(device)
         end = clock()
-        predictor.record(batch_size, (end - start) / 1e9)
+        model.record(batch_size, (end - start) / 1e9, kind)
         out.spans_ns.append((start, end))
+        out.batch_sizes.append(batch_size)
         out.steps += 1
         out.items += items
         out.busy_ns += end - start
@@ -144,7 +144,9 @@ def run_steps(
 def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, clock: Callable[[], int]) -> None:
     t = clock()
     out.committed_bytes += task.commit()
-    dt = clock() - t
+    end = clock()
+    dt = end - t
+    out.commits_ns.append((t, end))
     out.commit_ns += dt
     commit_estimate.record(dt / 1e9)
 

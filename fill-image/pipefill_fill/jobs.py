@@ -16,7 +16,7 @@ from pipefill_fill.claim import claim_slice
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
-from pipefill_fill.predict import Estimator, StepPredictor
+from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler, Profile
 from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
@@ -42,7 +42,7 @@ class ActiveJob:
     task: FillTask
     profiler: BubbleProfiler
     offloader: Offloader | None
-    predictor: StepPredictor | None = None
+    model: StepModel | None = None
     commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
     transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
     started: str = field(default_factory=now_rfc3339)
@@ -61,6 +61,12 @@ class ActiveJob:
     @property
     def profile(self) -> Profile | None:
         return self.profiler.result
+
+    @property
+    def any_batch_size(self) -> bool:
+        """Whether steps may run any batch size up to the profiled ones (tails sized to the time left): inference
+        workloads unless they set ``any_batch_size = False``; training runs its profiled sizes only."""
+        return bool(getattr(self.task.workload, "any_batch_size", self.spec.kind == "inference"))
 
 
 class Jobs:
@@ -128,7 +134,7 @@ class Jobs:
         if a.profile is None:
             return
         points = a.profile.points
-        a.predictor = StepPredictor({p.batch_size: p.step_s for p in points})
+        a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
         self.metrics.profile(a.name, [(p.batch_size, p.step_s, p.peak_bytes) for p in points])
         rows = [{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points]
         self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))

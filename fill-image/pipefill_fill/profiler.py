@@ -162,10 +162,17 @@ class BubbleProfiler:
         return self.candidates[self._i]
 
     def predict_s(self) -> float | None:
-        if len(self._times) > self.warmup:
-            return statistics.median(self._times[self.warmup :])
-        if self._times:  # warm-up: the first calls pay one-off costs (allocation, lazy init) that do not repeat
-            return min(self._times)
+        """The next measurement's expected duration; None: unknown (the runner starts it only at a bubble's start).
+
+        The very first step of a fresh job pays one-off costs (lazy initialization, first allocations) that can make
+        it ten times slower than the next: it is never taken as a prediction, or a job whose bubbles are a few
+        milliseconds long would wait for bubbles that fit its slow first step, and give up. Later, the lower median
+        of what was measured: a step that another process interrupted would otherwise do the same."""
+        usable = self._times if self._points else self._times[1:]
+        if len(usable) >= 3:  # the lower median: one step another process interrupted must not stop the profile
+            return statistics.median_low(usable)
+        if usable:  # warm-up: the fastest so far
+            return min(usable)
         if self._points:
             last = self._points[-1]
             return last.step_s * self.batch_size / last.batch_size

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipefill.events import EventWriter, ExitEvent, FillEvent
+from pipefill.events import EventWriter, ExitEvent, FillEvent, HoldEvent
 from pipefill.plan import ObservedBubble
 from pipefill_fill.dispatch import Dispatcher, JobError
 from pipefill_fill.inbubble import BubbleOutcome
@@ -25,9 +25,12 @@ from pipefill_fill.predict import Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
 
-__all__ = ["Attached", "Link", "Runner"]
+__all__ = ["HOLD_POLL_S", "Attached", "Link", "Runner"]
 
 log = logging.getLogger("pipefill_fill")
+
+HOLD_POLL_S = 0.02
+"""While held (``fill.hold`` in the channel directory), how often the executor looks whether it may work again."""
 
 
 class Link(Protocol):
@@ -40,6 +43,8 @@ class Link(Protocol):
     def acknowledge(self, bubble_id: int, *, used_s: float, overrun_s: float, work: int) -> None: ...
 
     def trainer_alive(self) -> bool: ...
+
+    def hold_requested(self) -> bool: ...
 
     def recent_bubbles(self) -> list[ObservedBubble]: ...
 
@@ -88,6 +93,7 @@ class Runner:
         )
         self._next_poll = 0.0
         self._stop = ""
+        self._held = False
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -97,7 +103,12 @@ class Runner:
             if time.monotonic() >= self._next_poll or not self.jobs.active:
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
-            bubble = self.link.wait_bubble(0.25 if self.jobs.active else 1.0)
+            held = self.link.hold_requested()
+            if held != self._held:
+                self._held = held
+                self.events.write(HoldEvent(held=held))
+                log.info("fill %s", "held: taking no bubbles" if held else "released: working in bubbles again")
+            bubble = None if held else self.link.wait_bubble(0.25 if self.jobs.active else 1.0)
             if bubble is None:
                 if self.link.trainer_alive():
                     dead_since = None
@@ -105,6 +116,8 @@ class Runner:
                     dead_since = time.monotonic()
                 elif time.monotonic() - dead_since >= self.trainer_grace_s:
                     self._request_stop("trainer gone")
+                if held:  # asleep off the futex, so the trainer's announcements wake nobody
+                    time.sleep(HOLD_POLL_S)
                 continue
             dead_since = None
             self._on_bubble(bubble, woke_ns=time.monotonic_ns())
@@ -156,6 +169,9 @@ class Runner:
                 commit_s=round(out.commit_ns / 1e9, 9),
                 stop=out.stop or reason,
                 spans_ns=out.spans_ns,
+                step=getattr(bubble, "step", None),
+                batch_sizes=out.batch_sizes,
+                commits_ns=out.commits_ns,
             )
         )
         if job is not None:

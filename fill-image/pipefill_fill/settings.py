@@ -47,6 +47,9 @@ class Settings:
     """where the event log goes (PIPEFILL_OUT_DIR; unset: no event log)"""
     offload: bool
     """keep the fill's state in pinned host memory between bubbles (PIPEFILL_FILL_OFFLOAD=1; GPU only)"""
+    spin_s: float = 0.0
+    """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
+    on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
     margin_bytes: int = 64 * 2**20
     """device memory left unused below a bubble's free memory (allocator fragmentation, CUDA context growth)"""
 
@@ -58,8 +61,14 @@ class Settings:
             raise ValueError(f"{env.WORK_SOURCE} is not set: set files:<dir> (local runs) or kubernetes")
         guard_ms = _env_float(env.FILL_GUARD_MS, 1.0)
         min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
+        spin_us = _env_float(env.FILL_SPIN_US, 0.0)
         if guard_ms < 0 or min_ms < 0:
             raise ValueError(f"{env.FILL_GUARD_MS} and {env.FILL_MIN_BUBBLE_MS} must be ≥ 0 milliseconds")
+        if not 0 <= spin_us <= 10_000:
+            raise ValueError(
+                f"{env.FILL_SPIN_US}={spin_us:g}: the spin window must be within 0..10000 µs (0: never spin); "
+                "a few hundred µs covers the wake-up it replaces"
+            )
         out = e.get(env.OUT_DIR)
         return cls(
             channel_dir=Path(e.get(env.CHANNEL_DIR) or env.DEFAULT_CHANNEL_DIR),
@@ -74,4 +83,5 @@ class Settings:
             metrics_port=env.env_int(env.METRICS_PORT, 0),
             out_dir=Path(out) if out else None,
             offload=e.get(env.FILL_OFFLOAD, "") in ("1", "true", "True"),
+            spin_s=spin_us / 1e6,
         )

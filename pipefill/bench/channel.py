@@ -4,6 +4,13 @@
 fill process, which sleeps on the futex (the trainer pays a FUTEX_WAKE). Measured with the two processes pinned to
 different cores and to the same core, in interleaved rounds. *Producer cost*: an ``open_bubble`` + ``close_bubble``
 pair with no fill asleep (shared memory only) and with the fill asleep (plus the wake syscall), and the close alone.
+
+*Spin* (``spin``, cross core only: off when fill and trainer share a core): the trainer computes between bubbles for
+a gap that repeats with a random error (``--open-error-us``, the standard deviation of a normal error: set it to
+the prediction error measured on real runs, ``pipefill bench colocation``'s ``open_prediction_error_us``); the fill
+predicts each open from the gaps it saw (:class:`pipefill.channel.nextopen.NextOpen`) and spins in a window of
+``--spin-window-us`` around it. Rounds alternate plain futex and spin on the same pattern; reported: the wake-up
+p50/p99 of each, the share of wakes the spin caught, and the CPU seconds the fill spent spinning.
 """
 
 from __future__ import annotations
@@ -90,6 +97,95 @@ def _pair_costs(p: Producer, n: int) -> tuple[list[int], list[int]]:
         pairs.append(t2 - t0)
         closes.append(t2 - t1)
     return pairs, closes
+
+
+def _consumer_spin(channel_dir: str, conn: Connection) -> None:
+    """The fill side of the spin rounds: the parent names the mode before each round; per mode the latencies,
+    whether the spin caught each bubble, the spin's time and the process's CPU time."""
+    out: dict[str, Any] = {m: {"lat": [], "caught": 0, "spin_ns": 0, "cpu_s": 0.0} for m in ("futex", "spin")}
+    mode = "futex"
+    with Consumer.attach(channel_dir=channel_dir, timeout_s=30) as c:
+        conn.send("ready")
+        while True:
+            if conn.poll():
+                msg = conn.recv()
+                if msg == "stop":
+                    break
+                mode, window_s = msg
+                c.set_spin(window_s)
+                conn.send("ok")
+            a = c.anticipation
+            caught, spin_ns, cpu = a.caught, a.spin_ns, time.process_time()
+            b = c.wait_bubble(0.05)
+            row = out[mode]
+            row["cpu_s"] += time.process_time() - cpu
+            if b is None:
+                continue
+            row["lat"].append(time.monotonic_ns() - b.open_ns)
+            row["caught"] += a.caught - caught
+            row["spin_ns"] += a.spin_ns - spin_ns
+            c.acknowledge(b.id, used_s=0.0)
+        errors = [abs(e) for e in c.anticipation.model.errors_ns]
+    conn.send({**out, "errors_ns": errors})
+
+
+def run_spin(
+    *, samples: int, rounds: int, gap_s: float, error_s: float, window_s: float, hold_s: float
+) -> dict[str, Any]:
+    """Cross core: futex rounds and spin rounds alternating on the same bubble pattern (see the module docstring)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"skipped": "one usable core: the fill must not spin on the trainer's core"}
+    ctx = mp.get_context("spawn")
+    rnd = random.Random(1)
+    per_round = max(1, samples // rounds)
+    with tempfile.TemporaryDirectory(
+        prefix="pipefill-bench-spin-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    ) as d:
+        p = Producer.create(channel_dir=d)
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_consumer_spin, args=(d, child), daemon=True)
+        proc.start()
+        try:
+            if not parent.poll(60) or parent.recv() != "ready":
+                raise RuntimeError("the benchmark's fill process did not attach within 60 s")
+            os.sched_setaffinity(0, {cpus[0]})
+            os.sched_setaffinity(proc.pid or 0, {cpus[1]})
+            for r in range(2 * rounds):
+                mode = "futex" if r % 2 == 0 else "spin"
+                parent.send((mode, window_s if mode == "spin" else 0.0))
+                if not parent.poll(10) or parent.recv() != "ok":
+                    raise RuntimeError("the benchmark's fill process did not switch modes")
+                for _ in range(per_round):
+                    _idle(max(0.0, gap_s + rnd.gauss(0.0, error_s)), spin=True)  # the trainer computes
+                    bid = p.open_bubble(expected_duration_s=hold_s, free_bytes=1 << 30, kind="steady", step=r, mb_idx=0)
+                    time.sleep(hold_s)  # blocked on its peer
+                    p.close_bubble(bid)
+            parent.send("stop")
+            if not parent.poll(30):
+                raise RuntimeError("the benchmark's fill process did not report")
+            got: dict[str, Any] = parent.recv()
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+            p.close()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    spin, futex = got["spin"], got["futex"]
+    errors = sorted(got["errors_ns"])
+    return {
+        "window_us": window_s * 1e6,
+        "open_error_us": error_s * 1e6,
+        "gap_ms": gap_s * 1e3,
+        "measured_error_us": _stats(errors),
+        "wake_us_futex": _stats(futex["lat"]),
+        "wake_us_spin": _stats(spin["lat"]),
+        "caught_share": spin["caught"] / len(spin["lat"]) if spin["lat"] else None,
+        "spin_cpu_s": spin["spin_ns"] / 1e9,
+        "spin_cpu_us_per_bubble": spin["spin_ns"] / 1e3 / max(1, len(spin["lat"])),
+        "fill_cpu_s": {"futex": round(futex["cpu_s"], 4), "spin": round(spin["cpu_s"], 4)},
+        "same_core": "off: a fill never spins on its trainer's core",
+    }
 
 
 def run(*, samples: int, rounds: int, gap_s: float, hold_s: float, spin: bool) -> dict[str, Any]:
@@ -194,11 +290,22 @@ def main(argv: list[str]) -> int:
         "or sleeps (blocked; both cores may idle); default sleeps",
     )
     ap.add_argument("--hold-ms", type=float, default=0.2, help="time each bubble stays open, ms (default 0.2)")
+    ap.add_argument("--spin-window-us", type=float, default=400.0, help="spin: window around the prediction, µs")
+    ap.add_argument("--open-error-us", type=float, default=100.0, help="spin: σ of the gap's error, µs (default 100)")
+    ap.add_argument("--spin-gap-ms", type=float, default=2.0, help="spin: the trainer's compute between bubbles, ms")
     a = ap.parse_args(argv)
     if a.samples < 1 or a.rounds < 1:
         ap.error("--samples and --rounds must be ≥ 1")
     result = run(
         samples=a.samples, rounds=a.rounds, gap_s=a.gap_ms / 1e3, hold_s=a.hold_ms / 1e3, spin=a.trainer == "computes"
+    )
+    result["spin"] = run_spin(
+        samples=a.samples,
+        rounds=a.rounds,
+        gap_s=a.spin_gap_ms / 1e3,
+        error_s=a.open_error_us / 1e6,
+        window_s=a.spin_window_us / 1e6,
+        hold_s=a.hold_ms / 1e3,
     )
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")

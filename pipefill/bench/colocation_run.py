@@ -17,19 +17,32 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
 from pipefill import env
-from pipefill.events import BubbleEvent, CommitEvent, FillEvent, JobEvent, StepEvent, WorkEvent, read_events
+from pipefill.events import (
+    BubbleEvent,
+    CommitEvent,
+    Event,
+    FillEvent,
+    HoldEvent,
+    JobEvent,
+    StartEvent,
+    StepEvent,
+    WorkEvent,
+    read_events,
+)
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
-from pipefill.local.report import RankStats, rank_log_paths
+from pipefill.local.report import rank_log_paths
 from pipefill.local.runner import prepare
+from pipefill.local.stats import RankStats, merged
 from pipefill.spec import FillJob, PipelineTrainingJob, parse, to_obj
 
-__all__ = ["BenchError", "launch", "manifests", "measure_rank", "processes", "run_processes"]
+__all__ = ["BenchError", "launch", "manifests", "measure_rank", "processes", "rank_stats", "run_processes"]
 
 _JOB = """\
 apiVersion: pipefill.io/v1alpha1
@@ -66,11 +79,13 @@ class BenchError(RuntimeError):
 
 
 def manifests(
-    a: argparse.Namespace, schedule: str, m: int, mode: str, run_dir: Path, warmup_steps: int
+    a: argparse.Namespace, schedule: str, m: int, mode: str, run_dir: Path, warmup_steps: int, steps: int | None = None
 ) -> tuple[PipelineTrainingJob, list[FillJob]]:
+    """The training job (``warmup_steps`` + ``steps``, default ``--steps``) and one FillJob per rank (none in A)."""
+    steps = a.steps if steps is None else steps
     text = _JOB.format(
         a=a, layers=a.layers_per_stage * a.stages, m=m, batch=m * a.microbatch_size, schedule=schedule,
-        cut=[a.layers_per_stage] * a.stages, steps=warmup_steps + a.steps, ckpt=json.dumps(str(run_dir / "ckpt")),
+        cut=[a.layers_per_stage] * a.stages, steps=warmup_steps + steps, ckpt=json.dumps(str(run_dir / "ckpt")),
         fill=str(mode != "baseline").lower(),
     )  # fmt: skip
     job = cast(PipelineTrainingJob, parse(yaml.safe_load(text), source="colocation job"))
@@ -111,8 +126,11 @@ def _tail(p: LocalProcess) -> str:
     return " | ".join(lines[-3:]) or "(no output)"
 
 
-def run_processes(procs: list[LocalProcess], timeout_s: float) -> list[str]:
-    """Start them, wait for the trainers to finish, stop the rest; returns notes on fill processes that failed."""
+def run_processes(
+    procs: list[LocalProcess], timeout_s: float, *, tick: Callable[[], None] | None = None, poll_s: float = 0.2
+) -> list[str]:
+    """Start them, wait for the trainers to finish (calling ``tick`` every ``poll_s``), stop the rest; returns notes
+    on fill processes that failed."""
     notes: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     trainers = [p for p in procs if p.container == "trainer"]
@@ -128,7 +146,9 @@ def run_processes(procs: list[LocalProcess], timeout_s: float) -> list[str]:
             for p in procs:
                 if p.container == "fill-executor" and p.poll() not in (None, 0) and p.name not in notes:
                     notes[p.name] = f"{p.name} exited {p.poll()} while training ran: {_tail(p)}"
-            time.sleep(0.2)
+            if tick is not None:
+                tick()
+            time.sleep(poll_s)
     finally:
         stop_all(procs)
     return list(notes.values())
@@ -145,16 +165,8 @@ def measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[st
     if len(steps) < count:
         raise BenchError(f"{run_dir} rank {rank}: {len(steps)} of {count} measured steps in the trainer's event log")
     t0, t1 = min(e.start_ns for e in steps), max(e.start_ns + int(e.step_s * 1e9) for e in steps)
-    measured = {e.step for e in steps}
+    stats = rank_stats(trainer, fill, {e.step for e in steps}, t0, t1).summary()
     bubbles = [e for e in fill if isinstance(e, FillEvent)]
-    rank_stats = RankStats()  # report.json's figures, fed the measured steps' events only
-    for e in trainer:
-        if isinstance(e, StepEvent | BubbleEvent) and e.step in measured:
-            rank_stats.add(e)
-    for b in bubbles:
-        if t0 <= b.woke_ns < t1:
-            rank_stats.add(b)
-    stats = rank_stats.summary()
     spans = [(b.woke_ns, b.yielded_ns, b.items) for b in bubbles if b.items]
     spans += [(e.start_ns, e.end_ns, e.items) for e in fill if isinstance(e, WorkEvent) and e.items]
     window_s = (t1 - t0) / 1e9
@@ -162,14 +174,33 @@ def measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[st
         "rank": rank,
         "step_s": statistics.median(e.step_s for e in steps),
         "window_s": window_s,
-        **{k: stats[k] for k in ("bubble_fraction", "announced_bubble_s", "fill_busy_s", "fill_overrun_max_s")},
+        **{k: stats[k] for k in ("bubble_fraction", "bubble_s", "announced_bubble_s", "fill_step_s")},
+        **{k: stats[k] for k in ("fill_busy_s", "fill_overrun_max_s", "fill_overrun_past_close_s")},
         "bubble_recovery": stats["bubble_recovery"],
         "fill_items_per_s": _items_inside(spans, t0, t1) / window_s,
         "fill_committed": max((e.end for e in fill if isinstance(e, CommitEvent)), default=0),
         # > 0: the fill began working only this long after the measured steps began (raise --warmup-s)
         "fill_late_s": (min(s for s, _, _ in spans) - t0) / 1e9 if spans else None,
         "fill_job_finished": any(isinstance(e, JobEvent) and e.phase == "Succeeded" for e in fill),
+        "idle_breakdown": stats["idle_breakdown"],
     }
+
+
+def rank_stats(trainer: list[Event], fill: list[Event], steps: set[int], t0_ns: int, t1_ns: int) -> RankStats:
+    """report.json's figures of one rank, fed only the given steps' records and the fill's records inside
+    [t0_ns, t1_ns) (its start record too: the guard)."""
+    stats = RankStats()
+    for e in merged(trainer, fill):
+        if isinstance(e, StepEvent | BubbleEvent):
+            if e.step in steps:
+                stats.add(e)
+        elif isinstance(e, FillEvent):
+            if t0_ns <= e.open_ns < t1_ns:
+                stats.add(e)
+        elif isinstance(e, StartEvent | HoldEvent):
+            stats.add(e)
+    stats.finish()
+    return stats
 
 
 def launch(
@@ -196,12 +227,14 @@ def launch(
     if mode != "baseline":
         notes += [f"rank {r['rank']}: the fill did no work (see its log)" for r in ranks if r["fill_late_s"] is None]
     announced = sum(r["announced_bubble_s"] for r in ranks)
+    idle = sum(r["bubble_s"] for r in ranks)
     fractions = [r["bubble_fraction"] for r in ranks if r["bubble_fraction"] is not None]
     return {
         "mode": mode,
         "step_s": max(r["step_s"] for r in ranks),  # the pipeline's pace is its slowest stage's (replay: separate)
         "bubble_fraction": statistics.fmean(fractions) if fractions else None,
-        "bubble_recovery": sum(r["fill_busy_s"] for r in ranks) / announced if announced else None,
+        # this run's own idle time: the blocked run divides by training alone's (its A blocks) instead
+        "bubble_recovery": sum(r["fill_step_s"] for r in ranks) / idle if idle and mode != "baseline" else None,
         "announced_bubble_s": announced,
         "fill_items_per_s": sum(r["fill_items_per_s"] for r in ranks),
         "fill_committed": sum(r["fill_committed"] for r in ranks),

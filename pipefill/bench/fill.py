@@ -1,11 +1,17 @@
 """``pipefill bench fill``: how much of each bubble the fill executor uses, and how far it overruns.
 
-For each bubble length, a synthetic trainer (:mod:`pipefill.bench.synthetic_trainer`: the real channel producer in
-another process) emits bubbles of that
-length, each followed by fixed-length compute, pinned to the same core as the fill executor running
-``encoder-inference``. Recovery = the fill's busy seconds ÷ offered bubble seconds; overrun = how long after a
-bubble's expected end the fill yielded. Bubbles before the workload's profile is complete are left out (profiling runs
-in the first bubbles). Prints ``{"runs": [{"bubble_ms", "recovery", "overrun_p99_ms", ...}, ...]}``.
+For each bubble length and each machine load, a synthetic trainer (:mod:`pipefill.bench.synthetic_trainer`: the real
+channel producer in another process) emits bubbles of that length, each followed by fixed-length compute, pinned to
+the same core as the fill executor running ``encoder-inference``. Loads: ``idle`` (nothing else of ours runs) and
+``busy`` (a process spinning on another core the whole time: shared caches, memory bandwidth, the host's scheduling
+of the second vCPU). Bubbles spent on the workload's first steps and its in-bubble profile are left out; then
+``--bubbles`` are measured per configuration, so a p99 is a real percentile, not the maximum of a few dozen.
+
+Per configuration, in the same run: **recovery** = the fill's step time inside the bubbles ÷ their length, with
+the idle-time account of ``pipefill local``'s report (:class:`pipefill.local.idle.IdleAccount`, the synthetic trainer
+writes the trainer's ``bubble`` records); **overrun** = how long after a bubble's expected end the fill yielded
+(p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running.
+Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_max_ms", ...}, ...]}``.
 """
 
 from __future__ import annotations
@@ -16,15 +22,22 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipefill import env
-from pipefill.events import FILL_EVENTS, FillEvent, read_events
+from pipefill.bench.machine import describe_machine
+from pipefill.events import FILL_EVENTS, TRAINER_EVENTS, BubbleEvent, EventTail, FillEvent, ProfileEvent, read_events
+from pipefill.local.stats import RankStats, merged
 
 __all__ = ["main"]
+
+_WARMUP_BUBBLES = 20  # at least; then on until the fill's profile is complete and its step model has seen some steps
+_SETTLE_S = 1.0
+_TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -34,9 +47,24 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _run_one(
-    work: Path, *, bubble_ms: float, compute_ms: float, seconds: float, cpu: int, params: dict[str, Any]
-) -> dict[str, Any]:
+def _spinner(cpu: int) -> subprocess.Popen[bytes]:
+    """The ``busy`` load: a process spinning on ``cpu`` until killed."""
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _start_measuring_after_profile(work: Path, trainer: subprocess.Popen[bytes]) -> None:
+    """Let the synthetic trainer start its measured bubbles once the fill's profile is complete (plus a settle)."""
+    tail = EventTail(work / "fill" / FILL_EVENTS)
+    while trainer.poll() is None:
+        if any(isinstance(e, ProfileEvent) for e in tail.read()):
+            time.sleep(_SETTLE_S)
+            (work / "measure").touch()
+            return
+        time.sleep(0.05)
+
+
+def _job(work: Path, params: dict[str, Any]) -> Path:
     jobs = work / "jobs"
     jobs.mkdir(parents=True)
     job = {
@@ -46,10 +74,17 @@ def _run_one(
         "spec": {
             "workload": {"kind": "inference", "builtin": "encoder-inference", "parameters": params},
             "output": {"path": str(work / "out")},
-            "totalSamples": 500_000,
+            "totalSamples": 5_000_000,
         },
     }
     (jobs / "bench.yaml").write_text(yaml.safe_dump(job))
+    return jobs
+
+
+def _run_one(
+    work: Path, a: argparse.Namespace, *, bubble_ms: float, load: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    jobs = _job(work, params)
     environ = dict(os.environ, OMP_NUM_THREADS="1")
     fill_env = {
         **environ,
@@ -57,68 +92,97 @@ def _run_one(
         env.WORK_SOURCE: f"files:{jobs}",
         env.OUT_DIR: str(work / "fill"),
         env.DEVICE: "cpu",
-        env.CPU_AFFINITY: str(cpu),
-        env.FILL_GUARD_MS: os.environ.get(env.FILL_GUARD_MS, "1"),
+        env.CPU_AFFINITY: str(a.cpu),
+        env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
     }
-    count = max(40, int(seconds / ((bubble_ms + compute_ms) / 1e3)))
-    fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
-    producer = [
-        sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
-        "--bubbles-ms", str(bubble_ms), "--compute-ms", str(compute_ms), "--count", str(count), "--cpu", str(cpu),
-    ]  # fmt: skip
-    subprocess.run(producer, env=environ, check=True, stdout=subprocess.DEVNULL)
-    fill.wait(timeout=120)
-    bubbles = [e for e in read_events(work / "fill" / FILL_EVENTS) if isinstance(e, FillEvent)]
-    first = next((i for i, b in enumerate(bubbles) if b.batch_size is not None), len(bubbles))
-    measured = bubbles[first:]
-    offered = sum((b.expected_end_ns - b.open_ns) / 1e9 for b in measured)
-    busy = sum(b.used_s for b in measured)
-    overruns = [b.overrun_s * 1e3 for b in measured if b.steps]
-    switch = [(b.woke_ns - b.open_ns) / 1e6 for b in measured]
-    batches = sorted({b.batch_size for b in measured if b.batch_size})
+    others = sorted(os.sched_getaffinity(0) - {a.cpu})
+    spinner = _spinner(others[0]) if load == "busy" and others else None
+    try:
+        fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
+        producer = [
+            sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
+            "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--count", str(a.bubbles),
+            "--warmup-bubbles", str(_WARMUP_BUBBLES), "--cpu", str(a.cpu),
+            "--events", str(work / "trainer" / TRAINER_EVENTS), "--measure-after", str(work / "measure"),
+        ]  # fmt: skip
+        trainer_proc = subprocess.Popen(producer, env=environ, stdout=subprocess.DEVNULL)
+        _start_measuring_after_profile(work, trainer_proc)
+        if trainer_proc.wait() != 0:
+            raise RuntimeError(f"the synthetic trainer exited {trainer_proc.returncode}")
+        fill.wait(timeout=120)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    trainer = read_events(work / "trainer" / TRAINER_EVENTS)
+    fill_log = read_events(work / "fill" / FILL_EVENTS)
+    # the trainer logs only the measured bubbles, which begin once the fill's profile is complete
+    t0 = min((e.start_ns for e in trainer if isinstance(e, BubbleEvent)), default=0)
+    stats = RankStats()
+    for e in merged(trainer, fill_log):
+        if not isinstance(e, FillEvent) or e.open_ns >= t0:
+            stats.add(e)
+    stats.finish()
+    summary = stats.summary()
+    used = [e for e in fill_log if isinstance(e, FillEvent) and e.open_ns >= t0]
+    overruns = [b.overrun_s * 1e3 for b in used if b.steps]
+    wake = [(b.woke_ns - b.open_ns) / 1e6 for b in used]
+    total = summary["idle_breakdown"][-1]
     return {
         "bubble_ms": bubble_ms,
-        "recovery": round(busy / offered, 4) if offered else 0.0,
+        "load": load,
+        "recovery": summary["bubble_recovery"],
+        "overrun_p50_ms": round(_quantile(overruns, 0.5), 3),
         "overrun_p99_ms": round(_quantile(overruns, 0.99), 3),
         "overrun_max_ms": round(max(overruns, default=0.0), 3),
-        "target_overrun_ms": max(2.0, 0.05 * bubble_ms),
-        "wakeup_p50_ms": round(_quantile(switch, 0.5), 3),
-        "bubbles": len(measured),
-        "bubbles_used": sum(1 for b in measured if b.steps),
-        "samples": sum(b.items for b in measured),
-        "batch_sizes": batches,
+        "overrun_past_close_s": round(summary["fill_overrun_past_close_s"], 6),
+        "wakeup_p50_ms": round(_quantile(wake, 0.5), 3),
+        "wakeup_p99_ms": round(_quantile(wake, 0.99), 3),
+        "bubbles": total["waits"],
+        "bubbles_used": sum(1 for b in used if b.steps),
+        "samples": sum(b.items for b in used),
+        "batch_sizes": sorted({s for b in used for s in b.batch_sizes}),
+        "idle_share": {k: round(v, 4) for k, v in total["share"].items()},
         "fill_exit_code": fill.returncode,
     }
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pipefill bench fill", description=__doc__)
+    p = argparse.ArgumentParser(prog="pipefill bench fill", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    p.add_argument("--bubbles-ms", default="10,20,50,100,200", help="bubble lengths to run, ms")
+    p.add_argument("--bubbles-ms", default="10,20,50", help="bubble lengths to run, ms (default 10,20,50)")
+    p.add_argument("--loads", default="idle,busy", help="idle, busy (a process spinning on another core) or both")
+    p.add_argument("--bubbles", type=int, default=1000, help="measured bubbles per configuration (default 1000)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
-    p.add_argument("--seconds", type=float, default=4.0, help="run length per bubble length")
+    p.add_argument("--guard-ms", type=float, default=0.5, help="PIPEFILL_FILL_GUARD_MS of the executor (default 0.5)")
     p.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the core both processes share")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=32)
     args = p.parse_args(argv)
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if not loads or set(loads) - {"idle", "busy"} or args.bubbles < 1:
+        p.error(f"--loads {args.loads!r}: use idle, busy or both; --bubbles must be ≥ 1")
     params = {"layers": args.layers, "hiddenSize": args.hidden, "heads": 4, "seqLen": args.seq_len}
+    machine = describe_machine(cores_used=[args.cpu], gpus=[])
     runs = []
     with tempfile.TemporaryDirectory(prefix="pipefill-bench-fill-") as tmp:
         for i, ms in enumerate(float(x) for x in args.bubbles_ms.split(",")):
-            work = Path(tmp) / f"run{i}"
-            runs.append(
-                _run_one(
-                    work, bubble_ms=ms, compute_ms=args.compute_ms, seconds=args.seconds, cpu=args.cpu, params=params
-                )
-            )
+            for load in loads:  # interleaved: each length idle, then busy
+                work = Path(tmp) / f"run{i}-{load}"
+                runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params))
+                print(f"{ms:g} ms {load}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+    machine["load_avg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     out = {
         "benchmark": "fill",
         "emulation": "CPU: one core plays one GPU; producer and fill executor pinned to it",
+        "machine": machine,
         "workload": {"builtin": "encoder-inference", **params},
         "compute_ms": args.compute_ms,
+        "guard_ms": args.guard_ms,
         "cpu": args.cpu,
+        "targets": {"overrun_p99_ms_at_50ms": _TARGET_OVERRUN_P99_MS},
         "runs": runs,
     }
     print(json.dumps(out, indent=None if args.json else 2))

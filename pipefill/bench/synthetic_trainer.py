@@ -3,7 +3,9 @@ fixed-length "compute", standing in for a pipeline stage on one core (torch-free
 
 During a bubble it sleeps until the bubble's absolute end (as a stage blocked on its peer's data, which arrives at a
 fixed time whatever the fill does), then closes it; during compute it spins on the CPU (as a stage computing). Every
-bubble's open/close times go to a JSONL log, CLOCK_MONOTONIC ns, to compare with the fill's event log.
+bubble's open/close times go to a JSONL log, CLOCK_MONOTONIC ns, to compare with the fill's event log; ``--events``
+also writes them as the trainer's ``bubble`` records (buffered, flushed every 64 bubbles: off the timed path), so the
+report's idle-time account applies to a synthetic run as to a real one.
 
 usage: python -m pipefill.bench.synthetic_trainer --channel-dir D --bubbles-ms 20,50 --compute-ms 10 --count 100
 """
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from pipefill.channel import BubbleKind, Producer
+from pipefill.events import BubbleEvent, EventWriter
 
 __all__ = ["main"]
 
@@ -43,20 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=None, help="JSONL of bubbles (open_ns, close_ns, expected_end_ns)")
     p.add_argument("--wait-consumer-s", type=float, default=30.0, help="wait this long for the fill to attach")
     p.add_argument("--warmup-bubbles", type=int, default=0, help="bubbles before the logged ones (not logged)")
+    p.add_argument("--measure-after", type=Path, default=None, help="and go on warming up until this file exists")
     p.add_argument("--job-name", default="synthetic")
+    p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
     args = p.parse_args(argv)
     lengths_s = [float(x) / 1e3 for x in args.bubbles_ms.split(",") if x.strip()]
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     log = open(args.log, "w", buffering=1) if args.log else None  # noqa: SIM115
+    events = EventWriter(args.events, flush_each=False)
     with Producer.create(channel_dir=args.channel_dir, job_name=args.job_name) as ch:
         deadline = time.monotonic() + args.wait_consumer_s
         while not ch.consumer_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         print("READY", flush=True)
         compute_ns = int(args.compute_ms * 1e6)
-        for i in range(args.warmup_bubbles + args.count):
+        warmup, i = args.warmup_bubbles, 0
+        while i < warmup + args.count:
+            if i == warmup and args.measure_after is not None and not args.measure_after.exists():
+                warmup += 1
             length_s = lengths_s[i % len(lengths_s)]
+            start_ns = time.monotonic_ns()
             bid = ch.open_bubble(
                 expected_duration_s=length_s, free_bytes=args.free_bytes, kind=BubbleKind.STEADY, step=i
             )
@@ -65,13 +75,20 @@ def main(argv: list[str] | None = None) -> int:
             _sleep_until(end_ns)
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
-            if log is not None and i >= args.warmup_bubbles:
+            if log is not None and i >= warmup:
                 log.write(
                     json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns}) + "\n"
                 )
+            if i >= warmup:
+                events.write(BubbleEvent(step=i, idx=0, kind="steady", start_ns=start_ns, end_ns=close_ns,
+                                         predicted_s=length_s, announced=True))  # fmt: skip
+                if i % 64 == 0:
+                    events.flush()
             _spin_until(close_ns + compute_ns)
+            i += 1
     if log is not None:
         log.close()
+    events.close()
     print("DONE", flush=True)
     return 0
 

@@ -16,7 +16,7 @@ The trainer is the :class:`Producer` and never waits for the fill; the fill exec
                 ch.acknowledge(b.id, used_s=..., overrun_s=..., work=...)
 """
 
-from pipefill.channel._files import DEFAULT_CHANNEL_DIR
+from pipefill.channel._files import DEFAULT_CHANNEL_DIR, HOLD_FILE, hold_fill
 from pipefill.channel.consumer import Consumer
 from pipefill.channel.errors import (
     ChannelBusyError,
@@ -31,6 +31,7 @@ from pipefill.channel.producer import Producer
 
 __all__ = [
     "DEFAULT_CHANNEL_DIR",
+    "HOLD_FILE",
     "LAYOUT_VERSION",
     "Bubble",
     "BubbleKind",
@@ -45,4 +46,5 @@ __all__ = [
     "FillAnswer",
     "FillState",
     "Producer",
+    "hold_fill",
 ]

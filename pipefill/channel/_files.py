@@ -18,11 +18,22 @@ from pathlib import Path
 from pipefill.channel.errors import ChannelBusyError, ChannelError
 from pipefill.env import CHANNEL_DIR, DEFAULT_CHANNEL_DIR
 
-__all__ = ["CHANNEL_FILE", "DEFAULT_CHANNEL_DIR", "FILL_LOCK", "TRAINER_LOCK", "OwnerLock", "resolve_dir"]
+__all__ = [
+    "CHANNEL_FILE",
+    "DEFAULT_CHANNEL_DIR",
+    "FILL_LOCK",
+    "HOLD_FILE",
+    "TRAINER_LOCK",
+    "OwnerLock",
+    "hold_fill",
+    "resolve_dir",
+]
 
 CHANNEL_FILE = "channel"
 TRAINER_LOCK = "trainer.lock"
 FILL_LOCK = "fill.lock"
+HOLD_FILE = "fill.hold"
+"""Present: the fill executor takes no bubble until it is gone (written by whoever pauses the fill; never the trainer)."""
 FILE_MODE = 0o666  # the two containers may run as different users; the emptyDir is private to the pod
 
 # struct flock on 64-bit Linux (x86-64 and arm64 share it): l_type, l_whence, l_start, l_len, l_pid, padding.
@@ -36,6 +47,19 @@ def resolve_dir(channel_dir: str | os.PathLike[str] | None) -> Path:
     if channel_dir is not None:
         return Path(channel_dir)
     return Path(os.environ.get(CHANNEL_DIR) or DEFAULT_CHANNEL_DIR)
+
+
+def hold_fill(channel_dir: str | os.PathLike[str] | None, held: bool) -> None:
+    """Tell the fill executor of ``channel_dir`` to idle (``held``) or to work again: creates or removes
+    :data:`HOLD_FILE`. The trainer is not involved and goes on announcing; the fill executor looks before it waits
+    for each bubble, and every 20 ms while held. Used by ``pipefill bench colocation`` to alternate training
+    alone and with fill inside one run."""
+    path = resolve_dir(channel_dir) / HOLD_FILE
+    if held:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        os.close(fd)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _require_ofd() -> tuple[int, int]:

@@ -4,6 +4,10 @@ Waiting sleeps on a futex (the low half of ``bubble_seq``) after publishing ``fi
 pays a FUTEX_WAKE only when someone sleeps. The sleep is cut into slices of ``SLICE_S``: between slices the
 consumer checks that the trainer lives (its lock is held) and whether a restarted trainer replaced the file, in
 which case it re-attaches by itself.
+
+Optionally (:meth:`Consumer.set_spin`, off by default, and only for a fill on a core of its own) the consumer spins
+on ``bubble_seq`` in a short window around the next bubble's predicted open (:class:`NextOpen`: the fill's own model
+of the step's repeating gaps) instead of sleeping through the futex wake-up; before and after the window it sleeps.
 """
 
 from __future__ import annotations
@@ -14,16 +18,18 @@ from pathlib import Path
 from types import TracebackType
 
 from pipefill.channel import layout as L
-from pipefill.channel._files import CHANNEL_FILE, FILL_LOCK, TRAINER_LOCK, OwnerLock, resolve_dir
+from pipefill.channel._files import CHANNEL_FILE, FILL_LOCK, HOLD_FILE, TRAINER_LOCK, OwnerLock, resolve_dir
 from pipefill.channel._mapping import Mapping
 from pipefill.channel.errors import ChannelNotFoundError
 from pipefill.channel.futex import Futex
 from pipefill.channel.model import Bubble, BubbleKind, BubbleRecord, ChannelInfo
+from pipefill.channel.nextopen import Anticipation
 
 __all__ = ["Consumer"]
 
 SLICE_S = 0.05
 """Longest futex sleep between liveness checks: bounds death detection and the (theoretical) lost wake-up."""
+_SLICE_NS = int(SLICE_S * 1e9)
 POLL_S = 0.02
 """Poll period while no live trainer owns the channel (waiting for the directory, the file or a restart)."""
 
@@ -34,11 +40,14 @@ class Consumer:
 
     def __init__(self, *, directory: Path, fill_lock: OwnerLock, trainer_lock: OwnerLock, mapping: Mapping) -> None:
         self._dir = directory
+        self._hold_path = str(directory / HOLD_FILE)
         self._fill_lock = fill_lock
         self._trainer_lock = trainer_lock
         self._totals = [0, 0, 0, 0]  # acked, used_ns, overrun_ns, work since attach
         self._current: Bubble | None = None
         self._last_id = 0
+        self.anticipation = Anticipation(self._close_of)
+        """the next bubble's predicted open, the spin window around it and the spin's counters"""
         self._use(mapping)
 
     @classmethod
@@ -88,7 +97,8 @@ class Consumer:
     def wait_bubble(self, timeout_s: float) -> Bubble | None:
         """The next bubble the trainer opens (or one open now that this consumer has not returned yet), or None
         after ``timeout_s``. Returns None early when the trainer dies during the call; while no live trainer owns
-        the channel it waits for a restarted one and re-attaches. Sleeps in the kernel; never spins."""
+        the channel it waits for a restarted one and re-attaches. Sleeps in the kernel; spins only inside the window
+        :meth:`set_spin` allows."""
         deadline = time.monotonic_ns() + int(timeout_s * 1e9)
         alive = was_alive = self._refresh()
         while True:
@@ -96,13 +106,21 @@ class Consumer:
                 b, seen = self._take()
                 if b is not None:
                     return b
-                left_ns = deadline - time.monotonic_ns()
+                now = time.monotonic_ns()
+                left_ns = deadline - now
                 if left_ns <= 0:
                     return None
+                window = self.anticipation.window(self._current)
+                if window is not None and now >= window[0]:
+                    b = self._spin(seen, min(window[1], deadline))
+                    if b is not None:
+                        return b
+                    continue
+                sleep_ns = min(left_ns, _SLICE_NS, window[0] - now if window is not None else left_ns)
                 m = self._m
                 m.d[L.I_FILL_WAITING] = 1
                 if m.q[L.Q_BUBBLE_SEQ] == seen:  # else the trainer wrote since: look again
-                    self._futex.wait(seen, min(left_ns / 1e9, SLICE_S))
+                    self._futex.wait(seen, sleep_ns / 1e9)
                 # A wake-up is nearly always a bubble: take it first. fill_waiting stays 1 until acknowledge() or
                 # the next sleep; meanwhile an open_bubble costs the trainer one futex wake with no waiter.
                 b, _ = self._take()
@@ -118,6 +136,20 @@ class Consumer:
             if was_alive and not alive:
                 return None
             was_alive = was_alive or alive
+
+    def set_spin(self, window_s: float) -> None:
+        """Spin (poll ``bubble_seq`` on this core) for ``window_s`` around each predicted bubble open instead of
+        sleeping; 0 turns it off (the default). Only for a fill on a core the trainer does not use: there it costs
+        the trainer nothing and saves the futex wake-up (and the trainer's FUTEX_WAKE: ``fill_waiting`` is 0 while
+        spinning). On the trainer's own core it would take the core from the trainer right before its bubble."""
+        if not window_s >= 0:
+            raise ValueError(f"set_spin(window_s={window_s!r}): the window must be ≥ 0 seconds (0: off)")
+        self.anticipation.window_ns = int(window_s * 1e9)
+
+    def predicted_open_ns(self) -> int:
+        """When the next bubble should open (CLOCK_MONOTONIC ns; 0: unknown yet), from the gaps between bubbles
+        seen so far; call it between bubbles (:meth:`wait_bubble` does when spinning)."""
+        return self.anticipation.predicted_open_ns(self._current)
 
     def is_open(self, bubble_id: int) -> bool:
         """Whether ``bubble_id`` (the bubble :meth:`wait_bubble` returned last) is still open: check it before every
@@ -163,6 +195,10 @@ class Consumer:
         L.FILL_ENTRY.pack_into(m.mm, f_off + 8, used_ns, overrun_ns, work)
         m.q[f_off >> 3] = bubble_id
 
+    def hold_requested(self) -> bool:
+        """Whether someone asked the fill to idle (``fill.hold`` exists in the channel directory; one stat)."""
+        return os.path.exists(self._hold_path)
+
     def trainer_alive(self) -> bool:
         """Whether a live trainer owns the channel; re-attaches first when a restarted trainer replaced it."""
         return self._refresh()
@@ -197,6 +233,32 @@ class Consumer:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------------------------
+    def _spin(self, seen: int, end_ns: int) -> Bubble | None:
+        """Poll ``bubble_seq`` until it changes or ``end_ns``; the bubble if one opened. The trainer is not asked to
+        wake anyone meanwhile (``fill_waiting`` 0)."""
+        m, clock = self._m, time.monotonic_ns
+        q, ix = m.q, L.Q_BUBBLE_SEQ
+        m.d[L.I_FILL_WAITING] = 0
+        t0 = now = clock()
+        while q[ix] == seen and now < end_ns:
+            now = clock()
+        cur = self._current
+        b, _ = self._take()
+        self.anticipation.spun(cur, caught=b is not None, spin_ns=now - t0, over=now >= end_ns)
+        return b
+
+    def _close_of(self, b: Bubble) -> int:
+        """When bubble ``b`` closed (CLOCK_MONOTONIC ns), from the header or its ring entry; 0 while it is open."""
+        m = self._m
+        snap = m.read_bubble()
+        if snap is not None and snap[1][0] == b.id:
+            return int(snap[1][9]) if snap[1][1] == L.BUBBLE_CLOSED else 0
+        p_off, _ = L.ring_offsets(m.ring_capacity, b.id)
+        if m.u64(p_off) != b.id:
+            return 0
+        actual_ns = L.PRODUCER_ENTRY.unpack_from(m.mm, p_off + 8)[5]
+        return b.open_ns + actual_ns if m.u64(p_off) == b.id and actual_ns else 0
+
     def _use(self, mapping: Mapping) -> None:
         self._m = mapping
         self._gen = mapping.generation()
@@ -226,6 +288,7 @@ class Consumer:
             return None, seq
         self._last_id = bid
         b = Bubble(bid, BubbleKind.from_code(kind), open_ns, end_ns, free_bytes, step, mb_idx, self._gen)
+        self.anticipation.taken(bid)
         self._current = b
         self._answer(bid, state=L.FILL_RUNNING, now_ns=0)
         return b, seq

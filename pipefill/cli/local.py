@@ -145,9 +145,13 @@ def _summary(report: dict[str, Any]) -> str:
     def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{100 * v:.1f}%"
 
+    def num(v: float | None, fmt: str, scale: float = 1.0) -> str:
+        return "n/a" if v is None else format(scale * v, fmt)
+
     fills = ", ".join(f"{n} {r['committed']}/{r['total']}" for n, r in report["fill_jobs"].items()) or "none"
     return (
-        f"steps {report['steps']}, loss {report['loss_first']} -> {report['loss_last']}, "
-        f"step {report['step_s_median']} s (median), bubble fraction {pct(report['bubble_fraction'])}, "
-        f"bubble recovery {pct(report['bubble_recovery'])}, fill jobs: {fills}"
+        f"steps {report['steps']}, loss {num(report['loss_first'], '.3f')} -> {num(report['loss_last'], '.3f')}, "
+        f"step {num(report['step_s_median'], '.1f', 1e3)} ms (median), bubble fraction "
+        f"{pct(report['bubble_fraction'])}, bubble recovery {pct(report['bubble_recovery'])} of the idle time, "
+        f"fill jobs: {fills}"
     )

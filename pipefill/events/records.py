@@ -21,6 +21,7 @@ __all__ = [
     "Event",
     "ExitEvent",
     "FillEvent",
+    "HoldEvent",
     "JobEvent",
     "ProfileEvent",
     "RestartEvent",
@@ -187,7 +188,8 @@ class FillEvent(Event):
     free_bytes: int | None = None
     job: str | None = None
     batch_size: int | None = None
-    """None while the job is being profiled"""
+    """the largest batch size the bubble's steps could use (the job's most efficient one that fits the memory);
+    None while the job is being profiled"""
     steps: int
     items: int
     used_s: float
@@ -198,6 +200,21 @@ class FillEvent(Event):
     """why the last step was not started: time, closed, done, profiling, idle, short, memory, error"""
     spans_ns: Sequence[Sequence[int]] = ()
     """[start, end] of every step"""
+    step: int | None = None
+    """the training step the bubble belongs to (as announced)"""
+    batch_sizes: Sequence[int] = ()
+    """the batch size of every step (the last ones sized to the time left)"""
+    commits_ns: Sequence[Sequence[int]] = ()
+    """[start, end] of every commit made in the bubble"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HoldEvent(Event):
+    """The fill executor was told to idle (``held``) or to work again: a ``fill.hold`` file in the channel directory
+    appeared or went away. While held it takes no bubble; the trainer announces as always (benchmark blocks A/B)."""
+
+    EVENT = "hold"
+    held: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -248,6 +265,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProfileEvent,
         AssignEvent,
         FillEvent,
+        HoldEvent,
         CommitEvent,
         WorkEvent,
         ExitEvent,

@@ -25,8 +25,9 @@ from rich.table import Table
 
 from pipefill.events import EventTail, FillEvent
 from pipefill.local.procs import LocalProcess
-from pipefill.local.report import RankStats, fill_job_status, rank_log_paths
+from pipefill.local.report import fill_job_status, rank_log_paths
 from pipefill.local.runner import RunOutcome
+from pipefill.local.stats import RankStats
 from pipefill.spec import FillJob
 
 __all__ = ["OVERRUN_WARN_S", "FillProgress", "LiveState", "PlainView", "RichView", "make_view"]
@@ -86,6 +87,8 @@ class LiveState:
                 if isinstance(e, FillEvent) and e.overrun_s > OVERRUN_WARN_S and e.wall_s >= self._since_unix_s:
                     overruns.count += 1
                     overruns.worst_s = max(overruns.worst_s, e.overrun_s)
+            if final:
+                stats.finish()
             if overruns.count and (final or now - overruns.warned_at >= _OVERRUN_WARN_EVERY_S):
                 messages.append(
                     f"{time.strftime('%H:%M:%S')} warning: rank {rank} fill overran {overruns.count} bubble(s), "

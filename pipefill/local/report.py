@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,11 @@ from pipefill.events import (
     StepEvent,
     read_events,
 )
+from pipefill.local.idle import breakdown_markdown
+from pipefill.local.stats import RankStats, merged
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = ["FILL_WORK_DIR", "RankStats", "build_report", "fill_job_status", "rank_log_paths", "write_report"]
+__all__ = ["FILL_WORK_DIR", "build_report", "fill_job_status", "rank_log_paths", "write_report"]
 
 FILL_WORK_DIR = "filljobs"
 """The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
@@ -51,69 +52,11 @@ def _fill_spans(fill: list[Event]) -> list[tuple[int, int]]:
     return [(e.woke_ns, e.yielded_ns) for e in fill if isinstance(e, FillEvent) and e.steps]
 
 
-class RankStats:
-    """One rank's figures in the report, fed one record at a time: the report feeds whole logs, the live view each
-    tick's new records. Bubble fraction is idle ÷ step time over the steps with measured bubbles; recovery is fill busy
-    time ÷ announced bubble time."""
-
-    def __init__(self) -> None:
-        self.last_step: StepEvent | None = None  # the newest step
-        self._measured_steps: set[int] = set()
-        self._step_s: float = 0  # over steps with measured bubbles
-        self._unmeasured_s: dict[int, list[float]] = defaultdict(list)  # steps whose bubbles are not seen (yet)
-        self._by_kind: dict[str, dict[str, float]] = defaultdict(
-            lambda: {"count": 0, "total_s": 0.0, "announced_s": 0.0}
-        )
-        self._busy_ns = 0
-        self._bubbles_used = 0
-        self._overrun_max_s: float | None = None
-
-    def add(self, e: Event) -> None:
-        """Take in one record of the rank's trainer or fill executor (other records are ignored)."""
-        if isinstance(e, StepEvent):
-            self.last_step = e
-            if e.step in self._measured_steps:
-                self._step_s += e.step_s
-            else:
-                self._unmeasured_s[e.step].append(e.step_s)
-        elif isinstance(e, BubbleEvent):
-            if e.step not in self._measured_steps:
-                self._measured_steps.add(e.step)
-                for step_s in self._unmeasured_s.pop(e.step, []):
-                    self._step_s += step_s
-            d = (e.end_ns - e.start_ns) / 1e9
-            row = self._by_kind[e.kind]
-            row["count"] += 1
-            row["total_s"] += d
-            row["announced_s"] += d if e.announced else 0.0
-        elif isinstance(e, FillEvent) and e.steps:
-            self._busy_ns += e.yielded_ns - e.woke_ns
-            self._bubbles_used += 1
-            overrun_s = e.overrun_s
-            self._overrun_max_s = overrun_s if self._overrun_max_s is None else max(self._overrun_max_s, overrun_s)
-
-    def summary(self) -> dict[str, Any]:
-        """The rank's row of ``report.json``."""
-        bubble_s = sum(r["total_s"] for r in self._by_kind.values())
-        announced_s = sum(r["announced_s"] for r in self._by_kind.values())
-        busy_s = self._busy_ns / 1e9
-        return {
-            "steps_measured": len(self._measured_steps),
-            "bubble_fraction": bubble_s / self._step_s if self._step_s else None,
-            "bubble_s": bubble_s,
-            "announced_bubble_s": announced_s,
-            "by_kind": dict(self._by_kind),
-            "fill_busy_s": busy_s,
-            "bubble_recovery": busy_s / announced_s if announced_s else None,
-            "fill_bubbles_used": self._bubbles_used,
-            "fill_overrun_max_s": 0.0 if self._overrun_max_s is None else self._overrun_max_s,
-        }
-
-
 def _rank_stats(trainer: list[Event], fill: list[Event]) -> dict[str, Any]:
     stats = RankStats()
-    for e in (*trainer, *fill):
+    for e in merged(trainer, fill):
         stats.add(e)
+    stats.finish()
     return stats.summary()
 
 
@@ -166,8 +109,9 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
     trainer0, _ = _logs(out_dir, 0)
     steps = [e for e in trainer0 if isinstance(e, StepEvent)]
     later = [e.step_s for e in steps[len(steps) // 3 :]] or [e.step_s for e in steps]
-    announced = sum(r["announced_bubble_s"] for r in ranks)
-    busy = sum(r["fill_busy_s"] for r in ranks)
+    idle = sum(r["idle_breakdown"][-1]["idle_s"] for r in ranks)
+    offered = idle - sum(r["idle_breakdown"][-1]["seconds"].get("not_announced", 0.0) for r in ranks)
+    work = sum(r["fill_step_s"] for r in ranks)
     fractions = [r["bubble_fraction"] for r in ranks if r["bubble_fraction"] is not None]
     return {
         "job": to_obj(job),
@@ -179,8 +123,10 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         "step_s_median": statistics.median(later) if later else None,
         "tokens_per_s_median": statistics.median(e.tokens_per_s for e in steps) if steps else None,
         "bubble_fraction": statistics.fmean(fractions) if fractions else None,
-        "bubble_recovery": busy / announced if announced else None,
-        "fill_busy_s": busy,
+        "bubble_recovery": work / idle if idle else None,
+        "announced_recovery": work / offered if offered else None,
+        "fill_step_s": work,
+        "fill_busy_s": sum(r["fill_busy_s"] for r in ranks),
         "ranks": ranks,
         "fill_jobs": fill_jobs,
     }
@@ -267,26 +213,36 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
 
 
 def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
+    """report.json in words, each figure rounded to what it means on this kind of run."""
+
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:.1f}%"
 
+    def num(v: float | None, fmt: str) -> str:
+        return "—" if v is None else format(v, fmt)
+
+    step_ms = None if report["step_s_median"] is None else 1e3 * report["step_s_median"]
     lines = [
         f"# Local run of {report['job']['metadata']['name']}",
         "",
         f"- outcome: {report['outcome']['reason']} (exit {report['outcome']['code']})",
         f"- {report['emulation']}",
-        f"- steps: {report['steps']}; loss {report['loss_first']} → {report['loss_last']}",
-        f"- step time (median, later steps): {report['step_s_median']} s; tokens/s: {report['tokens_per_s_median']}",
-        f"- bubble fraction: {pct(report['bubble_fraction'])}; bubble recovery (fill busy ÷ announced bubble time): {pct(report['bubble_recovery'])}",
+        f"- steps: {report['steps']}; loss {num(report['loss_first'], '.3f')} → {num(report['loss_last'], '.3f')}",
+        f"- step time (median, later steps): {num(step_ms, '.1f')} ms; tokens/s: {num(report['tokens_per_s_median'], ',.0f')}",
+        f"- bubble fraction: {pct(report['bubble_fraction'])}; bubble recovery (fill step time ÷ all idle time): "
+        f"{pct(report['bubble_recovery'])} (÷ announced idle time: {pct(report['announced_recovery'])})",
         "",
-        "| rank | bubble fraction | bubble s | announced s | fill busy s | recovery |",
-        "|---|---|---|---|---|---|",
+        "| rank | bubble fraction | idle s | announced s | fill steps s | recovery | ÷ announced |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["ranks"]:
         lines.append(
-            f"| {r['rank']} | {pct(r['bubble_fraction'])} | {r['bubble_s']:.3f} | {r['announced_bubble_s']:.3f} | {r['fill_busy_s']:.3f} | {pct(r['bubble_recovery'])} |"
+            f"| {r['rank']} | {pct(r['bubble_fraction'])} | {r['bubble_s']:.3f} | {r['announced_bubble_s']:.3f} | "
+            f"{r['fill_step_s']:.3f} | {pct(r['bubble_recovery'])} | {pct(r['announced_recovery'])} |"
         )
-    lines += ["", "| fill job | committed | total | phase |", "|---|---|---|---|"]
+    lines += ["", "Where the idle time goes (share of each rank's measured idle time, by bubble kind):", ""]
+    lines += breakdown_markdown([(r["rank"], r["idle_breakdown"]) for r in report["ranks"]])
+    lines += ["", "| fill job | committed | total | phase |", "|---|---:|---:|---|"]
     for name, row in report["fill_jobs"].items():
         lines.append(f"| {name} | {row['committed']} | {row['total']} | {row['phase']} |")
     lines += ["", *(f"- {k}: `{v}`" for k, v in files.items())]

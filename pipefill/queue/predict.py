@@ -1,8 +1,8 @@
 """Bubble classes of a rank that has reported none yet: the timeline simulator's prediction from the training spec.
 
 A rank's executor reports its measured bubble classes once bubbles arrive; until then the queue plans with the
-simulator's bubbles for that pipeline rank (``build_schedule`` + ``Costs.analytic`` + ``MemoryModel.analytic`` +
-``simulate`` over the job's shape from ``pipefill.spec.shape``, the same as ``pipefill simulate -f``): an H100-class device (989 TFLOP/s at 45 % MFU, 80 GiB), bubbles
+simulator's bubbles for that pipeline rank (the job's shape from ``pipefill.spec.shape`` + ``Costs.analytic`` + ``MemoryModel.analytic`` +
+``simulate``, the same as ``pipefill simulate -f``): an H100-class device (989 TFLOP/s at 45 % MFU, 80 GiB), bubbles
 shorter than ``spec.fill.minBubbleMilliseconds`` dropped (they are never announced), free memory capped at
 ``spec.fill.reservedMemory`` (the most the fill may allocate). Absolute times are those of that device, also for a
 job that trains elsewhere (CPU): the prediction only ranks jobs until measured classes replace it. Results are cached
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pipefill.plan import BubbleClass, ObservedBubble, classes_from_bubbles
 from pipefill.schedules import Costs, MemoryModel, simulate
 from pipefill.spec import PipelineTrainingJobSpec, parse_bytes
-from pipefill.spec.shape import derive_shape
+from pipefill.spec.shape import PipelineShape, derive_shape
 
 __all__ = ["DEVICE_BYTES", "DEVICE_TFLOPS", "PredictedRank", "predict_ranks"]
 
@@ -44,45 +44,42 @@ def predict_ranks(spec: PipelineTrainingJobSpec, *, schedule_csv: str | None = N
     layers, hidden, _heads = model.dims()
     if pipe.schedule.value == "custom" and schedule_csv is None:
         raise ValueError("spec.pipeline.schedule custom: the prediction needs the schedule's CSV (customSchedule)")
-    key = (
+    shape_key = (
         pipe.schedule.value,
         pipe.stages,
         pipe.microbatches,
+        pipe.global_batch,
         pipe.virtual_stages,
         pipe.data_parallel,
+        schedule_csv,
+    )
+    mbs = _shape(*shape_key).microbatch_size  # ShapeError (a ValueError) names the field that breaks a rule
+    key = (
+        shape_key,
         pipe.activation_checkpointing,
         layers,
         hidden,
-        pipe.global_batch,
-        model.seq_len,
+        model.seq_len * mbs,
         model.vocab_size,
         model.tied_embeddings,
         parse_bytes(spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
         spec.fill.min_bubble_milliseconds / 1e3,
-        schedule_csv,
     )
     return _predict(*key)
 
 
 @functools.lru_cache(maxsize=256)
-def _predict(
+def _shape(
     schedule_name: str,
     stages: int,
     microbatches: int,
+    global_batch: int,
     virtual_stages: int,
     data_parallel: int,
-    checkpointing: bool,
-    layers: int,
-    hidden: int,
-    global_batch: int,
-    seq_len: int,
-    vocab: int,
-    tied: bool,
-    reserved_bytes: int,
-    min_bubble_s: float,
     schedule_csv: str | None,
-) -> tuple[PredictedRank, ...]:
-    shape = derive_shape(  # raises ShapeError naming the spec field that breaks a rule
+) -> PipelineShape:
+    """The job's shape from :mod:`pipefill.spec.shape` (its one home), cached per spec shape."""
+    return derive_shape(
         schedule=schedule_name,
         stages=stages,
         microbatches=microbatches,
@@ -91,7 +88,22 @@ def _predict(
         virtual_stages=virtual_stages,
         csv_text=schedule_csv,
     )
-    schedule, tokens_per_mb = shape.schedule, seq_len * shape.microbatch_size
+
+
+@functools.lru_cache(maxsize=256)
+def _predict(
+    shape_key: tuple[str, int, int, int, int, int, str | None],
+    checkpointing: bool,
+    layers: int,
+    hidden: int,
+    tokens_per_mb: int,
+    vocab: int,
+    tied: bool,
+    reserved_bytes: int,
+    min_bubble_s: float,
+) -> tuple[PredictedRank, ...]:
+    schedule = _shape(*shape_key).schedule
+    data_parallel = shape_key[5]
     params = 12 * layers * hidden * hidden + (vocab or _VOCAB_DEFAULT) * hidden * (1 if tied else 2)
     costs = Costs.analytic(
         params=params,
@@ -114,7 +126,7 @@ def _predict(
         device_bytes=DEVICE_BYTES,
         activation_checkpointing=checkpointing,
     )
-    timeline = simulate(schedule, costs, memory, validate=False)  # build_schedule validated it
+    timeline = simulate(schedule, costs, memory, validate=False)  # the shape validated it
     out = []
     for rank in range(schedule.num_ranks):
         bubbles = [

@@ -26,6 +26,15 @@ RUN_KEYS = {
     "schedule",
     "stages",
     "microbatches",
+    "slowdown",
+    "slowdown_ci",
+    "bubble_recovery",
+    "announced_recovery",
+    "targets_met",
+    "blocked",
+    "separate",
+}
+SEPARATE_KEYS = {
     "baseline_step_s",
     "pipefill_step_s",
     "naive_step_s",
@@ -40,36 +49,53 @@ RUN_KEYS = {
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_quick_run_measures_all_three_modes_consistently() -> None:
+@pytest.mark.timeout(240)
+def test_quick_run_measures_the_blocked_run_and_all_three_modes_consistently() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "colocation", "--quick", "--json"],
         capture_output=True,
         text=True,
-        timeout=85,
+        timeout=235,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert out["command"] == "pipefill bench colocation --quick --json"
     assert {"cores", "cpu_model", "torch"} <= out["machine"].keys() and out["machine"]["torch"]
     (run,) = out["runs"]
-    assert run.keys() >= RUN_KEYS
+    assert run.keys() >= RUN_KEYS and run["separate"].keys() >= SEPARATE_KEYS
     assert (run["schedule"], run["stages"], run["microbatches"]) == ("1f1b", 2, 4)
-    reps = {r["mode"]: r for r in run["reps"]}
-    assert sorted(reps) == sorted(colocation.MODES) and len(run["reps"]) == 3
+    # the blocked run: A B A B A inside one training run, each B between two A blocks
+    blocked = run["blocked"]
+    labels = [b["label"] for b in blocked["blocks"]]
+    assert labels.count("A") >= 2 and labels.count("B") >= 1 and "BB" not in "".join(labels)
+    assert blocked["pairs"] == len(blocked["pair_slowdowns"]) >= 1 and run["slowdown"] == blocked["slowdown"]
+    if blocked["pairs"] >= 2:
+        lo, hi = run["slowdown_ci"]
+        assert lo <= run["slowdown"] <= hi
+    assert 0 <= run["bubble_recovery"] <= 1.05 and blocked["idle_s_per_step_alone"] > 0
+    for rank in blocked["ranks"]:
+        held, on = rank["A"], rank["B"]
+        assert held["fill_step_s"] == 0  # held: the fill ran nothing, though the trainer announced
+        assert held["announced_bubble_s"] > 0 and on["steps"] > 0
+        total = on["idle_breakdown"][-1]
+        assert total["kind"] == "all" and sum(total["share"].values()) == pytest.approx(1.0)
+        assert total["seconds"].get("fill_steps", 0.0) == pytest.approx(on["fill_step_s"])
+    reps = {r["mode"]: r for r in run["separate"]["reps"]}
+    assert sorted(reps) == sorted(colocation.MODES) and len(run["separate"]["reps"]) == 3
+    separate = run["separate"]
     base, pipefill, naive = reps["baseline"], reps["pipefill"], reps["naive"]
     for r in (base, pipefill, naive):
         assert r["step_s"] > 0 and [x["rank"] for x in r["ranks"]] == [0, 1]
     # training alone: no fill at all, bubbles measured but never announced
     assert base["fill_items_per_s"] == 0 and base["fill_committed"] == 0 and base["announced_bubble_s"] == 0
-    assert 0 < run["bubble_fraction"] < 1
+    assert 0 < separate["bubble_fraction"] < 1
     # PipeFill: the trainers announced bubbles and the fill worked only inside them
-    assert pipefill["announced_bubble_s"] > 0 and 0 <= run["bubble_recovery"] <= 1.05
+    assert pipefill["announced_bubble_s"] > 0 and 0 <= separate["bubble_recovery"] <= 1.05
     # naive: fill progress made and committed, without looking at a single bubble
-    assert run["fill_items_per_s_naive"] > 0 and naive["fill_committed"] > 0 and naive["bubble_recovery"] == 0
-    assert run["slowdown_naive"] == pytest.approx(naive["step_s"] / base["step_s"] - 1)
-    assert run["slowdown_pipefill"] == pytest.approx(pipefill["step_s"] / base["step_s"] - 1)
-    assert run["slowdown_pipefill_per_rep"] == [pytest.approx(run["slowdown_pipefill"])]  # one rep: its own
+    assert separate["fill_items_per_s_naive"] > 0 and naive["fill_committed"] > 0 and naive["bubble_recovery"] == 0
+    assert separate["slowdown_naive"] == pytest.approx(naive["step_s"] / base["step_s"] - 1)
+    assert separate["slowdown_pipefill"] == pytest.approx(pipefill["step_s"] / base["step_s"] - 1)
+    assert separate["slowdown_pipefill_per_rep"] == [pytest.approx(separate["slowdown_pipefill"])]
     assert not base["fill_notes"] and not naive["fill_notes"]  # the executor's own notes are its business
 
 
@@ -80,9 +106,10 @@ def test_quick_run_measures_all_three_modes_consistently() -> None:
         (["--replay", "--replay-stages", "0,8"], "--replay-stages"),
         (["--cores", "0"], "need one core each"),
         (["--warmup-steps", "2"], "--warmup-steps"),
+        (["--block-steps", "1"], "--block-steps"),
         (
             ["--microbatches", "1"],
-            "spec.pipeline.microbatches: Invalid value: 1: spec.pipeline.microbatches 1 is fewer than",
+            "spec.pipeline.microbatches: Invalid value: 1: spec.pipeline.microbatches 1 is fewer",
         ),
     ],
 )

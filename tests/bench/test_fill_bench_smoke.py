@@ -1,5 +1,6 @@
-"""``pipefill bench fill`` end to end on one core: a synthetic trainer and the fill executor as real processes.
-Benchmarks are not tests: only the result's shape and sense are checked, never its speed."""
+"""``pipefill bench fill`` end to end on one core: a synthetic trainer and the fill executor as real processes, idle and
+with a process spinning on the other core. Benchmarks are not tests: only the result's shape and sense are checked,
+never its speed."""
 
 from __future__ import annotations
 
@@ -12,17 +13,29 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(110)
-def test_bench_fill_measures_a_bubble_length_from_the_event_log() -> None:
+@pytest.mark.timeout(150)
+def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
     cpu = str(min(os.sched_getaffinity(0)))
     done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--seconds", "8",
-         "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu],
-        capture_output=True, text=True, timeout=100,
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40",
+         "--loads", "idle,busy", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu],
+        capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
-    (run,) = out["runs"]
-    assert run["bubble_ms"] == 30 and run["fill_exit_code"] == 0
-    assert run["bubbles"] > 0 and 0 <= run["bubbles_used"] <= run["bubbles"]
-    assert 0 <= run["recovery"] <= 1.05 and run["samples"] >= 0
+    assert [(r["bubble_ms"], r["load"]) for r in out["runs"]] == [(30, "idle"), (30, "busy")]
+    assert out["machine"]["load_avg_1_5_15_start"] and out["guard_ms"] == 0.5
+    for run in out["runs"]:
+        assert run["fill_exit_code"] == 0
+        assert run["bubbles"] == 40 and 0 <= run["bubbles_used"] <= run["bubbles"]  # measured after the profile
+        assert 0 <= run["recovery"] <= 1.05 and run["samples"] >= 0
+        assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
+        assert sum(run["idle_share"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert run["idle_share"].get("fill_steps", 0.0) == pytest.approx(run["recovery"], abs=1e-3)
+
+
+def test_bench_fill_refuses_an_unknown_load() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--loads", "heavy"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--loads 'heavy'" in done.stderr

@@ -262,6 +262,8 @@ def test_bench_cli_prints_one_json_object_with_the_required_keys() -> None:
             "1",
             "--gap-ms",
             "0.2",
+            "--spin-gap-ms",
+            "0.5",
         ],
         capture_output=True,
         text=True,
@@ -272,3 +274,9 @@ def test_bench_cli_prints_one_json_object_with_the_required_keys() -> None:
     for key in ("wake_us", "open_close_us"):
         assert {"p50", "p99"} <= set(out[key])
     assert out["samples"] == 10 and out["missed"] == {k: 0 for k in out["missed"]}
+    spin = out["spin"]
+    if os.cpu_count() and len(os.sched_getaffinity(0)) > 1:  # spinning is measured across cores only
+        assert {"p50", "p99"} <= set(spin["wake_us_futex"]) and {"p50", "p99"} <= set(spin["wake_us_spin"])
+        assert 0 <= spin["caught_share"] <= 1 and spin["spin_cpu_s"] >= 0
+    else:
+        assert "skipped" in spin

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
 
-from pipefill.events import CommitEvent, ExitEvent, FillEvent, read_events
+from pipefill.channel import hold_fill
+from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, read_events
 from pipefill_fill.store import ProgressStore
 
 pytestmark = pytest.mark.slow
@@ -97,3 +98,36 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
     assert recovered.end == last_commit.end
     assert "stopping: trainer gone" in err
+
+
+def _wait_event(log: Path, match: Any, what: str, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = next((e for e in read_events(log) if match(e)), None)
+        if found is not None:
+            return found
+        time.sleep(0.05)
+    pytest.fail(f"the executor never logged {what}")
+
+
+def test_a_held_executor_takes_no_bubble_while_the_trainer_goes_on_announcing(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
+    fill, producer = _start(tmp_path, jobs, bubbles_ms="20", count=100000, compute_ms=10.0)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    try:
+        _wait_event(log, lambda e: isinstance(e, FillEvent) and e.items, "work in a bubble")
+        hold_fill(tmp_path / "channel", True)
+        held = _wait_event(log, lambda e: isinstance(e, HoldEvent) and e.held, "the hold")
+        time.sleep(0.5)  # ~16 bubbles announced meanwhile
+        hold_fill(tmp_path / "channel", False)
+        released = _wait_event(log, lambda e: isinstance(e, HoldEvent) and not e.held, "the release")
+        _wait_event(log, lambda e: isinstance(e, FillEvent) and e.open_ns > released.mono_ns, "a bubble after it")
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _finish(fill)
+    taken = [e.open_ns for e in read_events(log) if isinstance(e, FillEvent)]
+    assert not [t for t in taken if held.mono_ns < t < released.mono_ns]  # no bubble taken while held
+    announced = [r["open_ns"] for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())]
+    assert sum(held.mono_ns < t < released.mono_ns for t in announced) >= 5  # though the trainer announced them

@@ -58,7 +58,10 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
         if isinstance(e, ActionEvent)
     )
     assert len(actions) == logged
-    assert (out / "report.md").read_text().count("| 0 |") == 1
+    md = (out / "report.md").read_text()
+    assert f"loss {report['loss_first']:.3f} → {report['loss_last']:.3f}" in md  # rounded to what it means
+    assert md.count(f"| 0 | {100 * report['ranks'][0]['bubble_fraction']:.1f}% |") == 1  # the rank's row
+    assert "| 0 | **all** |" in md and "not announced" in md  # where its idle time went: training alone
     assert (out / "timeline.png").stat().st_size > 1000
 
 

@@ -1,0 +1,93 @@
+"""One rank's figures, fed one event-log record at a time: the report feeds whole logs, the live view each tick's new
+records, the co-location benchmark the records of its measured steps — so all three agree.
+
+Bubble fraction is the trainer's measured idle time ÷ its step time, over the steps whose waits were logged.
+**Recovery** is the fill's step time inside the trainer's waits ÷ those waits' whole length
+(:class:`pipefill.local.idle.IdleAccount`): announcing less, or holding a bubble without working, cannot raise it.
+Beside it, ``announced_recovery`` divides the same step time by the announced waits only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from pipefill.events import BubbleEvent, Event, FillEvent, StepEvent
+from pipefill.local.idle import IdleAccount, breakdown_rows
+
+__all__ = ["RankStats", "merged"]
+
+
+def merged(*logs: Iterable[Event]) -> list[Event]:
+    """The records of several logs in the order they were written (``mono_ns``): the order a live tail sees."""
+    return sorted((e for log in logs for e in log), key=lambda e: e.mono_ns)
+
+
+class RankStats:
+    """One rank's row of ``report.json``; :meth:`add` takes any record of the rank's trainer or fill executor."""
+
+    def __init__(self) -> None:
+        self.last_step: StepEvent | None = None  # the newest step
+        self.idle = IdleAccount()
+        self._measured_steps: set[int] = set()
+        self._step_s: float = 0  # over steps with measured bubbles
+        self._unmeasured_s: dict[int, list[float]] = defaultdict(list)  # steps whose bubbles are not seen (yet)
+        self._by_kind: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"count": 0, "total_s": 0.0, "announced_s": 0.0}
+        )
+        self._busy_ns = 0
+        self._bubbles_used = 0
+        self._overrun_max_s: float | None = None
+
+    def add(self, e: Event) -> None:
+        """Take in one record of the rank's trainer or fill executor (other records are ignored)."""
+        self.idle.add(e)
+        if isinstance(e, StepEvent):
+            self.last_step = e
+            if e.step in self._measured_steps:
+                self._step_s += e.step_s
+            else:
+                self._unmeasured_s[e.step].append(e.step_s)
+        elif isinstance(e, BubbleEvent):
+            if e.step not in self._measured_steps:
+                self._measured_steps.add(e.step)
+                for step_s in self._unmeasured_s.pop(e.step, []):
+                    self._step_s += step_s
+            d = (e.end_ns - e.start_ns) / 1e9
+            row = self._by_kind[e.kind]
+            row["count"] += 1
+            row["total_s"] += d
+            row["announced_s"] += d if e.announced else 0.0
+        elif isinstance(e, FillEvent) and e.steps:
+            self._busy_ns += e.yielded_ns - e.woke_ns
+            self._bubbles_used += 1
+            overrun_s = e.overrun_s
+            self._overrun_max_s = overrun_s if self._overrun_max_s is None else max(self._overrun_max_s, overrun_s)
+
+    def finish(self) -> None:
+        """The logs are complete: account the waits still waiting for their fill record."""
+        self.idle.flush()
+
+    def summary(self) -> dict[str, Any]:
+        """The rank's row of ``report.json``."""
+        bubble_s = sum(r["total_s"] for r in self._by_kind.values())
+        announced_s = sum(r["announced_s"] for r in self._by_kind.values())
+        idle = self.idle
+        idle_s, steps_s = idle.idle_s(), idle.piece_s("fill_steps")
+        offered_s = idle_s - idle.piece_s("not_announced")
+        return {
+            "steps_measured": len(self._measured_steps),
+            "bubble_fraction": bubble_s / self._step_s if self._step_s else None,
+            "bubble_s": bubble_s,
+            "announced_bubble_s": announced_s,
+            "by_kind": dict(self._by_kind),
+            "fill_busy_s": self._busy_ns / 1e9,
+            "fill_step_s": steps_s,
+            "bubble_recovery": steps_s / idle_s if idle_s else None,
+            "announced_recovery": steps_s / offered_s if offered_s else None,
+            "idle_breakdown": breakdown_rows(idle),
+            "fill_overrun_past_close_s": idle.overrun_past_close_s,
+            "fill_bubbles_used": self._bubbles_used,
+            "fill_overrun_max_s": 0.0 if self._overrun_max_s is None else self._overrun_max_s,
+        }

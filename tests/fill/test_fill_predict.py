@@ -1,0 +1,116 @@
+"""The step model the runner sizes steps with, and the in-bubble profiler's predictions: pure arithmetic on a fake
+clock, plus one real workload for the profiler's slow first step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fill_helpers import write_job
+
+from pipefill.spec import load_file
+from pipefill_fill.predict import StepModel
+from pipefill_fill.profiler import BubbleProfiler
+from pipefill_fill.task import FillTask, TaskSpec
+
+PROFILE = {1: 0.001, 4: 0.002, 16: 0.005, 64: 0.017}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def test_base_interpolates_and_never_decreases_with_the_batch() -> None:
+    model = StepModel({1: 0.004, 2: 0.003, 4: 0.002, 8: 0.006})  # a noisy profile: small batches slower
+    assert [model.base_s(b) for b in (1, 2, 4)] == pytest.approx([0.003, 0.003, 0.003])  # pooled, not the maximum
+    assert model.base_s(6) == pytest.approx(0.0045)
+    exact = StepModel(PROFILE)
+    assert exact.base_s(10) == pytest.approx(0.002 + 0.003 * 6 / 12)
+    assert exact.base_s(1) == 0.001
+
+
+def test_largest_fitting_sizes_the_step_to_the_time_left() -> None:
+    model = StepModel(PROFILE)
+    assert model.largest_fitting(0.050, 64) == 64
+    assert model.largest_fitting(0.050, 32) == 32  # never above the most efficient batch it is given
+    assert model.largest_fitting(0.0035, 64) == 10  # 4 + 12 × (0.0015 ÷ 0.003)
+    assert model.largest_fitting(0.0035, 64, any_size=False) == 4  # training: profiled sizes only
+    assert model.largest_fitting(0.0009, 64) is None
+    for left_s in (0.0011, 0.0023, 0.0041, 0.011, 0.0169):
+        b = model.largest_fitting(left_s, 64)
+        assert b is not None and model.predict_s(b) <= left_s < model.predict_s(b + 1)
+
+
+def test_slow_steps_of_one_bubble_kind_do_not_slow_the_others() -> None:
+    clock = Clock()
+    model = StepModel(PROFILE, clock=clock, warm=4)
+    assert model.factor("steady") == 1.0
+    for _ in range(8):
+        model.record(16, 0.010, "end-of-step")  # twice the profile: the trainer still runs on the core
+        model.record(16, 0.0051, "steady")
+    assert model.predict_s(16, "end-of-step") == pytest.approx(0.010)
+    assert model.predict_s(16, "steady") == pytest.approx(0.0051)
+    assert model.predict_s(16, "cool-down") == pytest.approx(0.010)  # unseen kind: every kind's quantile
+    assert model.largest_fitting(0.0101, 64, "end-of-step") == 16
+    assert model.largest_fitting(0.0101, 64, "steady") == 35
+
+
+def test_a_burst_of_slow_steps_is_forgotten() -> None:
+    clock = Clock()
+    model = StepModel(PROFILE, clock=clock, warm=4, horizon_s=10.0)
+    for _ in range(8):
+        model.record(64, 0.170, "steady")  # another process took the core: ten times slower
+    assert model.largest_fitting(0.008, 64, "steady") is None  # nothing fits, so nothing new is measured …
+    clock.ns += 11 * 10**9
+    assert model.factor("steady") == 1.0  # … until the burst ages out
+    assert model.largest_fitting(0.008, 64, "steady") == 28
+
+
+def test_an_interrupted_step_stays_out_of_the_quantile() -> None:
+    clock = Clock()
+    model = StepModel(PROFILE, clock=clock)
+    for i in range(20):
+        clock.ns += 10**6
+        model.record(16, 0.005 * (1 + i / 200), "warm-up")
+    before = model.predict_s(16, "warm-up")
+    model.record(16, 0.040, "warm-up")  # eight times its prediction: another process had the core
+    assert model.interrupted == 1 and model.predict_s(16, "warm-up") == before == pytest.approx(0.005 * 1.095)
+
+
+def test_a_profile_taken_on_a_busy_machine_is_corrected_by_the_steps_run() -> None:
+    clock = Clock()
+    model = StepModel({1: 0.006, 4: 0.002, 16: 0.005, 64: 0.017}, clock=clock)  # batch 1 measured while preempted
+    assert model.largest_fitting(0.0035, 64) is None  # so no small step fits a short tail …
+    for _ in range(16):
+        for b, t in ((1, 0.0005), (4, 0.0010), (16, 0.0040), (64, 0.0150)):
+            clock.ns += 10**6
+            model.record(b, t, "steady")
+    assert model.base_s(1) == pytest.approx(0.0005, rel=0.05)  # … until the steps run correct each anchor
+    assert model.largest_fitting(0.0035, 64, "steady") == 14  # 4 + 12 × 2.5 ÷ 3
+
+
+def test_profile_model_refuses_an_empty_profile() -> None:
+    with pytest.raises(ValueError, match="at least one profiled batch size"):
+        StepModel({})
+
+
+def test_the_profilers_slow_first_step_is_not_a_prediction(jobs_dir: Path) -> None:
+    params = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4]}
+    (job,) = load_file(write_job(jobs_dir, "p", total=100, parameters=params))
+    task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
+    task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+    profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=2, repeats=3)
+    assert profiler.predict_s() is None
+    first = profiler.measure_one()
+    assert profiler.predict_s() is None  # one-off costs: run the next one at a bubble's start too
+    second = profiler.measure_one()
+    assert profiler.predict_s() == second and first > 0
+    while profiler.batch_size == 1:
+        profiler.measure_one()
+    point = profiler._points[0]
+    assert profiler.predict_s() == pytest.approx(point.step_s * 4)  # the next size: scaled from the last
