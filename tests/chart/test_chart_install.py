@@ -178,8 +178,12 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_the_users_jobs(chart_plane
     kube.wait_job_gone("users", "train", timeout_s=30)
     kube.wait_pods("users", "train", lambda pods: not pods, timeout_s=60)
 
-    # Installing the same release again adopts the CRDs it kept.
+    # Installing the same release again adopts the CRDs it kept; turning crds.install off later leaves them be.
     _install(cp, "install", "pf", CHART, {}, tmp_path)
+    uid = json.loads(cp.kubectl("get", "crd", PTJ_CRD, "-o", "json").stdout)["metadata"]["uid"]
+    assert uid == upgraded["metadata"]["uid"]
+    _install(cp, "upgrade", "pf", CHART, {"crds": {"install": False}}, tmp_path)
+    assert json.loads(cp.kubectl("get", "crd", PTJ_CRD, "-o", "json").stdout)["metadata"]["uid"] == uid
     helm("uninstall", "pf", "-n", RELEASE_NAMESPACE, "--wait", kubeconfig=cp.kubeconfig)
 
 
