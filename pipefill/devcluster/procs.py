@@ -94,16 +94,24 @@ class Proc:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; returns once the process is gone."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not self.running():
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-            deadline = time.monotonic() + timeout_s
-            while self.running() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(self.pid, os.WNOHANG)
-                time.sleep(0.05)
+        try:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if not self.running():
+                    return
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, sig)
+                deadline = time.monotonic() + timeout_s
+                while self.running() and time.monotonic() < deadline:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(self.pid, os.WNOHANG)
+                    time.sleep(0.05)
+        finally:
+            if self.popen is not None:
+                # A Go program's main thread can be a zombie while its other threads still exit (_start_time then
+                # says "gone"), and waitpid above may have reaped it: wait on the Popen itself, so the process is
+                # really gone and Popen knows (else it warns "subprocess … is still running", an error under -W error).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=timeout_s)
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "pid": self.pid, "started": self.started, "log": str(self.log)}
