@@ -52,6 +52,9 @@ test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's 
 cluster-bins: $(STAMP) ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
 	$(BIN)/pipefill cluster bins
 
+chart-check: cluster-bins ## the chart's checks alone (tests/chart): helm lint, renders, server-side dry runs, install/upgrade/uninstall
+	$(BIN)/pytest -q tests/chart
+
 cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…
 	@$(BIN)/pipefill cluster up --dir .cluster
 
@@ -104,4 +107,4 @@ clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv demo lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins cluster cluster-down
+.PHONY: cluster-bins cluster cluster-down chart-check

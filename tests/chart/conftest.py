@@ -50,8 +50,3 @@ def chart_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         yield cp
     finally:
         cp.stop()
-        # Proc.stop reaps a component's zombie with os.waitpid, behind its Popen's back; without this wait the
-        # Popen still thinks it runs and warns when collected (pytest turns that into an error of some test).
-        for proc in cp.processes:
-            if proc.popen is not None:
-                proc.popen.wait(timeout=30)

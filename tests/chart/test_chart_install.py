@@ -142,7 +142,8 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_the_users_jobs(chart_plane
     assert "categories" not in installed["spec"]["names"]
 
     values = {"operator": {"workers": 2, "statusIntervalSeconds": 1}}
-    _install(cp, "upgrade", "pf", CHART, values, tmp_path)
+    notes = _install(cp, "upgrade", "pf", CHART, values, tmp_path)
+    assert "It serves all namespaces." in notes and "The CRDs are kept on `helm uninstall`" in notes
     upgraded = json.loads(cp.kubectl("get", "crd", PTJ_CRD, "-o", "json").stdout)
     assert upgraded["spec"]["names"]["categories"] == ["pipefill"]  # helm upgrade upgrades the CRDs
     assert upgraded["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -178,8 +179,12 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_the_users_jobs(chart_plane
     kube.wait_job_gone("users", "train", timeout_s=30)
     kube.wait_pods("users", "train", lambda pods: not pods, timeout_s=60)
 
-    # Installing the same release again adopts the CRDs it kept.
+    # Installing the same release again adopts the CRDs it kept; turning crds.install off later leaves them be.
     _install(cp, "install", "pf", CHART, {}, tmp_path)
+    uid = json.loads(cp.kubectl("get", "crd", PTJ_CRD, "-o", "json").stdout)["metadata"]["uid"]
+    assert uid == upgraded["metadata"]["uid"]
+    _install(cp, "upgrade", "pf", CHART, {"crds": {"install": False}}, tmp_path)
+    assert json.loads(cp.kubectl("get", "crd", PTJ_CRD, "-o", "json").stdout)["metadata"]["uid"] == uid
     helm("uninstall", "pf", "-n", RELEASE_NAMESPACE, "--wait", kubeconfig=cp.kubeconfig)
 
 
@@ -196,9 +201,8 @@ def test_a_namespaced_install_runs_the_operators_whole_rbac_scenario_under_its_r
     cp, kube = chart_plane, Kube(chart_plane)
     _delete_crds(cp)
     _namespaces(cp, RELEASE_NAMESPACE, "team-a", "outside")
-    _install(
-        cp, "install", "scoped", CHART, {"operator": {"namespaces": ["team-a"], "statusIntervalSeconds": 1}}, tmp_path
-    )
+    values = {"operator": {"namespaces": ["team-a"], "statusIntervalSeconds": 1}}
+    assert "It serves the namespaces team-a." in _install(cp, "install", "scoped", CHART, values, tmp_path)
     manifest = [
         d
         for d in yaml.safe_load_all(
