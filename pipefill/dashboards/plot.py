@@ -57,9 +57,14 @@ def draw(
 
     panels = _panels(dashboard)
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
-    fig = Figure(figsize=(_WIDTH_IN, rows * _ROW_HEIGHT_IN + 0.8), layout="constrained")
+    height_in = rows * _ROW_HEIGHT_IN + 0.8
+    # A fixed grid, not constrained layout: with many series in a panel's legend, constrained layout gives up
+    # ("axes sizes collapsed to zero") and warns; the fixed spacing fits every panel's title and labels.
+    fig = Figure(figsize=(_WIDTH_IN, height_in))
     fig.suptitle(f"{dashboard['title']}\n{subtitle}", fontsize=11)
-    grid = fig.add_gridspec(rows, 24)
+    grid = fig.add_gridspec(
+        rows, 24, left=0.04, right=0.99, bottom=0.02, top=1 - 0.7 / height_in, hspace=1.4, wspace=1.6
+    )
     drawn: dict[int, int] = {}
     for panel in panels:
         pos = panel["gridPos"]
