@@ -94,6 +94,7 @@ class Runner:
         self._next_poll = 0.0
         self._stop = ""
         self._held = False
+        self._released_ns = 0  # when the last hold ended: a bubble that opened while held stays the trainer's
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -106,6 +107,8 @@ class Runner:
             held = self.link.hold_requested()
             if held != self._held:
                 self._held = held
+                if not held:
+                    self._released_ns = time.monotonic_ns()
                 self.events.write(HoldEvent(held=held))
                 log.info("fill %s", "held: taking no bubbles" if held else "released: working in bubbles again")
             bubble = None if held else self.link.wait_bubble(0.25 if self.jobs.active else 1.0)
@@ -120,6 +123,9 @@ class Runner:
                     time.sleep(HOLD_POLL_S)
                 continue
             dead_since = None
+            if bubble.open_ns < self._released_ns:  # opened during a hold (an A block): not ours to fill
+                self.link.acknowledge(bubble.id, used_s=0.0, overrun_s=0.0, work=0)
+                continue
             self._on_bubble(bubble, woke_ns=time.monotonic_ns())
         self.jobs.shutdown()
         self.events.write(ExitEvent(reason=self._stop))

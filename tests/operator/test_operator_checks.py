@@ -32,11 +32,13 @@ def test_a_spec_only_the_operator_refuses_is_invalid_once_with_bounded_writes(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     operator = start_operator()
-    # admission accepts it (globalBatch divisible); 1F1B needs at least as many microbatches as stages
-    kube.create_job(namespace, job_manifest(pipeline={"stages": 4, "microbatches": 2, "globalBatch": 8}))
+    # admission accepts it (no CEL rule can sum a list); the layer cut must add up to gpt-tiny's 4 layers
+    kube.create_job(
+        namespace, job_manifest(pipeline={"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]})
+    )
     job = kube.wait_job(namespace, "train", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
     invalid = condition(job, "InvalidSpec") or {}
-    assert invalid["message"].startswith("spec.pipeline.schedule: Invalid value: '1f1b': schedule '1f1b' needs")
+    assert invalid["message"].startswith("spec.pipeline.layersPerStage: Invalid value: [1, 1]: needs every entry")
     assert _status(job)["phase"] == "Failed" and (condition(job, "Failed") or {}).get("reason") == "InvalidSpec"
     window_end = time.monotonic() + 60  # the minute: every event on the job makes it look again
     pokes = 0

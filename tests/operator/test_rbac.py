@@ -97,7 +97,8 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
     )  # fmt: skip
     kube.create_job(namespace, full)
     kube.create_job(namespace, job_manifest("restart"))
-    kube.create_job(namespace, job_manifest("invalid", pipeline={"stages": 4, "microbatches": 2, "globalBatch": 8}))
+    invalid = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}  # admission accepts it
+    kube.create_job(namespace, job_manifest("invalid", pipeline=invalid))
     kube.wait_job(namespace, "full", phase("Waiting"))
     kube.wait_job(namespace, "invalid", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
     pods = kube.wait_pods(namespace, "restart", running(2))
