@@ -128,5 +128,5 @@ def test_the_end_is_planned_where_the_positions_own_record_puts_it() -> None:
     assert ends.end_ns(steady, 100 * MS) == int(101.8 * MS)  # the 25th percentile of +1.0 … +3.0 ms
     assert ends.end_ns(eos, 100 * MS) == int(99.9 * MS)
     assert EndModel(quantile=0.0, warm=1).end_ns(steady, 7) == 7
-    with pytest.raises(ValueError, match="quantile 1.5 must be within 0..1"):
+    with pytest.raises(ValueError, match=r"quantile 1\.5 must be within 0\.\.1"):
         EndModel(quantile=1.5)
