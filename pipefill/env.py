@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PEER_FAILED",
     "EXIT_RETRYABLE",
+    "FILL_END_QUANTILE",
     "FILL_GUARD_MS",
     "FILL_MAX_ACTIVE_JOBS",
     "FILL_MIN_BUBBLE_MS",
@@ -62,6 +63,7 @@ FILL_RESERVED_BYTES = "PIPEFILL_FILL_RESERVED_BYTES"  # device memory the fill m
 FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMilliseconds
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
+FILL_END_QUANTILE = "PIPEFILL_FILL_END_QUANTILE"  # where a bubble is planned to end (fill.md, the end model)
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 

@@ -35,6 +35,9 @@ class ChannelLink:
     def hold_requested(self) -> bool:
         return self.consumer.hold_requested()
 
+    def close_of(self, bubble: Bubble) -> int:
+        return self.consumer.close_of(bubble)
+
     def recent_bubbles(self) -> list[ObservedBubble]:
         """Closed bubbles of the ring, with their measured length (the planner's input once bubbles were seen)."""
         return [

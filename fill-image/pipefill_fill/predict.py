@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["INTERRUPTED", "Estimator", "StepModel"]
+__all__ = ["INTERRUPTED", "EndModel", "Estimator", "StepModel"]
 
 INTERRUPTED = 3.0
 """A step this many times slower than the base was interrupted (the process descheduled: another process took the
@@ -43,6 +43,37 @@ class Estimator:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+
+class EndModel:
+    """When a bubble really ends: the trainer's expected end plus the ``quantile`` of how its last ``window``
+    predictions at the same position (bubble kind and microbatch) turned out, actual close − expected end.
+
+    The trainer predicts each wait as the median of its last few; at some positions it is right to a few µs, at
+    others (short waits, or waits on a peer whose own fill ran long) it is off by milliseconds, one way or mostly
+    the other. A fixed guard before the expected end treats them alike. With this model the fill stops where, by
+    that position's own record, the wait has ended only ``quantile`` of the time: a low quantile protects training
+    (few steps run past the close), a higher one recovers more of the waits that last longer than predicted.
+    """
+
+    def __init__(self, *, quantile: float = 0.25, window: int = 16, warm: int = 4) -> None:
+        if not 0.0 <= quantile <= 1.0:
+            raise ValueError(f"EndModel quantile {quantile!r} must be within 0..1")
+        self.quantile, self.window, self.warm = quantile, window, warm
+        self._errors: dict[tuple[str, int], _Window] = {}
+
+    def record(self, key: tuple[str, int], close_ns: int, expected_end_ns: int) -> None:
+        window = self._errors.get(key)
+        if window is None:
+            window = self._errors[key] = _Window(self.window)
+        window.add(0, float(close_ns - expected_end_ns))
+
+    def end_ns(self, key: tuple[str, int], expected_end_ns: int) -> int:
+        """The bubble's end to plan for (the trainer's expected end until ``warm`` closes at the position were seen)."""
+        window = self._errors.get(key)
+        if window is None or len(window) < self.warm:
+            return expected_end_ns
+        return expected_end_ns + int(window.quantile(self.quantile))
 
 
 class StepModel:

@@ -21,7 +21,7 @@ from pipefill_fill.dispatch import Dispatcher, JobError
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import FillMetrics
-from pipefill_fill.predict import Estimator
+from pipefill_fill.predict import EndModel, Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
 
@@ -45,6 +45,8 @@ class Link(Protocol):
     def trainer_alive(self) -> bool: ...
 
     def hold_requested(self) -> bool: ...
+
+    def close_of(self, bubble: Any) -> int: ...
 
     def recent_bubbles(self) -> list[ObservedBubble]: ...
 
@@ -95,6 +97,8 @@ class Runner:
         self._stop = ""
         self._held = False
         self._released_ns = 0  # when the last hold ended: a bubble that opened while held stays the trainer's
+        self.ends = EndModel(quantile=settings.end_quantile)
+        self._prev: Any = None  # the bubble before, whose close the end model learns from
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -141,7 +145,11 @@ class Runner:
         switch_s = max(0, woke_ns - bubble.open_ns) / 1e9
         self.switch.record(switch_s)
         self.metrics.switch_seconds.observe(switch_s)
-        deadline_ns = bubble.expected_end_ns - int(self.settings.guard_s * 1e9)
+        prev, self._prev = self._prev, bubble
+        if prev is not None and (close_ns := self.link.close_of(prev)):
+            self.ends.record((str(prev.kind), prev.mb_idx), close_ns, prev.expected_end_ns)
+        end_ns = self.ends.end_ns((str(bubble.kind), bubble.mb_idx), bubble.expected_end_ns)
+        deadline_ns = end_ns - int(self.settings.guard_s * 1e9)
         offered_s = (bubble.expected_end_ns - bubble.open_ns) / 1e9
         try:
             job, reason, out, batch = self.dispatcher.fill(bubble, deadline_ns, offered_s)

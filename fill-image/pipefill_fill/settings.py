@@ -47,6 +47,10 @@ class Settings:
     """where the event log goes (PIPEFILL_OUT_DIR; unset: no event log)"""
     offload: bool
     """keep the fill's state in pinned host memory between bubbles (PIPEFILL_FILL_OFFLOAD=1; GPU only)"""
+    end_quantile: float = 0.25
+    """where the fill plans a bubble to end (PIPEFILL_FILL_END_QUANTILE): the trainer's expected end plus this
+    quantile of how the trainer's last predictions at the bubble's position turned out (0.5: the median actual end;
+    lower stops earlier: fewer steps past the close, less of the wait used); the guard comes off after"""
     spin_s: float = 0.0
     """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
     on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
@@ -62,6 +66,12 @@ class Settings:
         guard_ms = _env_float(env.FILL_GUARD_MS, 1.0)
         min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
         spin_us = _env_float(env.FILL_SPIN_US, 0.0)
+        end_quantile = _env_float(env.FILL_END_QUANTILE, 0.25)
+        if not 0 <= end_quantile <= 1:
+            raise ValueError(
+                f"{env.FILL_END_QUANTILE}={end_quantile:g}: the quantile must be within 0..1 (0.5: the median actual "
+                "end of the bubble's position; lower: fewer fill steps past the trainer's resume)"
+            )
         if guard_ms < 0 or min_ms < 0:
             raise ValueError(f"{env.FILL_GUARD_MS} and {env.FILL_MIN_BUBBLE_MS} must be ≥ 0 milliseconds")
         if not 0 <= spin_us <= 10_000:
@@ -84,4 +94,5 @@ class Settings:
             out_dir=Path(out) if out else None,
             offload=e.get(env.FILL_OFFLOAD, "") in ("1", "true", "True"),
             spin_s=spin_us / 1e6,
+            end_quantile=end_quantile,
         )

@@ -46,7 +46,7 @@ class Consumer:
         self._totals = [0, 0, 0, 0]  # acked, used_ns, overrun_ns, work since attach
         self._current: Bubble | None = None
         self._last_id = 0
-        self.anticipation = Anticipation(self._close_of)
+        self.anticipation = Anticipation(self.close_of)
         """the next bubble's predicted open, the spin window around it and the spin's counters"""
         self._use(mapping)
 
@@ -247,8 +247,8 @@ class Consumer:
         self.anticipation.spun(cur, caught=b is not None, spin_ns=now - t0, over=now >= end_ns)
         return b
 
-    def _close_of(self, b: Bubble) -> int:
-        """When bubble ``b`` closed (CLOCK_MONOTONIC ns), from the header or its ring entry; 0 while it is open."""
+    def close_of(self, b: Bubble) -> int:
+        """When bubble ``b`` (one this consumer returned) closed (CLOCK_MONOTONIC ns), from the header or its ring entry; 0 while it is open."""
         m = self._m
         snap = m.read_bubble()
         if snap is not None and snap[1][0] == b.id:

@@ -10,10 +10,11 @@ import torch
 from fill_helpers import write_job
 
 from pipefill.spec import load_file
-from pipefill_fill.predict import StepModel
+from pipefill_fill.predict import EndModel, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask, TaskSpec
 
+MS = 1_000_000
 PROFILE = {1: 0.001, 4: 0.002, 16: 0.005, 64: 0.017}
 
 
@@ -114,3 +115,18 @@ def test_the_profilers_slow_first_step_is_not_a_prediction(jobs_dir: Path) -> No
         profiler.measure_one()
     point = profiler._points[0]
     assert profiler.predict_s() == pytest.approx(point.step_s * 4)  # the next size: scaled from the last
+
+
+def test_the_end_is_planned_where_the_positions_own_record_puts_it() -> None:
+    ends = EndModel(quantile=0.25, warm=4)
+    steady, eos = ("steady", 2), ("end-of-step", -1)
+    assert ends.end_ns(steady, 100 * MS) == 100 * MS  # nothing seen: the trainer's expected end
+    for late_ms in (2.0, 1.5, 3.0, 2.5, 1.0, 2.2, 1.8, 2.9):  # this position always lasts longer than predicted
+        ends.record(steady, int((50 + late_ms) * MS), 50 * MS)
+    for off_ms in (-0.8, 0.3, -0.1, 0.6):  # this one is predicted to within a millisecond, either way
+        ends.record(eos, int((50 + off_ms) * MS), 50 * MS)
+    assert ends.end_ns(steady, 100 * MS) == int(101.8 * MS)  # the 25th percentile of +1.0 … +3.0 ms
+    assert ends.end_ns(eos, 100 * MS) == int(99.9 * MS)
+    assert EndModel(quantile=0.0, warm=1).end_ns(steady, 7) == 7
+    with pytest.raises(ValueError, match=r"quantile 1\.5 must be within 0\.\.1"):
+        EndModel(quantile=1.5)
