@@ -169,12 +169,14 @@ def run_profile_steps(
                 out.stop = "time"
                 break
         elif start + int(1e9 * guess) > deadline_ns:
-            out.stop = "time"
-            if not out.steps and bubble.open_ns + int(1e9 * guess) > deadline_ns:
-                profiler.misses += 1  # would not fit even a fresh bubble of this length
-                if profiler.misses >= 8:
-                    profiler.give_up_candidate()
-            break
+            retry = not profiler.measured and not out.steps and profiler.misses >= 8
+            if not retry:  # the first size is never given up: its slow steps may have been interrupted ones
+                out.stop = "time"
+                if not out.steps and bubble.open_ns + int(1e9 * guess) > deadline_ns:
+                    profiler.misses += 1  # would not fit even a fresh bubble of this length
+                    if profiler.misses >= 8 and profiler.measured:
+                        profiler.give_up_candidate()
+                break
         if not is_open(bubble.id):
             out.stop = "closed"
             break

@@ -50,10 +50,11 @@ class EndModel:
     predictions at the same position (bubble kind and microbatch) turned out, actual close − expected end.
 
     The trainer predicts each wait as the median of its last few; at some positions it is right to a few µs, at
-    others (short waits, or waits on a peer whose own fill ran long) it is off by milliseconds, one way or mostly
-    the other. A fixed guard before the expected end treats them alike. With this model the fill stops where, by
-    that position's own record, the wait has ended only ``quantile`` of the time: a low quantile protects training
-    (few steps run past the close), a higher one recovers more of the waits that last longer than predicted.
+    others (short waits) it is off by milliseconds. A fixed guard before the expected end treats them alike. With
+    this model the fill stops where, by that position's own record, the wait has ended only ``quantile`` of the
+    time — but never later than the trainer expects: planning past it was tried and feeds on itself (a fill that
+    runs past its trainer's resume delays the peer's data, the peer's waits grow, the peer's fill plans longer and
+    runs past its own resume: in the co-location benchmark the step time grew by a quarter).
     """
 
     def __init__(self, *, quantile: float = 0.25, window: int = 16, warm: int = 4) -> None:
@@ -73,7 +74,7 @@ class EndModel:
         window = self._errors.get(key)
         if window is None or len(window) < self.warm:
             return expected_end_ns
-        return expected_end_ns + int(window.quantile(self.quantile))
+        return expected_end_ns + min(0, int(window.quantile(self.quantile)))
 
 
 class StepModel:

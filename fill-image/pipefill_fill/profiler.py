@@ -161,6 +161,11 @@ class BubbleProfiler:
     def batch_size(self) -> int:
         return self.candidates[self._i]
 
+    @property
+    def measured(self) -> bool:
+        """Whether some batch size is measured already (giving up the next one still leaves a profile)."""
+        return bool(self._points)
+
     def predict_s(self) -> float | None:
         """The next measurement's expected duration; None: unknown (the runner starts it only at a bubble's start).
 

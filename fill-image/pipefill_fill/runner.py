@@ -186,6 +186,7 @@ class Runner:
                 step=getattr(bubble, "step", None),
                 batch_sizes=out.batch_sizes,
                 commits_ns=out.commits_ns,
+                deadline_ns=deadline_ns,
             )
         )
         if job is not None:

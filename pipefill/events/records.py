@@ -206,6 +206,8 @@ class FillEvent(Event):
     """the batch size of every step (the last ones sized to the time left)"""
     commits_ns: Sequence[Sequence[int]] = ()
     """[start, end] of every commit made in the bubble"""
+    deadline_ns: int | None = None
+    """the time the fill planned to have finished its steps by: the planned end of the bubble minus the guard"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

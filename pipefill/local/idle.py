@@ -15,8 +15,9 @@ its length exactly:
 ``fill_steps``, ``profiling``, ``commit``
     the fill's steps (profiling steps do no work), and its commits;
 ``tail_short``, ``guard``, ``beyond_prediction``
-    idle after the fill yielded: before the expected end minus the guard (no step fitted the time left), inside the
-    guard, and past the expected end (the wait lasted longer than the trainer predicted);
+    idle after the fill yielded: before the fill's deadline (no step fitted the time left), between it and the
+    trainer's expected end (the guard, and the margin the fill's end model kept), and past both (the wait lasted
+    longer than the trainer predicted and than the fill planned for);
 ``skipped_<reason>``
     the fill took the bubble and ran nothing (``short``, ``idle``: no job, ``memory``, ``time``: not even the
     smallest step fitted, ``error``).
@@ -155,9 +156,10 @@ class IdleAccount:
         done = min(max(f.yielded_ns, cursor), end)
         row["yield"] += (done - cursor) / 1e9
         expected = f.expected_end_ns
-        row["tail_short"] += _overlap(done, end, done, expected - self.guard_ns) / 1e9
-        row["guard"] += _overlap(done, end, expected - self.guard_ns, expected) / 1e9
-        row["beyond_prediction"] += _overlap(done, end, expected, end) / 1e9
+        deadline = expected - self.guard_ns if f.deadline_ns is None else f.deadline_ns
+        row["tail_short"] += _overlap(done, end, done, deadline) / 1e9
+        row["guard"] += _overlap(done, end, deadline, max(deadline, expected)) / 1e9
+        row["beyond_prediction"] += _overlap(done, end, max(deadline, expected), end) / 1e9
         self.overrun_past_close_s += max(0, f.yielded_ns - end) / 1e9
 
 

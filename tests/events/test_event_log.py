@@ -60,6 +60,7 @@ SAMPLES: list[Event] = [
         step=3,
         batch_sizes=[4, 3],
         commits_ns=[[181, 189]],
+        deadline_ns=195,
     ),
     HoldEvent(held=True),
     CommitEvent(job="embed", end=8, slice=[0, 50], position=8, bytes=512, commit_s=1e-4, at="shutdown"),

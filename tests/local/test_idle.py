@@ -3,6 +3,7 @@ records come in; recovery counts only fill steps inside waits."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -71,6 +72,22 @@ def test_a_used_wait_is_cut_into_pieces_that_add_up_to_its_length() -> None:
         "beyond_prediction": 2.0,
     }
     assert account.idle_s() == pytest.approx(0.012)
+
+
+def test_the_fills_own_deadline_splits_the_tail() -> None:
+    account = IdleAccount()
+    early = dataclasses.replace(fill(0.0, 10.0, 0.1, 5.2, [(0.2, 5.0)]), deadline_ns=7 * MS)  # planned to stop at 7
+    account.add(wait(1, 0.0, 12.0))
+    account.add(early)
+    late = dataclasses.replace(fill(20.0, 30.0, 20.1, 31.0, [(20.2, 30.9)]), deadline_ns=31 * MS)  # planned past 30
+    account.add(wait(2, 20.0, 32.0))
+    account.add(late)
+    account.flush()
+    got = _ms(account)
+    assert got["tail_short"] == pytest.approx(1.8)  # 5.2 → 7: nothing fitted what it planned for
+    assert got["guard"] == pytest.approx(3.0)  # 7 → 10: its margin before the trainer's expected end
+    assert got["beyond_prediction"] == pytest.approx(2.0 + 1.0)  # 10 → 12, and 31 → 32 past its own plan
+    assert account.idle_s() == pytest.approx(0.024)
 
 
 def test_unused_waits_say_why() -> None:
