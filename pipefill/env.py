@@ -24,6 +24,7 @@ __all__ = [
     "FILL_MAX_ACTIVE_JOBS",
     "FILL_MIN_BUBBLE_MS",
     "FILL_OFFLOAD",
+    "FILL_OVERRUN_BUDGET_US",
     "FILL_RESERVED_BYTES",
     "FILL_SPIN_US",
     "JOB_NAME",
@@ -64,6 +65,7 @@ FILL_MIN_BUBBLE_MS = "PIPEFILL_FILL_MIN_BUBBLE_MS"  # spec.fill.minBubbleMillise
 FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
 FILL_END_QUANTILE = "PIPEFILL_FILL_END_QUANTILE"  # where a bubble is planned to end (fill.md, the end model)
+FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a step may have, µs (fill.md); default 50
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 

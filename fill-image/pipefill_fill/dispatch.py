@@ -103,6 +103,7 @@ class Dispatcher:
                 device=self.device,
                 kind=str(getattr(bubble, "kind", "")),
                 any_size=a.any_batch_size,
+                budget_s=self.settings.overrun_budget_s,
                 offloader=a.offloader if self.settings.offload else None,
                 transfer_estimate=a.transfer_estimate,
             )

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from pipefill_fill.offload import Offloader
-from pipefill_fill.predict import Estimator, StepModel
+from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
@@ -80,6 +80,7 @@ def run_steps(
     device: torch.device,
     kind: str = "",
     any_size: bool = True,
+    budget_s: float = OVERRUN_BUDGET_S,
     offloader: Offloader | None = None,
     transfer_estimate: Estimator | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
@@ -108,7 +109,8 @@ def run_steps(
             out.stop = "done"
             break
         start = clock()
-        batch_size = model.largest_fitting((deadline_ns - start) / 1e9 - transfer_s, max_batch, kind, any_size=any_size)
+        left_s = (deadline_ns - start) / 1e9 - transfer_s
+        batch_size = model.largest_fitting(left_s, max_batch, kind, any_size=any_size, budget_s=budget_s)
         if batch_size is None:
             out.stop = "time"
             break

@@ -1,12 +1,14 @@
-"""Online estimates the runner decides with: the next step's duration, the commit's, the wake-up/switch cost.
+"""Online estimates the runner decides with: the next step's duration, the commit's, the wake-up/switch cost, and
+where a bubble really ends.
 
 :class:`Estimator` keeps a window of recent measurements and predicts a high quantile of it. :class:`StepModel`
-predicts a fill step of any batch size: the profile's medians, interpolated between the profiled batch sizes, times a
-factor learnt from the steps run since — a high quantile of measured ÷ profiled, kept per bubble kind, because steps
-run slower in some bubbles than in others (the end-of-step bubble, where the trainer's own threads may still run on
-the shared core). One slow step moves the prediction up at once, so the runner stops earlier; one fast step cannot
-make it start a step that would overrun. With the factor at a high quantile the last step of a bubble is the one sized
-to the time left, so what the quantile costs is a fraction of one small step.
+sizes a fill step of any batch size to the time left: a base time per batch size (the profile, corrected by the steps
+run since) and, per bubble kind, the distribution of measured ÷ base of the recent steps (steps run slower in some
+bubbles than in others). A step runs when its *expected overrun* — the mean, over that distribution, of how far it
+would run past the time left — is within :data:`OVERRUN_BUDGET_S`. That is the rule a fixed quantile gets wrong at
+both ends: for a large step even a rare slow run costs milliseconds, so it needs a wide margin; for the smallest steps
+of a bubble's tail a slow run costs a fraction of a millisecond, so running one where it fits only most of the time
+recovers the tail at almost no cost. :class:`EndModel` plans where a bubble ends.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["INTERRUPTED", "EndModel", "Estimator", "StepModel"]
+__all__ = ["INTERRUPTED", "OVERRUN_BUDGET_S", "EndModel", "Estimator", "StepModel"]
+
+OVERRUN_BUDGET_S = 5e-5
+"""The expected overrun a step may have past the time left (the fill's deadline, itself a margin before the
+trainer's expected end): 50 µs, a few percent of the smallest step."""
 
 INTERRUPTED = 3.0
 """A step this many times slower than the base was interrupted (the process descheduled: another process took the
@@ -84,11 +90,11 @@ class StepModel:
     profiled of the recent steps nearest that size (the profile is taken inside bubbles, on a machine others may
     share: one slow anchor must not keep small steps from ever fitting), made non-decreasing in the batch size by
     pooling neighbours that invert the order, interpolated linearly between anchors and extrapolated along the last
-    segment. ``predict_s(b, kind)``: ``base_s(b)`` times the ``quantile`` of the last ``window`` ratios measured ÷
-    base in bubbles of that kind (of any kind until ``warm`` of that kind were seen; 1.0 before any), steps that were
-    interrupted (:data:`INTERRUPTED`) left out. Samples older
-    than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core) would otherwise keep every
-    step from fitting, and without steps no faster ratio would ever replace them.
+    segment. The distribution of measured ÷ base: the last ``window`` steps in bubbles of that kind (of any kind
+    until ``warm`` of that kind were seen), steps that were interrupted (:data:`INTERRUPTED`) left out;
+    :meth:`largest_fitting` sizes a step by its expected overrun over that distribution, :meth:`predict_s` gives its
+    ``quantile``. Samples older than ``horizon_s`` are forgotten: a burst of slow steps (another process on the core)
+    would otherwise keep every step from fitting, and without steps no faster ratio would ever replace them.
     """
 
     def __init__(
@@ -190,32 +196,45 @@ class StepModel:
                 oldest = window.oldest_ns if oldest is None else min(oldest, window.oldest_ns)
         self._expires_ns = 0 if oldest is None else oldest + self.horizon_ns + 1
 
-    def largest_fitting(self, time_s: float, max_batch: int, kind: str = "", *, any_size: bool = True) -> int | None:
-        """The largest batch size ≤ ``max_batch`` whose predicted step fits ``time_s``: any size (inference: every
-        sample is computed alike whatever the batch), else only profiled sizes; None when not even the smallest fits."""
-        budget = time_s / self.factor(kind)
-        sizes, times = self.sizes, self.times
-        if budget < times[0]:
-            return None
+    def largest_fitting(
+        self,
+        time_s: float,
+        max_batch: int,
+        kind: str = "",
+        *,
+        any_size: bool = True,
+        budget_s: float = OVERRUN_BUDGET_S,
+    ) -> int | None:
+        """The largest batch size ≤ ``max_batch`` whose expected overrun past ``time_s`` is within ``budget_s``:
+        any size (inference: every sample is computed alike whatever the batch), else only profiled sizes; None when
+        not even the smallest qualifies."""
+        if self._expires_ns and self.clock() > self._expires_ns:
+            self._forget(self.clock())
+        window = self._ratios.get(kind)
+        if window is None or len(window) < self.warm:
+            window = self._ratios.get("")
+        ratios = window if window is not None and len(window) >= self.warm else None
+
+        def fits(b: int) -> bool:
+            base = self.base_s(b)
+            if ratios is None:  # nothing measured yet: the base itself must fit
+                return base <= time_s
+            return base * ratios.mean_excess(time_s / base) <= budget_s
+
+        sizes = [b for b in self.sizes if b <= max_batch] or [min(self.sizes)]
         if not any_size:
-            fit = [b for b, t in zip(sizes, times, strict=True) if t <= budget and b <= max_batch]
-            return fit[-1] if fit else None
-        best = sizes[0]
-        for i in range(1, len(sizes)):
-            b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
-            if t1 <= budget:
-                best = b1
-                continue
-            if t1 > t0:
-                best = max(best, b0 + int((budget - t0) * (b1 - b0) / (t1 - t0)))
-            break
-        else:  # past the largest profiled size: extrapolate along the last segment
-            if len(sizes) > 1 and times[-1] > times[-2]:
-                slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-                best = max(best, sizes[-1] + int((budget - times[-1]) / slope))
-        if len(sizes) == 1 and budget >= times[0]:
-            best = sizes[0]
-        return min(best, max_batch) if best >= 1 else None
+            fitting = [b for b in sizes if fits(b)]
+            return fitting[-1] if fitting else None
+        lo, hi = 1, max(max_batch, 1)
+        if not fits(lo):
+            return None
+        while lo < hi:  # the expected overrun grows with the batch: the largest that fits, by bisection
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def _monotone(values: list[float]) -> list[float]:
@@ -248,6 +267,7 @@ class _Window:
         self.size = size
         self._fifo: deque[tuple[int, float, tuple[int, float]]] = deque()
         self._sorted: list[float] = []
+        self._suffix: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self._fifo)
@@ -259,6 +279,7 @@ class _Window:
     def add(self, t_ns: int, value: float, source: tuple[int, float] = (0, 0.0)) -> None:
         self._fifo.append((t_ns, value, source))
         bisect.insort(self._sorted, value)
+        self._suffix = None
         if len(self._fifo) > self.size:
             self._pop()
 
@@ -270,10 +291,24 @@ class _Window:
         ordered = self._sorted
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
+    def mean_excess(self, x: float) -> float:
+        """Mean of max(0, value − x) over the window (one bisection; the suffix sums are rebuilt after a change)."""
+        ordered = self._sorted
+        if self._suffix is None:
+            acc, suffix = 0.0, [0.0] * (len(ordered) + 1)
+            for i in range(len(ordered) - 1, -1, -1):
+                acc += ordered[i]
+                suffix[i] = acc
+            self._suffix = suffix
+        i = bisect.bisect_right(ordered, x)
+        return (self._suffix[i] - x * (len(ordered) - i)) / len(ordered) if ordered else 0.0
+
     def revalue(self, value_of: Callable[[tuple[int, float]], float]) -> None:
         self._fifo = deque((t, value_of(src), src) for t, _, src in self._fifo)
         self._sorted = sorted(v for _, v, _ in self._fifo)
+        self._suffix = None
 
     def _pop(self) -> None:
         _, value, _ = self._fifo.popleft()
         del self._sorted[bisect.bisect_left(self._sorted, value)]
+        self._suffix = None

@@ -51,6 +51,9 @@ class Settings:
     """where the fill plans a bubble to end (PIPEFILL_FILL_END_QUANTILE): the trainer's expected end plus this
     quantile of how the trainer's last predictions at the bubble's position turned out (0.5: the median actual end;
     lower stops earlier: fewer steps past the close, less of the wait used); the guard comes off after"""
+    overrun_budget_s: float = 5e-5
+    """the expected overrun a step may have past the deadline (PIPEFILL_FILL_OVERRUN_BUDGET_US; default 50 µs; 0: only
+    steps that would not have overrun in any recent measurement)"""
     spin_s: float = 0.0
     """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
     on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
@@ -67,6 +70,11 @@ class Settings:
         min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
         spin_us = _env_float(env.FILL_SPIN_US, 0.0)
         end_quantile = _env_float(env.FILL_END_QUANTILE, 0.25)
+        budget_us = _env_float(env.FILL_OVERRUN_BUDGET_US, 50.0)
+        if not 0 <= budget_us <= 10_000:
+            raise ValueError(
+                f"{env.FILL_OVERRUN_BUDGET_US}={budget_us:g}: the expected overrun per step must be within 0..10000 µs"
+            )
         if not 0 <= end_quantile <= 1:
             raise ValueError(
                 f"{env.FILL_END_QUANTILE}={end_quantile:g}: the quantile must be within 0..1 (0.5: the median actual "
@@ -95,4 +103,5 @@ class Settings:
             offload=e.get(env.FILL_OFFLOAD, "") in ("1", "true", "True"),
             spin_s=spin_us / 1e6,
             end_quantile=end_quantile,
+            overrun_budget_s=budget_us / 1e6,
         )

@@ -70,6 +70,7 @@ class ProgressStore:
         self.committed = start
         self.done = False
         self._ids: list[np.ndarray] = []
+        self._pending = 0  # rows buffered in _ids (counted as they come: summing per add was quadratic)
         self._values: list[np.ndarray] = []
 
     # -- recovery -------------------------------------------------------------------------------------------------
@@ -115,8 +116,9 @@ class ProgressStore:
     def add(self, sample_ids: np.ndarray, values: np.ndarray) -> None:
         """Buffer outputs until the next commit; ids must continue exactly where the buffered ones end."""
         ids = np.asarray(sample_ids, dtype=np.int64)
-        expect = self.committed + self.pending
-        if ids.ndim != 1 or len(ids) != len(values) or not np.array_equal(ids, np.arange(expect, expect + len(ids))):
+        expect = self.committed + self._pending
+        n = len(ids)
+        if ids.ndim != 1 or n != len(values) or not np.array_equal(ids, np.arange(expect, expect + n)):
             where = f" (this executor's slice of the job is [{self.start}, {self.end}))" if self.end >= 0 else ""
             raise ValueError(
                 f"emit: sample ids must be consecutive from {expect}{where} with one value row each; got ids "
@@ -130,10 +132,11 @@ class ProgressStore:
             )
         self._ids.append(ids)
         self._values.append(np.ascontiguousarray(values))
+        self._pending += n
 
     @property
     def pending(self) -> int:
-        return sum(len(i) for i in self._ids)
+        return self._pending
 
     def commit(self, *, end: int, state: dict[str, Any]) -> int:
         """Commit work up to ``end`` with the workload ``state`` there; returns the bytes written."""
@@ -158,6 +161,7 @@ class ProgressStore:
             atomic_write(self._chunk_path(self.committed, end), lambda f: np.save(f, rows, allow_pickle=False))
             written += rows.nbytes
             self._ids.clear()
+            self._pending = 0
             self._values.clear()
         self.committed = end
         self._write_record()

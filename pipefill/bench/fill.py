@@ -74,7 +74,7 @@ def _job(work: Path, params: dict[str, Any]) -> Path:
         "spec": {
             "workload": {"kind": "inference", "builtin": "encoder-inference", "parameters": params},
             "output": {"path": str(work / "out")},
-            "totalSamples": 5_000_000,
+            "totalSamples": 500_000,
         },
     }
     (jobs / "bench.yaml").write_text(yaml.safe_dump(job))

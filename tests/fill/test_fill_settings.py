@@ -11,10 +11,10 @@ from pipefill_fill.settings import Settings
 
 def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(env.WORK_SOURCE, "files:/tmp/x")
-    for name in (env.FILL_END_QUANTILE, env.FILL_SPIN_US, env.FILL_GUARD_MS):
+    for name in (env.FILL_END_QUANTILE, env.FILL_SPIN_US, env.FILL_GUARD_MS, env.FILL_OVERRUN_BUDGET_US):
         monkeypatch.delenv(name, raising=False)
     s = Settings.from_env()
-    assert (s.end_quantile, s.spin_s, s.guard_s) == (0.25, 0.0, 0.001)
+    assert (s.end_quantile, s.spin_s, s.guard_s, s.overrun_budget_s) == (0.25, 0.0, 0.001, 5e-5)
     monkeypatch.setenv(env.FILL_END_QUANTILE, "0.5")
     monkeypatch.setenv(env.FILL_SPIN_US, "300")
     s = Settings.from_env()
@@ -27,6 +27,7 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (env.FILL_END_QUANTILE, "1.2", "PIPEFILL_FILL_END_QUANTILE=1.2: the quantile must be within 0..1"),
         (env.FILL_SPIN_US, "-5", "PIPEFILL_FILL_SPIN_US=-5: the spin window must be within 0..10000 µs"),
         (env.FILL_SPIN_US, "fast", "PIPEFILL_FILL_SPIN_US='fast' must be a number"),
+        (env.FILL_OVERRUN_BUDGET_US, "-1", "PIPEFILL_FILL_OVERRUN_BUDGET_US=-1: the expected overrun per step"),
     ],
 )
 def test_bad_values_name_the_variable_and_the_rule(
