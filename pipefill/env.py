@@ -27,17 +27,20 @@ __all__ = [
     "FILL_OVERRUN_BUDGET_US",
     "FILL_RESERVED_BYTES",
     "FILL_SPIN_US",
+    "FILL_STORAGE_DIR",
     "JOB_NAME",
     "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
     "POD_NAMESPACE",
+    "POD_UID",
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
     "WORK_SOURCE",
     "cpu_list",
     "env_int",
+    "fill_max_active_jobs",
 ]
 
 DEFAULT_CHANNEL_DIR = "/run/pipefill"
@@ -68,6 +71,8 @@ FILL_END_QUANTILE = "PIPEFILL_FILL_END_QUANTILE"  # where a bubble is planned to
 FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a step may have, µs (fill.md); default 50
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
+POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the executor's identity in FillJob assignments
+FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # where spec.fill.storage is mounted; FillJob paths are relative to it
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"
@@ -92,6 +97,17 @@ def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+def fill_max_active_jobs(environ: Mapping[str, str] | None = None) -> int:
+    """:data:`FILL_MAX_ACTIVE_JOBS` of ``environ`` (default ``os.environ``): the executor's and the queue's limit."""
+    value = env_int(FILL_MAX_ACTIVE_JOBS, DEFAULT_FILL_MAX_ACTIVE_JOBS, environ=environ)
+    if value < 1:
+        raise ValueError(
+            f"environment variable {FILL_MAX_ACTIVE_JOBS}={value} must be ≥ 1 fill job per rank; unset it for the "
+            f"default {DEFAULT_FILL_MAX_ACTIVE_JOBS}"
+        )
+    return value
 
 
 def cpu_list(text: str) -> set[int]:
