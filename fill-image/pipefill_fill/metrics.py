@@ -11,7 +11,7 @@ _OVERRUN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0
 
 
 class FillMetrics:
-    """Counters and gauges the runner updates; label values: ``job`` (FillJob names), ``batch_size``."""
+    """Counters and gauges the runner updates; label values: ``fill_job`` (FillJob names), ``batch_size``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         p = "pipefill_fill"
@@ -47,23 +47,23 @@ class FillMetrics:
             registry=registry,
         )
         self.items = Counter(
-            f"{p}_items_total", "Units of work done (samples or steps), by job.", ["job"], registry=registry
+            f"{p}_items_total", "Units of work done (samples or steps), by job.", ["fill_job"], registry=registry
         )
         self.committed_items = Gauge(
             f"{p}_committed_items",
             "Units of work committed (durable), by job: over all its slices, so every executor of a split job reports "
             "the whole job (aggregate with max, not sum).",
-            ["job"],
+            ["fill_job"],
             registry=registry,
         )
         self.commits = Counter(
-            f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["job"], registry=registry
+            f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["fill_job"], registry=registry
         )
         self.profile_step_seconds = Gauge(
-            f"{p}_profile_step_seconds", "Profiled median step time.", ["job", "batch_size"], registry=registry
+            f"{p}_profile_step_seconds", "Profiled median step time.", ["fill_job", "batch_size"], registry=registry
         )
         self.profile_peak_bytes = Gauge(
-            f"{p}_profile_peak_bytes", "Profiled peak memory of a step.", ["job", "batch_size"], registry=registry
+            f"{p}_profile_peak_bytes", "Profiled peak memory of a step.", ["fill_job", "batch_size"], registry=registry
         )
         self.memory_budget_bytes = Gauge(
             f"{p}_memory_budget_bytes", "Device memory the fill may use.", registry=registry

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from pipefill.dashboards._panels import Board, Q
-from pipefill.dashboards.queries import FILL_JOB_LABEL, fill_selector, job_selector, rate
+from pipefill.dashboards.queries import fill_selector, job_selector, rate
 
 __all__ = ["build"]
 
 _F = fill_selector()
-_BY = FILL_JOB_LABEL
-_LEGEND = "{{" + FILL_JOB_LABEL + "}}"
+_BY = "fill_job"
+_LEGEND = "{{fill_job}}"
 
 
 def build() -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipefill.dashboards._panels import Board, Q
-from pipefill.dashboards.queries import FILL_JOB_LABEL, job_selector, rate
+from pipefill.dashboards.queries import job_selector, rate
 
 __all__ = ["build"]
 
@@ -90,8 +90,8 @@ def build() -> Any:
         "Units of work per second, summed over every rank that runs the FillJob.",
         "short",
         Q(
-            f"sum by ({FILL_JOB_LABEL}) ({rate('pipefill_fill_items_total', _S)})",
-            "{{" + FILL_JOB_LABEL + "}}",
+            f"sum by (fill_job) ({rate('pipefill_fill_items_total', _S)})",
+            "{{fill_job}}",
         ),
     )
     board.timeseries(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipefill.dashboards._panels import Board, Q
-from pipefill.dashboards.queries import FILL_JOB_LABEL, job_selector, rate
+from pipefill.dashboards.queries import job_selector, rate
 
 __all__ = ["build"]
 
@@ -61,8 +61,8 @@ def build() -> Any:
         "Units of fill work done per second.",
         "short",
         Q(
-            f"sum by (rank, {FILL_JOB_LABEL}) ({rate('pipefill_fill_items_total', _S)})",
-            "rank {{rank}} {{" + FILL_JOB_LABEL + "}}",
+            f"sum by (rank, fill_job) ({rate('pipefill_fill_items_total', _S)})",
+            "rank {{rank}} {{fill_job}}",
         ),
         span=8,
     )

@@ -95,8 +95,8 @@ def test_the_checks_catch_dead_panels(scraped: ScrapedRun) -> None:
     window = '{namespace="pipefill-test"}[5s]'
     dead, _ = problems(scraped, f"sum(rate(pipefill_fill_no_such_total{window})) or vector(0)")
     assert any("does not exist" in p for p in dead)
-    mislabeled, _ = problems(scraped, f"sum by (fill_job) (rate(pipefill_fill_items_total{window}))")
-    assert any("fill_job" in p for p in mislabeled)
+    mislabeled, _ = problems(scraped, f"sum by (exported_job) (rate(pipefill_fill_items_total{window}))")
+    assert any("exported_job" in p for p in mislabeled)
     with pytest.raises(AssertionError, match="bad_data"):
         problems(scraped, "sum(rate(pipefill_fill_items_total[5s])")
 

@@ -25,7 +25,7 @@ def test_bubble_accounting_and_recovery() -> None:
     assert value("pipefill_fill_overrun_seconds_count") == 1
     assert value("pipefill_fill_overrun_seconds_bucket", {"le": "0.001"}) == 1
     assert value("pipefill_fill_bubbles_skipped_total", {"reason": "short"}) == 1
-    assert value("pipefill_fill_items_total", {"job": "embed"}) == 48
-    assert value("pipefill_fill_profile_step_seconds", {"job": "embed", "batch_size": "16"}) == 0.07
+    assert value("pipefill_fill_items_total", {"fill_job": "embed"}) == 48
+    assert value("pipefill_fill_profile_step_seconds", {"fill_job": "embed", "batch_size": "16"}) == 0.07
     names = {metric.name for metric in registry.collect()}
     assert all(n.startswith("pipefill_fill_") for n in names)
