@@ -19,6 +19,7 @@ __all__ = [
     "UIDS",
     "fill_selector",
     "job_selector",
+    "quantile",
     "rate",
 ]
 
@@ -55,6 +56,11 @@ def fill_selector(*extra: str) -> str:
     return job_selector('fill_job=~"$fill_job"', *extra)
 
 
-def rate(metric: str, selector: str) -> str:
+def rate(metric: str, selector: str = "") -> str:
     """``rate(<metric><selector>[$__rate_interval])``."""
     return f"rate({metric}{selector}[{RATE}])"
+
+
+def quantile(q: float, histogram: str, by: str, selector: str = "") -> str:
+    """The ``q`` quantile of ``histogram`` over the rate window, per value of the ``by`` labels."""
+    return f"histogram_quantile({q}, sum by ({by}, le) ({rate(histogram + '_bucket', selector)}))"
