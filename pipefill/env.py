@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 
 __all__ = [
+    "BASELINE_EVERY_STEPS",
     "CHANNEL_DIR",
     "COMM_TIMEOUT_S",
     "CPU_AFFINITY",
@@ -60,6 +61,8 @@ LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, IN
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
 SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
 COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
+BASELINE_EVERY_STEPS = "PIPEFILL_BASELINE_EVERY_STEPS"  # one step in this many announces no bubble (the no-fill
+# baseline, docs/metrics.md); default 50, 0: never
 
 # Fill-executor container only
 WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kubernetes" (FillJobs assigned to this pod)

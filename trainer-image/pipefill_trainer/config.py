@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipefill import env
 from pipefill.spec import PipelineTrainingJob, load_training_job, parse_bytes
+from pipefill_trainer.baseline import DEFAULT_EVERY_STEPS
 
 __all__ = ["ConfigError", "TrainerConfig"]
 
@@ -50,6 +51,9 @@ class TrainerConfig:
     """steps without bubble announcements at the start: the first is warm-up, the rest are profiled"""
     reserved_bytes: int = 0
     """device memory kept for fill work (spec.fill.reservedMemory); on CPU the fill's whole budget"""
+    baseline_every_steps: int = DEFAULT_EVERY_STEPS
+    """one step in this many announces no bubble, for the no-fill baseline (``PIPEFILL_BASELINE_EVERY_STEPS``;
+    0: never; :mod:`pipefill_trainer.baseline`)"""
 
     @property
     def pp(self) -> int:
@@ -103,6 +107,12 @@ class TrainerConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         channel = e.get(env.CHANNEL_DIR, env.DEFAULT_CHANNEL_DIR) if job.spec.fill.enabled else None
+        every = _int(e, env.BASELINE_EVERY_STEPS, DEFAULT_EVERY_STEPS)
+        if every < 0 or every == 1:
+            raise ConfigError(
+                f"{env.BASELINE_EVERY_STEPS}={every}: must be 0 (no quiet steps) or at least 2 (1 would announce no "
+                f"bubble at all); the default is {DEFAULT_EVERY_STEPS}"
+            )
         return cls(
             job=job,
             rank=rank,
@@ -120,6 +130,7 @@ class TrainerConfig:
             replay_stage=replay_stage,
             profile_steps=profile_steps,
             reserved_bytes=parse_bytes(job.spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
+            baseline_every_steps=every,
         )
 
 

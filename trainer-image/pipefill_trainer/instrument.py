@@ -114,6 +114,7 @@ class BubbleAnnouncer:
     min_bubble_s: float
     free_bytes: Callable[[], int]
     step: int = 0
+    quiet: bool = False
     records: list[_Record] = field(default_factory=list)
     _open: tuple[int, _Record] | None = None
     _kind_of: Callable[[int], str] | None = None
@@ -121,8 +122,9 @@ class BubbleAnnouncer:
     def __post_init__(self) -> None:
         self._kind_of = _kinds(self.actions)
 
-    def begin_step(self, step: int) -> None:
-        self.step, self.records = step, []
+    def begin_step(self, step: int, *, quiet: bool = False) -> None:
+        """``quiet``: announce no bubble in this step (measured as usual): a step of the no-fill baseline."""
+        self.step, self.records, self.quiet = step, [], quiet
 
     def wait_begin(self, action_idx: int) -> None:
         slot = self.slots.get(action_idx)
@@ -133,7 +135,7 @@ class BubbleAnnouncer:
             return
         rec = _Record(action_idx, slot.kind, slot.predicted_s, now)
         self.records.append(rec)
-        if self.producer is not None and slot.predicted_s >= self.min_bubble_s:
+        if self.producer is not None and slot.predicted_s >= self.min_bubble_s and not self.quiet:
             bubble_id = self.producer.open_bubble(
                 expected_duration_s=slot.predicted_s,
                 free_bytes=self.free_bytes(),
