@@ -50,6 +50,9 @@ class TrainerConfig:
     """steps without bubble announcements at the start: the first is warm-up, the rest are profiled"""
     reserved_bytes: int = 0
     """device memory kept for fill work (spec.fill.reservedMemory); on CPU the fill's whole budget"""
+    late_announce_s: float = 0.0
+    """a wait that was not announced and still goes on after this long is announced late (trainer.md, *Late
+    announcements*; ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US``); 0: never"""
 
     @property
     def pp(self) -> int:
@@ -120,6 +123,7 @@ class TrainerConfig:
             replay_stage=replay_stage,
             profile_steps=profile_steps,
             reserved_bytes=parse_bytes(job.spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
+            late_announce_s=_late_announce_s(e),
         )
 
 
@@ -128,6 +132,20 @@ def _int(e: Mapping[str, str], name: str, default: int) -> int:
         return env.env_int(name, default, environ=e)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+LATE_ANNOUNCE_US = 0
+"""default of ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US`` (docs/trainer.md, *Late announcements*)"""
+
+
+def _late_announce_s(e: Mapping[str, str]) -> float:
+    us = _int(e, env.TRAINER_LATE_ANNOUNCE_US, LATE_ANNOUNCE_US)
+    if not 0 <= us <= 100_000:
+        raise ConfigError(
+            f"{env.TRAINER_LATE_ANNOUNCE_US}={us}: must be within 0..100000 µs (0 turns late announcements off); "
+            f"unset it for the default {LATE_ANNOUNCE_US}"
+        )
+    return us / 1e6
 
 
 def _schedule_csv(e: Mapping[str, str], spec_path: str, key: str) -> str:
