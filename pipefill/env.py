@@ -38,6 +38,7 @@ __all__ = [
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
+    "TRAINER_LATE_ANNOUNCE_US",
     "WORK_SOURCE",
     "cpu_list",
     "env_int",
@@ -59,6 +60,7 @@ LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, IN
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
+TRAINER_LATE_ANNOUNCE_US = "PIPEFILL_TRAINER_LATE_ANNOUNCE_US"  # a wait not announced, still going after this: announced late; 0: never (trainer.md)
 SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
 COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
 BASELINE_EVERY_STEPS = "PIPEFILL_BASELINE_EVERY_STEPS"  # one step in this many announces no bubble (the no-fill
