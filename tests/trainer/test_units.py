@@ -178,7 +178,8 @@ def test_measured_parts_are_positive_and_a_large_vocabulary_makes_the_head_cost_
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(None, 0.0), ("250", 0.00025), ("0", 0.0), ("-1", "within 0..100000"), ("x", "must be an integer")]
+    ("value", "expected"),
+    [(None, 0.0), ("250", 0.00025), ("0", 0.0), ("-1", "within 0..100000"), ("x", "must be an integer")],
 )
 def test_late_announce_setting(value: str | None, expected: float | str) -> None:
     spec = str(Path(__file__).parents[2] / "examples" / "cpu-demo.yaml")
