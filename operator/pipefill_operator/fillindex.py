@@ -156,7 +156,12 @@ class FillIndex:
         tjs: list[TrainingJobView] = []
         listed: set[str] = set()
         for body in self.training_jobs.objects.values():
-            tj = self._training_view(body, pods_by_job, bubbles)
+            try:
+                tj = self._training_view(body, pods_by_job, bubbles)
+            except (ValueError, KeyError, TypeError) as exc:  # e.g. two Running pods claiming one rank
+                log.warning("fill queue: PipelineTrainingJob %s/%s hosts nothing this pass: %s",
+                            body["metadata"].get("namespace"), body["metadata"].get("name"), exc)  # fmt: skip
+                continue
             if tj is not None:
                 tjs.append(tj)
                 listed.update(r.pod_uid for r in tj.ranks)

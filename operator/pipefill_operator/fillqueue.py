@@ -150,7 +150,11 @@ class FillQueue:
         now = now_rfc3339()
         writes = []
         for body in bodies:
-            decision = decide(body, result.jobs.get(_key(body)), running_hosts=hosts, now=now)
+            try:
+                decision = decide(body, result.jobs.get(_key(body)), running_hosts=hosts, now=now)
+            except (ValueError, KeyError, TypeError) as exc:  # a status someone wrote out of shape: the others go on
+                log.warning("fill queue: FillJob %s/%s: status not understood: %s", *_key(body), exc)
+                continue
             if decision.patch is not None:
                 writes.append((body, decision))
         # the metrics say what the pass decided before the writes make it visible; a release is counted once
