@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from pipefill.queue import JobOutcome, Placement, SliceStatus, schedule_pass
 from pipefill_operator.fillindex import FillIndex, ObjectIndex
 from pipefill_operator.filloutcome import decide
@@ -162,3 +164,19 @@ def test_unfit_reports_are_kept_while_their_host_runs_and_released_slices_are_co
     )
     assert out.patch is not None and out.patch["unfit"] == unfit[:1]
     assert [reason for _, reason in out.released] == ["unfit"]
+
+
+def test_the_policy_flag_and_its_environment_variable_are_checked_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipefill_operator.__main__ import POLICY_ENV, main
+
+    assert main(["--policy", "lifo"]) == 2
+    assert "'lifo' is not one of fifo, priority, sjf, deadline, makespan" in capsys.readouterr().err
+    monkeypatch.setenv(POLICY_ENV, "shortest")
+    assert main([]) == 2
+    assert f"${POLICY_ENV}" in capsys.readouterr().err
+    monkeypatch.setenv(POLICY_ENV, "sjf")
+    monkeypatch.setenv("PIPEFILL_FILL_MAX_ACTIVE_JOBS", "0")
+    assert main([]) == 2
+    assert "PIPEFILL_FILL_MAX_ACTIVE_JOBS=0 must be ≥ 1" in capsys.readouterr().err
