@@ -67,6 +67,7 @@ class FillQueue:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self._listed_at = 0.0
         self._counted: OrderedDict[tuple[str, int], None] = OrderedDict()  # releases counted (job uid, epoch)
 
     # -- fed by the kopf handlers ----------------------------------------------------------------------------------
@@ -114,6 +115,8 @@ class FillQueue:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.config.period_s)
                 await asyncio.sleep(self.config.debounce_s)
             except TimeoutError:
+                pass
+            if time.monotonic() - self._listed_at >= self.config.period_s:  # also on a cluster never quiet
                 with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError):
                     await self._relist()
             self._wake.clear()
@@ -133,6 +136,7 @@ class FillQueue:
                 ]
                 rv = int((answer.get("metadata") or {}).get("resourceVersion") or 0)
                 index.relist(items, rv, namespace=namespace)
+        self._listed_at = time.monotonic()
 
     # -- one pass --------------------------------------------------------------------------------------------------
     async def pass_once(self) -> None:
