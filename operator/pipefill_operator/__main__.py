@@ -1,7 +1,9 @@
 """``python -m pipefill_operator``: run the operator against the current kubeconfig or the in-cluster config.
 
-All namespaces by default; ``--namespace NS`` (repeatable) serves only those (then the operator needs no
-cluster-scoped permission but node reads, and skips the check that a node offers the GPU resource).
+All namespaces by default; ``--namespace NS`` (repeatable) serves only those. Then the operator needs its namespaced
+permissions in each of them and, cluster-wide, only ``get`` on DRA DeviceClasses (the ``dra`` prerequisite check);
+it neither watches nor lists nodes, so it skips the check that some node offers the GPU resource (the chart's
+namespaced Roles, docs/operations.md).
 """
 
 from __future__ import annotations

@@ -235,13 +235,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "both-builtin-and-import",
         _with(FJ, spec__workload__importPath="my.mod:Work"),
         "spec.workload",
-        "exactly one of builtin and importPath",
+        "exactly one of builtin, entryPoint and importPath",
     ),
     (
         "neither-builtin-nor-import",
         _with(FJ, spec__workload__builtin=DELETE),
         "spec.workload",
-        "exactly one of builtin and importPath",
+        "exactly one of builtin, entryPoint and importPath",
     ),
     (
         "bad-import-path",
