@@ -13,9 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fill_queue_helpers import Fill, assigned, fill_manifest, scheduled, start_queue_operator, status
+from fill_queue_helpers import (
+    FILL_PLURAL,
+    Fill,
+    Recorder,
+    assigned,
+    fill_manifest,
+    scheduled,
+    start_queue_operator,
+    status,
+)
 from kubernetes.client.rest import ApiException
-from operator_harness import Kube, OperatorProcess, job_manifest, phase, running
+from operator_harness import GROUP, VERSION, Kube, OperatorProcess, job_manifest, phase, running
 
 from pipefill.queue import plan_slices
 
@@ -136,19 +145,29 @@ def test_a_deleted_host_moves_its_slices_once_its_pods_are_gone(
     fill = Fill(kube, namespace)
     fill.create(fill_manifest("embed", maxParallelRanks=2))
     fill.wait("embed", assigned(2))
-    fill.commit("embed", 0, 64)
+    before = fill.commit("embed", 0, 64)
     _host(kube, namespace, "second")
-    kube.custom.delete_namespaced_custom_object("pipefill.io", "v1alpha1", namespace, "pipelinetrainingjobs", "first")
-
-    def gone(pods: list[dict[str, Any]]) -> bool:
-        return not pods
-
-    kube.wait_pods(namespace, "first", gone)
+    pods = Recorder(kube.core.list_namespaced_pod, namespace, label_selector="pipefill.io/job-name=first")
+    fills = Recorder(kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, FILL_PLURAL)
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "pipelinetrainingjobs", "first")
     obj = fill.wait("embed", lambda o: {a["trainingJob"] for a in status(o).get("assignments") or ()} == {"second"})
     st = status(obj)
-    assert all(a["epoch"] > 2 for a in st["assignments"]) and st["epoch"] >= 4
+    assert all(a["epoch"] > 2 for a in st["assignments"]) and st["epoch"] == 4
     assert {a["podUID"] for a in st["assignments"]}.isdisjoint(p["metadata"]["uid"] for p in first)
-    assert st["slices"][0]["committed"] == 64
+    assert st["slices"][0]["committed"] == 64  # resumes at the commit pointer
+
+    # the order the API server recorded: no slice left a pod of "first" before that pod was gone
+    gone_rv = {o["metadata"]["uid"]: rv for kind, rv, o in pods.stop() if kind == "DELETED"}
+    history = [(rv, status(o).get("assignments") or []) for kind, rv, o in fills.stop() if kind == "MODIFIED"]
+    assert set(gone_rv) == {p["metadata"]["uid"] for p in first}
+    held = {a["podUID"] for a in status(before)["assignments"]}
+    assert held == set(gone_rv)  # both pods of "first" held a slice when it was deleted
+    for rv, assignments in history:
+        on = {a["podUID"] for a in assignments}
+        for uid in sorted(held - on):  # the first version without the pod's slice
+            assert rv > gone_rv[uid], f"a slice left pod {uid} at {rv}, before the pod was gone at {gone_rv[uid]}"
+            held.discard(uid)
+    assert not held  # every slice did leave
 
 
 def test_an_unfit_report_moves_the_job_to_another_rank(
