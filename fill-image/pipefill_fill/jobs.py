@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipefill.env import fill_max_active_jobs
 from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.spec import FillJobPhase
 from pipefill_fill.claim import claim_slice
@@ -80,10 +81,10 @@ class Jobs:
         settings: Settings,
         metrics: FillMetrics,
         events: EventWriter,
-        max_active: int = 2,
+        max_active: int | None = None,  # None: PIPEFILL_FILL_MAX_ACTIVE_JOBS
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
-        self.max_active = max_active
+        self.max_active = fill_max_active_jobs() if max_active is None else max_active
         self.active: dict[str, ActiveJob] = {}
         self.failed: set[str] = set()
         self.generation = 0

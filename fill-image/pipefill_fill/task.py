@@ -11,8 +11,9 @@ import torch
 
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore
+from pipefill_fill.usercode import load_job_workload
 from pipefill_fill.work import Slice, TaskSpec
-from pipefill_fill.workload import WorkloadContext, WorkloadProtocol, load_workload_class
+from pipefill_fill.workload import WorkloadContext, WorkloadProtocol
 
 __all__ = ["FillTask", "TaskSpec"]
 
@@ -28,7 +29,7 @@ class FillTask:
 
     def __init__(self, spec: TaskSpec, slice: Slice | None = None) -> None:
         self.spec = spec
-        cls = load_workload_class(builtin=spec.builtin, import_path=spec.import_path, kind=spec.kind)
+        cls = load_job_workload(spec)
         self.job = JobDir(spec)
         plan = self.job.plan(split=slice is not None)
         if slice is None and len(plan) > 1:

@@ -148,6 +148,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
             "namespaces": ["ml"],
             "workers": 3,
             "statusIntervalSeconds": 2.5,
+            "policy": "makespan",
             "verbose": True,
             "ipFamily": "IPv6",
             "liveness": {"port": 8081},
@@ -163,6 +164,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
         "--namespace=ml",
         "--workers=3",
         "--status-interval=2.5",
+        "--policy=makespan",
         "--metrics-address=$(POD_IP):9500",
         "--liveness=http://[$(POD_IP)]:8081/healthz",
         "--verbose",
@@ -289,7 +291,6 @@ def test_dashboards_ship_as_configmaps_for_grafanas_sidecar(tmp_path: Path) -> N
     ("values", "message"),
     [
         ({"operator": {"replicas": 2}}, "ERROR: operator.replicas=2: the operator runs standalone"),
-        ({"operator": {"queuePolicy": "sjf"}}, "ERROR: operator.queuePolicy=sjf: the operator of appVersion"),
         (
             {"operator": {"liveness": {"port": 9402}}},
             "ERROR: operator.metrics.port and operator.liveness.port are both 9402",
@@ -300,7 +301,7 @@ def test_dashboards_ship_as_configmaps_for_grafanas_sidecar(tmp_path: Path) -> N
             "ERROR: monitoring.serviceMonitor.enabled=true needs operator.metrics.enabled=true",
         ),
     ],
-    ids=["replicas", "queue-policy", "same-port", "no-account", "monitor-without-metrics"],
+    ids=["replicas", "same-port", "no-account", "monitor-without-metrics"],
 )
 def test_impossible_values_are_refused_naming_them(values: dict[str, Any], message: str, tmp_path: Path) -> None:
     assert message in render_error(values, tmp_path, api_versions=(MONITORING,))
@@ -326,7 +327,7 @@ def test_monitors_are_refused_where_the_prometheus_operator_api_is_not_served(tm
     [
         ({"operator": {"workers": 0}}, "at '/operator/workers': minimum: got 0, want 1"),
         ({"operator": {"statusIntervalSeconds": 0}}, "at '/operator/statusIntervalSeconds'"),
-        ({"operator": {"queuePolicy": "lifo"}}, "at '/operator/queuePolicy'"),
+        ({"operator": {"policy": "lifo"}}, "at '/operator/policy'"),
         ({"operator": {"ipFamily": "IPv5"}}, "at '/operator/ipFamily'"),
         ({"operator": {"namespaces": ["a", "a"]}}, "at '/operator/namespaces'"),
         ({"operator": {"namespaces": ["Team_A"]}}, "at '/operator/namespaces/0'"),

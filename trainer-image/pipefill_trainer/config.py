@@ -54,6 +54,9 @@ class TrainerConfig:
     baseline_every_steps: int = DEFAULT_EVERY_STEPS
     """one step in this many announces no bubble, for the no-fill baseline (``PIPEFILL_BASELINE_EVERY_STEPS``;
     0: never; :mod:`pipefill_trainer.baseline`)"""
+    late_announce_s: float = 0.0
+    """a wait that was not announced and still goes on after this long is announced late (trainer.md, *Late
+    announcements*; ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US``); 0: never"""
 
     @property
     def pp(self) -> int:
@@ -131,6 +134,7 @@ class TrainerConfig:
             profile_steps=profile_steps,
             reserved_bytes=parse_bytes(job.spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
             baseline_every_steps=every,
+            late_announce_s=_late_announce_s(e),
         )
 
 
@@ -139,6 +143,20 @@ def _int(e: Mapping[str, str], name: str, default: int) -> int:
         return env.env_int(name, default, environ=e)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+LATE_ANNOUNCE_US = 0
+"""default of ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US`` (docs/trainer.md, *Late announcements*)"""
+
+
+def _late_announce_s(e: Mapping[str, str]) -> float:
+    us = _int(e, env.TRAINER_LATE_ANNOUNCE_US, LATE_ANNOUNCE_US)
+    if not 0 <= us <= 100_000:
+        raise ConfigError(
+            f"{env.TRAINER_LATE_ANNOUNCE_US}={us}: must be within 0..100000 µs (0 turns late announcements off); "
+            f"unset it for the default {LATE_ANNOUNCE_US}"
+        )
+    return us / 1e6
 
 
 def _schedule_csv(e: Mapping[str, str], spec_path: str, key: str) -> str:

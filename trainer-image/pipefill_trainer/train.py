@@ -208,6 +208,7 @@ class Trainer:
                         end_ns=rec.end_ns,
                         predicted_s=rec.predicted_s,
                         announced=rec.announced,
+                        late=rec.late,
                     )
                 )
             return
@@ -243,6 +244,7 @@ class Trainer:
             producer=p.producer,
             min_bubble_s=p.cfg.job.spec.fill.min_bubble_milliseconds / 1000,
             free_bytes=free_bytes_fn(p.device, reserved_bytes=p.cfg.reserved_bytes),
+            late_after_s=p.cfg.late_announce_s,
         )
         p.pipeline.executor.hooks = announcer
         slots = ", ".join(f"{s.kind}@{s.action_idx}={s.predicted_s * 1e3:.2f}ms" for s in prediction.slots.values())

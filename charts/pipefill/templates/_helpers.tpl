@@ -119,9 +119,6 @@ resource is dropped.
 {{- if gt (int $op.replicas) 1 -}}
 {{- fail (printf "ERROR: operator.replicas=%v: the operator runs standalone (no kopf peering), so a second replica would reconcile every job twice; set operator.replicas to 1 (or 0 to pause)" $op.replicas) -}}
 {{- end -}}
-{{- if $op.queuePolicy -}}
-{{- fail (printf "ERROR: operator.queuePolicy=%s: the operator of appVersion %s has no --policy flag yet, so the chart cannot pass it; leave operator.queuePolicy empty" $op.queuePolicy .Chart.AppVersion) -}}
-{{- end -}}
 {{- if and $op.metrics.enabled $op.liveness.enabled (eq (int $op.metrics.port) (int $op.liveness.port)) -}}
 {{- fail (printf "ERROR: operator.metrics.port and operator.liveness.port are both %v: two endpoints cannot bind one port; change one of them" $op.metrics.port) -}}
 {{- end -}}
