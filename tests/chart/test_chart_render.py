@@ -307,8 +307,17 @@ def test_impossible_values_are_refused_naming_them(values: dict[str, Any], messa
     assert message in render_error(values, tmp_path, api_versions=(MONITORING,))
 
 
+def test_the_prometheus_rule_holds_the_rule_file_as_it_is(tmp_path: Path) -> None:
+    assert by_kind(render({}, tmp_path, api_versions=(MONITORING,)), "PrometheusRule") == []
+    values = {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}}
+    rule = one(render(values, tmp_path, api_versions=(MONITORING,)), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "rules" / "pipefill.rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["namespace"] == RELEASE_NAMESPACE
+
+
 def test_monitors_are_refused_where_the_prometheus_operator_api_is_not_served(tmp_path: Path) -> None:
-    for monitor in ("serviceMonitor", "podMonitor"):
+    for monitor in ("serviceMonitor", "podMonitor", "prometheusRule"):
         error = render_error({"monitoring": {monitor: {"enabled": True}}}, tmp_path)
         assert "needs the Prometheus Operator's API monitoring.coreos.com/v1" in error
 

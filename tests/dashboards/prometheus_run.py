@@ -33,6 +33,7 @@ from pipefill.local.procs import free_port
 __all__ = ["SCRAPE_INTERVAL_S", "STATIC_LABELS", "Prometheus", "prometheus_binary", "run_scraped"]
 
 ROOT = Path(__file__).resolve().parents[2]
+RULE_FILE = ROOT / "charts" / "pipefill" / "rules" / "pipefill.rules.yaml"
 SCRAPE_INTERVAL_S = 1
 STATIC_LABELS = {"namespace": "pipefill-test", "training_job": "cpu-demo"}
 BASELINE_EVERY_STEPS = 10
@@ -133,7 +134,12 @@ def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
     binary = prometheus_binary()
     metrics_port, web_port = free_port(), free_port()
     config = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+            "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
+            "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
+        },
+        "rule_files": [str(RULE_FILE)],
         "scrape_configs": [
             _scrape("pipefill-local", metrics_port, STATIC_LABELS),
             _scrape("pipefill-operator", operator.metrics_port, {"namespace": OPERATOR_NAMESPACE_LABEL}),

@@ -10,6 +10,7 @@ docs/dashboards.md lists. The same results draw docs/img/dashboard-*.png (``make
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from operator_run import operator_with_jobs
 from prometheus_run import SCRAPE_INTERVAL_S, STATIC_LABELS, ScrapedRun, run_scraped
 from promql_names import mentions, substitute
 
-from pipefill.dashboards import NOT_LOCAL
+from pipefill.dashboards import NOT_LOCAL, rules
 from pipefill.dashboards.plot import draw
 from pipefill.devcluster import ControlPlane
 
@@ -110,6 +111,18 @@ def test_every_panel_query_returns_series_of_metrics_and_labels_that_exist(scrap
     listed = set(re.findall(r"^- `(.+ / .+ \([A-Z]\))`", docs, re.MULTILINE))
     assert listed == set(parse_only), "docs/dashboards.md must list exactly the parse-only targets"
     assert len(awaiting) == 6  # the fill queue's targets: Fleet 3, Fill jobs 3 (AWAITING_QUEUE_BRANCH)
+
+
+def test_the_recording_rules_record_the_run(scraped: ScrapedRun) -> None:
+    """The chart's rule file, loaded by the same Prometheus, records every series from the run's real data."""
+    for name in rules.RECORDS:
+        got = scraped.prometheus.query_range(f'{name}{{training_job="cpu-demo"}}', scraped.start_s, scraped.end_s)
+        values = [float(v) for series in got for _, v in series["values"]]
+        assert values and any(math.isfinite(v) for v in values), f"{name}: {got}"
+    busy = scraped.prometheus.query_range(
+        "training_job:pipefill_fill_busy_seconds:rate5m", scraped.start_s, scraped.end_s
+    )
+    assert max(float(v) for _, v in busy[0]["values"]) > 0  # the fill recovered some GPU time
 
 
 def test_the_checks_catch_dead_panels(scraped: ScrapedRun) -> None:

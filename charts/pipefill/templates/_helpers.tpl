@@ -128,7 +128,7 @@ resource is dropped.
 {{- if and .Values.monitoring.serviceMonitor.enabled (not $op.metrics.enabled) -}}
 {{- fail "ERROR: monitoring.serviceMonitor.enabled=true needs operator.metrics.enabled=true (the ServiceMonitor scrapes the metrics Service); enable the metrics or disable the ServiceMonitor" -}}
 {{- end -}}
-{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) -}}
-{{- fail "ERROR: monitoring.serviceMonitor.enabled or monitoring.podMonitor.enabled needs the Prometheus Operator's API monitoring.coreos.com/v1, which this cluster does not serve; install the Prometheus Operator first, or disable the monitors (with helm template, pass --api-versions monitoring.coreos.com/v1)" -}}
+{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled .Values.monitoring.prometheusRule.enabled) (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) -}}
+{{- fail "ERROR: monitoring.serviceMonitor.enabled, monitoring.podMonitor.enabled or monitoring.prometheusRule.enabled needs the Prometheus Operator's API monitoring.coreos.com/v1, which this cluster does not serve; install the Prometheus Operator first, or disable the monitors (with helm template, pass --api-versions monitoring.coreos.com/v1)" -}}
 {{- end -}}
 {{- end -}}
