@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipefill.local.report import write_report
-from pipefill.local.runner import LocalRun, describe_error, load_manifests
+from pipefill.local.runner import LocalRun, describe_error, load_config_maps, load_manifests
 from pipefill.spec import SpecError
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         job, fills, warnings = load_manifests(args.filename)
+        config_maps = load_config_maps(args.filename)
     except (SpecError, ValueError) as exc:
         print(describe_error(exc), file=sys.stderr)
         return 2
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             f"pipefill local needs the 'local' extra: pip install 'pipefill-operator[local]' ({exc})", file=sys.stderr
         )
         return 2
-    runner = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin)
+    runner = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin, config_maps=config_maps)
     endpoint = _serve_metrics(ChildrenCollector(lambda: runner.procs, outcome=runner.outcome), args.metrics_port)
     if endpoint is None:
         return 2

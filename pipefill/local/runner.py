@@ -8,12 +8,14 @@ a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everyth
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -21,11 +23,15 @@ from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
 from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
 from pipefill.local.report import FILL_WORK_DIR
-from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to_obj
+from pipefill.spec import FillJob, Manifest, PipelineTrainingJob, SpecError, parse, parse_yaml, to_obj
 
-__all__ = ["LocalRun", "RunOutcome", "load_manifests", "prepare"]
+__all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "load_config_maps", "load_manifests", "prepare"]
 
 _POLL_S = 0.2
+# ConfigMaps given with -f (a FillJob's spec.workload.code.configMap), where the files work source reads them:
+# <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
+CONFIG_MAPS_DIR = "configmaps"
+_CONFIG_MAP_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -42,9 +48,38 @@ class RunOutcome:
     process_restarts: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
+def _documents(path: str) -> tuple[list[Manifest], list[dict[str, Any]]]:
+    """The manifests of a file and, apart, its ConfigMaps (FillJob code), which admission does not check."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; pass the path of a manifest (YAML)") from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read a manifest from it: {exc}") from None
+    manifests, config_maps = [], []
+    for doc in parse_yaml(text, source=path):
+        if doc.get("kind") != "ConfigMap":
+            manifests.append(parse(doc, source=path))
+            continue
+        name, data = (doc.get("metadata") or {}).get("name"), doc.get("data") or {}
+        if doc.get("apiVersion") != "v1" or not isinstance(name, str) or not _CONFIG_MAP_NAME.fullmatch(name):
+            raise ValueError(
+                f"{path}: a ConfigMap needs apiVersion: v1 and metadata.name a DNS subdomain; got {name!r}"
+            )
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise ValueError(f"{path}: ConfigMap {name!r}: data must map keys to strings")
+        config_maps.append(doc)
+    return manifests, config_maps
+
+
+def load_config_maps(paths: list[str]) -> list[dict[str, Any]]:
+    """The ConfigMaps of the files (the code of FillJobs whose spec.workload.code names one)."""
+    return [c for p in paths for c in _documents(p)[1]]
+
+
 def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob], list[str]]:
     """The one training job, the fill jobs it may host, and warnings; raises SpecError/ValueError on bad input."""
-    manifests = [m for p in paths for m in load_file(p)]
+    manifests = [m for p in paths for m in _documents(p)[0]]
     jobs = [m for m in manifests if isinstance(m, PipelineTrainingJob)]
     if len(jobs) != 1:
         names = ", ".join(j.name for j in jobs) or "none"
@@ -66,8 +101,11 @@ def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob]
     return job, fills, warnings
 
 
-def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tuple[Path, Path]:
-    """Write the job (as the spec ConfigMap would hold it) and the fill queue; returns (spec file, work dir)."""
+def prepare(
+    job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path, config_maps: Sequence[dict[str, Any]] = ()
+) -> tuple[Path, Path]:
+    """Write the job (as the spec ConfigMap would hold it), the fill queue and the ConfigMaps its code is in;
+    returns (spec file, work dir)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
@@ -77,6 +115,10 @@ def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tu
         target = work_dir / f"{fill.name}.yaml"
         if not target.exists():  # keep progress of an earlier, interrupted run
             target.write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
+    for config_map in config_maps:  # always this run's: code fixed between runs is picked up
+        target = work_dir / CONFIG_MAPS_DIR / f"{config_map['metadata']['name']}.yaml"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(yaml.safe_dump(config_map, sort_keys=False), encoding="utf-8")
     return spec_file, work_dir
 
 
@@ -91,10 +133,12 @@ class LocalRun:
         out_dir: Path,
         device: str = "cpu",
         pin: bool = True,
+        config_maps: Sequence[dict[str, Any]] = (),
         on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
     ) -> None:
         self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
         self.on_tick = on_tick
+        self.config_maps = list(config_maps)
         self.outcome = RunOutcome(code=1, reason="not started")
         self.procs: list[LocalProcess] = []
 
@@ -121,7 +165,7 @@ class LocalRun:
         self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def run(self) -> RunOutcome:
-        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir)
+        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir, self.config_maps)
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         policy = self.job.spec.run_policy

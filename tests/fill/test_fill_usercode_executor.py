@@ -7,15 +7,23 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fill_helpers import start_producer, subprocess_env
-from usercode_helpers import BAD_STEP_PY, EXITS_PY, RAISES_PY, install_package, user_job, write_code, write_config_map
+from fill_helpers import start_producer
+from usercode_helpers import (
+    BAD_STEP_PY,
+    EXITS_PY,
+    RAISES_PY,
+    install_package,
+    start_fill,
+    user_job,
+    write_code,
+    write_config_map,
+)
 
 from pipefill import env
 
@@ -56,18 +64,7 @@ def test_bad_user_code_fails_its_job_alone(tmp_path: Path) -> None:
     )
     good = {"importPath": "embed:Scaled", "code": {"configMap": "good-code"}, "parameters": {"delayUs": 50}}
     user_job(jobs, "good", total=10**7, **good)
-    fill_env = subprocess_env(
-        **{
-            env.CHANNEL_DIR: str(tmp_path / "channel"),
-            env.WORK_SOURCE: f"files:{jobs}",
-            env.OUT_DIR: str(tmp_path / "fill"),
-            env.DEVICE: "cpu",
-            env.CPU_AFFINITY: str(cpu),
-            env.FILL_STORAGE_DIR: str(storage),
-        }
-    )
-    fill_env["PYTHONPATH"] = os.pathsep.join([str(site), fill_env["PYTHONPATH"]])
-    fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env, stderr=subprocess.PIPE, text=True)
+    fill = start_fill(tmp_path, jobs, cpu=cpu, python_path=site, **{env.FILL_STORAGE_DIR: str(storage)})
     # 150 ms bubbles take the commits (the first one sets the commit estimate, and a commit must fit a bubble)
     producer = start_producer(tmp_path / "channel", bubbles_ms="20,150", count=100_000, compute_ms=5.0, cpu=cpu)
     try:

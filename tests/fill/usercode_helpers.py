@@ -4,10 +4,16 @@ code on the fill storage, in a ConfigMap or by entry point."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from fill_helpers import subprocess_env
+
+from pipefill import env
 
 # A workload in two modules: the class imports its helper relatively (code is loaded as a private package).
 EMBED_PY = """
@@ -108,3 +114,14 @@ def user_job(directory: Path, name: str, *, total: int = 40, **workload: Any) ->
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def start_fill(tmp_path: Path, jobs: Path, *, cpu: int, python_path: Path | None = None, **extra: str) -> Any:
+    """The fill executor (``python -m pipefill_fill``) on ``cpu``, its work from ``jobs``, channel and event log under
+    ``tmp_path``; ``python_path``: a directory put first on its import path (an installed package); ``extra``: env."""
+    names = {env.CHANNEL_DIR: "channel", env.OUT_DIR: "fill"}
+    fill_env = subprocess_env(**{k: str(tmp_path / v) for k, v in names.items()})
+    fill_env.update({env.WORK_SOURCE: f"files:{jobs}", env.DEVICE: "cpu", env.CPU_AFFINITY: str(cpu), **extra})
+    if python_path is not None:
+        fill_env["PYTHONPATH"] = os.pathsep.join([str(python_path), fill_env["PYTHONPATH"]])
+    return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env, stderr=subprocess.PIPE, text=True)
