@@ -83,7 +83,7 @@ def _from_entry_point(name: str, *, kind: str) -> type:
             f"{field}: {name!r} → {targets[0]} does not load ({type(exc).__name__}: {exc}); fix the package or its "
             "entry point"
         ) from None
-    return check_workload_class(cls, what=f"{name} ({targets[0]})", field=field, kind=kind)
+    return check_workload_class(cls, what=f"{name!r} ({targets[0]})", field=field, kind=kind)
 
 
 def _from_code(spec: TaskSpec) -> type:
@@ -124,7 +124,7 @@ def _from_code(spec: TaskSpec) -> type:
     if cls is None:
         raise ValueError(f"spec.workload.importPath: module {module_name!r} from {where} has no class {attr!r}")
     return check_workload_class(
-        cls, what=f"{spec.import_path} from {where}", field="spec.workload.importPath", kind=spec.kind
+        cls, what=f"{spec.import_path!r} from {where}", field="spec.workload.importPath", kind=spec.kind
     )
 
 
