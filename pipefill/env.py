@@ -78,7 +78,6 @@ FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubb
 FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # mount of the training job's fill storage (spec.fill.storage)
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the executor's identity in FillJob assignments
-FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # where spec.fill.storage is mounted; FillJob paths are relative to it
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"

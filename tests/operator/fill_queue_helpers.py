@@ -124,6 +124,7 @@ class Recorder:
     def __init__(self, list_call: Callable[..., Any], *args: Any, **selectors: str) -> None:
         self.events: list[tuple[str, int, dict[str, Any]]] = []
         self._stopping = False
+        self._changed = threading.Condition()
         listed = list_call(*args, **selectors)
         version = (
             listed["metadata"]["resourceVersion"] if isinstance(listed, dict) else listed.metadata.resource_version
@@ -141,10 +142,17 @@ class Recorder:
         try:
             for event in stream:
                 obj = event["raw_object"]
-                self.events.append((event["type"], int(obj["metadata"]["resourceVersion"]), obj))
+                with self._changed:
+                    self.events.append((event["type"], int(obj["metadata"]["resourceVersion"]), obj))
+                    self._changed.notify_all()
         except ProtocolError:
             if not self._stopping:  # stop() closes the stream under the reader; anything else is a failure
                 raise
+
+    def wait(self, predicate: Callable[[list[tuple[str, int, dict[str, Any]]]], bool], timeout_s: float = 60) -> None:
+        """Until the events recorded so far satisfy ``predicate`` (woken by each event, no polling)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: predicate(self.events), timeout=timeout_s), "recorder: timed out"
 
     def stop(self) -> list[tuple[str, int, dict[str, Any]]]:
         self._stopping = True

@@ -180,3 +180,8 @@ def test_the_policy_flag_and_its_environment_variable_are_checked_before_connect
     monkeypatch.setenv("PIPEFILL_FILL_MAX_ACTIVE_JOBS", "0")
     assert main([]) == 2
     assert "PIPEFILL_FILL_MAX_ACTIVE_JOBS=0 must be ≥ 1" in capsys.readouterr().err
+
+
+def test_a_long_reason_is_cut_to_the_status_bound() -> None:
+    out = decide(_fill({"slices": SLICES}), _outcome(code="Unfit", reason="x" * 9000), running_hosts=set(), now=NOW)
+    assert out.patch is not None and len(out.patch["message"]) == 4096
