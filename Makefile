@@ -39,7 +39,7 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and da
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pipefill crds --check crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
-	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/
+	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 	$(BIN)/hadolint $(DOCKERFILES)
 
 demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
@@ -69,7 +69,7 @@ crds: $(STAMP) ## regenerate crds/, the chart's CRD templates and docs/api.md fr
 	$(BIN)/pipefill crds --write crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
 
 dashboards: $(STAMP) ## render the Grafana dashboards (pipefill/dashboards) into charts/pipefill/dashboards/
-	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/
+	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 
 dashboard-images: $(STAMP) prometheus-bin ## redraw docs/img/dashboard-*.png from a real scrape of a short local run
 	PIPEFILL_DASHBOARD_IMAGES=docs/img $(BIN)/pytest -q tests/dashboards/test_prometheus.py

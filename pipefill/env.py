@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 
 __all__ = [
+    "BASELINE_EVERY_STEPS",
     "CHANNEL_DIR",
     "COMM_TIMEOUT_S",
     "CPU_AFFINITY",
@@ -33,12 +34,15 @@ __all__ = [
     "METRICS_PORT",
     "OUT_DIR",
     "POD_NAMESPACE",
+    "POD_UID",
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
+    "TRAINER_LATE_ANNOUNCE_US",
     "WORK_SOURCE",
     "cpu_list",
     "env_int",
+    "fill_max_active_jobs",
 ]
 
 DEFAULT_CHANNEL_DIR = "/run/pipefill"
@@ -56,8 +60,11 @@ LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, IN
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
+TRAINER_LATE_ANNOUNCE_US = "PIPEFILL_TRAINER_LATE_ANNOUNCE_US"  # a wait not announced, still going after this: announced late; 0: never (trainer.md)
 SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
 COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
+BASELINE_EVERY_STEPS = "PIPEFILL_BASELINE_EVERY_STEPS"  # one step in this many announces no bubble (the no-fill
+# baseline, docs/metrics.md); default 50, 0: never
 
 # Fill-executor container only
 WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kubernetes" (FillJobs assigned to this pod)
@@ -70,6 +77,8 @@ FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # mount of the training job's fill storage (spec.fill.storage)
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
+POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the executor's identity in FillJob assignments
+FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # where spec.fill.storage is mounted; FillJob paths are relative to it
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"
@@ -94,6 +103,17 @@ def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+def fill_max_active_jobs(environ: Mapping[str, str] | None = None) -> int:
+    """:data:`FILL_MAX_ACTIVE_JOBS` of ``environ`` (default ``os.environ``): the executor's and the queue's limit."""
+    value = env_int(FILL_MAX_ACTIVE_JOBS, DEFAULT_FILL_MAX_ACTIVE_JOBS, environ=environ)
+    if value < 1:
+        raise ValueError(
+            f"environment variable {FILL_MAX_ACTIVE_JOBS}={value} must be ≥ 1 fill job per rank; unset it for the "
+            f"default {DEFAULT_FILL_MAX_ACTIVE_JOBS}"
+        )
+    return value
 
 
 def cpu_list(text: str) -> set[int]:

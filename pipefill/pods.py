@@ -10,6 +10,7 @@ fill's API token, the user's ``spec.podTemplate``) is added by :func:`rank_pod`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,10 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
             env.METRICS_PORT: str(fill_port),
             env.DEVICE: "cpu" if spec.gpu_sharing.mode == SharingMode.NONE or spec.resources.gpus == 0 else "cuda",
         }
+        if spec.fill.storage is not None:
+            fill_env[env.FILL_STORAGE_DIR] = spec.fill.storage.mount_path
+        if os.environ.get(env.FILL_MAX_ACTIVE_JOBS):  # the operator's setting, so executor and queue agree
+            fill_env[env.FILL_MAX_ACTIVE_JOBS] = str(env.fill_max_active_jobs())
         if spec.gpu_sharing.mode == SharingMode.VISIBLE_DEVICES:
             # The fill sees the node's GPUs and picks the trainer's by the UUID published on the channel.
             fill_env["NVIDIA_VISIBLE_DEVICES"] = "all"
@@ -174,6 +179,9 @@ def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, 
             "mountPath": _absolute(spec.data.path).rsplit("/", 1)[0] or "/",
             "readOnly": True,
         }
+    if spec.fill.storage is not None:  # FillJob inputs and outputs, shared by every rank (ReadWriteMany)
+        volumes.append({"name": "fill-storage", "persistentVolumeClaim": {"claimName": spec.fill.storage.claim_name}})
+        mounts["fill-storage"] = {"name": "fill-storage", "mountPath": spec.fill.storage.mount_path}
     # Only the fill executor talks to the API server, so only it gets a token.
     volumes.append(
         {
@@ -311,8 +319,12 @@ def rank_pod(
     if "fill-executor" in plans:
         fill = plans["fill-executor"]
         fill_mounts = [mounts[k] for k in ("channel", "fill-shm", "scratch", "fill-tmp", "fill-home", "api-token")]
+        if "fill-storage" in mounts:
+            fill_mounts.append(mounts["fill-storage"])
         fill_ports = [_port("fill-metrics", fill.metrics_port, host_network)]
         sidecar = _container(fill, fill_mounts, fill_res, fill_ports)
+        # the executor's identity in FillJob assignments: a restarted gang reuses pod names, never uids
+        sidecar["env"].append({"name": env.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}})
         sidecar["restartPolicy"] = "Always"  # native sidecar
         pod_spec["initContainers"] = [sidecar]
     scheduler = _scheduler_name(job)

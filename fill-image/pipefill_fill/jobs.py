@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipefill.env import fill_max_active_jobs
 from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.spec import FillJobPhase
 from pipefill_fill.claim import claim_slice
@@ -80,10 +81,10 @@ class Jobs:
         settings: Settings,
         metrics: FillMetrics,
         events: EventWriter,
-        max_active: int = 2,
+        max_active: int | None = None,  # None: PIPEFILL_FILL_MAX_ACTIVE_JOBS
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
-        self.max_active = max_active
+        self.max_active = fill_max_active_jobs() if max_active is None else max_active
         self.active: dict[str, ActiveJob] = {}
         self.failed: set[str] = set()
         self.generation = 0
@@ -116,6 +117,7 @@ class Jobs:
             return
         a = ActiveJob(spec, job, task, *self._tools(task))
         self.active[spec.name] = a
+        self.metrics.job_started(spec.name, total=spec.total, committed=job.committed())
         self.generation += 1
         if a.profile is not None:
             self.profiled(a)
@@ -213,6 +215,7 @@ class Jobs:
     def fail(self, name: str, message: str, *, spec: TaskSpec | None = None) -> None:
         """The job's workload raised (or it cannot start): the job is Failed for every executor."""
         log.error("job %s: failed: %s", name, message)
+        self.metrics.job_failures.labels(name).inc()
         a = self._remove(name)
         spec = spec or (a.spec if a is not None else None)
         self.failed.add(name)

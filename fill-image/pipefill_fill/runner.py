@@ -70,7 +70,7 @@ class Runner:
         self,
         attached: Attached,
         *,
-        max_active: int = 2,
+        max_active: int | None = None,  # None: PIPEFILL_FILL_MAX_ACTIVE_JOBS
         poll_interval_s: float = 5.0,
         trainer_grace_s: float = 1.0,
     ) -> None:

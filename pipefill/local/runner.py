@@ -8,7 +8,6 @@ a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everyth
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import time
@@ -21,17 +20,16 @@ import yaml
 
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
-from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
+from pipefill.local.procs import LocalProcess, free_port, local_processes, schedule_file, stop_all
 from pipefill.local.report import FILL_WORK_DIR
-from pipefill.spec import FillJob, Manifest, PipelineTrainingJob, SpecError, parse, parse_yaml, to_obj
+from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
 
-__all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "load_config_maps", "load_manifests", "prepare"]
+__all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "prepare"]
 
 _POLL_S = 0.2
 # ConfigMaps given with -f (a FillJob's spec.workload.code.configMap), where the files work source reads them:
 # <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
 CONFIG_MAPS_DIR = "configmaps"
-_CONFIG_MAP_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -48,67 +46,22 @@ class RunOutcome:
     process_restarts: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
-def _documents(path: str) -> tuple[list[Manifest], list[dict[str, Any]]]:
-    """The manifests of a file and, apart, its ConfigMaps (FillJob code), which admission does not check."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file; pass the path of a manifest (YAML)") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read a manifest from it: {exc}") from None
-    manifests, config_maps = [], []
-    for doc in parse_yaml(text, source=path):
-        if doc.get("kind") != "ConfigMap":
-            manifests.append(parse(doc, source=path))
-            continue
-        name, data = (doc.get("metadata") or {}).get("name"), doc.get("data") or {}
-        if doc.get("apiVersion") != "v1" or not isinstance(name, str) or not _CONFIG_MAP_NAME.fullmatch(name):
-            raise ValueError(
-                f"{path}: a ConfigMap needs apiVersion: v1 and metadata.name a DNS subdomain; got {name!r}"
-            )
-        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-            raise ValueError(f"{path}: ConfigMap {name!r}: data must map keys to strings")
-        config_maps.append(doc)
-    return manifests, config_maps
-
-
-def load_config_maps(paths: list[str]) -> list[dict[str, Any]]:
-    """The ConfigMaps of the files (the code of FillJobs whose spec.workload.code names one)."""
-    return [c for p in paths for c in _documents(p)[1]]
-
-
-def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob], list[str]]:
-    """The one training job, the fill jobs it may host, and warnings; raises SpecError/ValueError on bad input."""
-    manifests = [m for p in paths for m in _documents(p)[0]]
-    jobs = [m for m in manifests if isinstance(m, PipelineTrainingJob)]
-    if len(jobs) != 1:
-        names = ", ".join(j.name for j in jobs) or "none"
-        raise ValueError(
-            f"pipefill local runs exactly one PipelineTrainingJob per invocation; the files hold {len(jobs)} ({names})"
-        )
-    job = jobs[0]
-    labels = {str(k): str(v) for k, v in (job.metadata.get("labels") or {}).items()}
-    fills, warnings = [], []
-    for fill in (m for m in manifests if isinstance(m, FillJob)):
-        if fill.spec.host_selector.matches(labels):
-            fills.append(fill)
-        else:
-            warnings.append(
-                f"FillJob {fill.name!r} does not select PipelineTrainingJob {job.name!r} (spec.hostSelector vs its labels); it stays queued"
-            )
-    if not job.spec.fill.enabled and fills:
-        warnings.append(f"spec.fill.enabled is false on {job.name!r}: no fill executor runs, the FillJobs stay queued")
-    return job, fills, warnings
-
-
 def prepare(
-    job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path, config_maps: Sequence[dict[str, Any]] = ()
+    job: PipelineTrainingJob,
+    fills: list[FillJob],
+    out_dir: Path,
+    *,
+    schedule_csv: str | None = None,
+    config_maps: Sequence[dict[str, Any]] = (),
 ) -> tuple[Path, Path]:
-    """Write the job (as the spec ConfigMap would hold it), the fill queue and the ConfigMaps its code is in;
-    returns (spec file, work dir)."""
+    """Write the job and, for ``schedule: custom``, its CSV under its key beside it (as the spec ConfigMap holds
+    them), the fill queue and the ConfigMaps its code is in; returns (spec file, work dir)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
+    csv_file = schedule_file(job, out_dir)
+    if schedule_csv is not None and csv_file is not None:
+        csv_file.write_text(schedule_csv, encoding="utf-8")
     work_dir = out_dir / FILL_WORK_DIR
     work_dir.mkdir(exist_ok=True)
     for fill in fills:
@@ -133,10 +86,12 @@ class LocalRun:
         out_dir: Path,
         device: str = "cpu",
         pin: bool = True,
+        schedule_csv: str | None = None,
         config_maps: Sequence[dict[str, Any]] = (),
         on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
     ) -> None:
         self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
+        self.schedule_csv = schedule_csv  # schedule custom: the CSV from its ConfigMap (manifests.load_manifests)
         self.on_tick = on_tick
         self.config_maps = list(config_maps)
         self.outcome = RunOutcome(code=1, reason="not started")
@@ -165,7 +120,9 @@ class LocalRun:
         self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def run(self) -> RunOutcome:
-        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir, self.config_maps)
+        spec_file, work_dir = prepare(
+            self.job, self.fills, self.out_dir, schedule_csv=self.schedule_csv, config_maps=self.config_maps
+        )
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         policy = self.job.spec.run_policy

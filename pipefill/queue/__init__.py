@@ -9,7 +9,7 @@ pass that places slices on rank pods by policy.
 
 from pipefill.queue.policies import POLICIES, Policy
 from pipefill.queue.scheduler import JobOutcome, PassResult, schedule_pass
-from pipefill.queue.slices import MIN_SLICE_UNITS, SLICES_PER_RANK, Slice, check_plan, plan_slices
+from pipefill.queue.slices import MAX_SLICES, MIN_SLICE_UNITS, SLICES_PER_RANK, Slice, check_plan, plan_slices
 from pipefill.queue.snapshot import (
     FillJobView,
     Placement,
@@ -20,12 +20,15 @@ from pipefill.queue.snapshot import (
     Unfit,
 )
 from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339
+from pipefill.spec import FillJobPhase
 
 __all__ = [
     "FINAL_PHASES",
+    "MAX_SLICES",
     "MIN_SLICE_UNITS",
     "POLICIES",
     "SLICES_PER_RANK",
+    "FillJobPhase",
     "FillJobView",
     "Identity",
     "JobOutcome",

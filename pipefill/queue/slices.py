@@ -12,7 +12,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "check_plan", "plan_bounds", "plan_slices"]
+from pipefill.spec.fillstatus import MAX_SLICES
+
+__all__ = ["MAX_SLICES", "MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "check_plan", "plan_bounds", "plan_slices"]
 
 SLICES_PER_RANK = 4
 """Slices per allowed rank (spec.maxParallelRanks): several, so a faster rank takes more and the tail is short."""
@@ -48,6 +50,7 @@ def plan_slices(total: int, *, parallel_ranks: int) -> list[Slice]:
 def plan_bounds(total: int, *, parallel_ranks: int) -> list[int]:
     """The bounds ``[0, b1, …, total]`` of :func:`plan_slices` (what ``slices.json`` and the status record)."""
     count = 1 if parallel_ranks <= 1 else max(1, min(parallel_ranks * SLICES_PER_RANK, total // MIN_SLICE_UNITS))
+    count = min(count, MAX_SLICES)  # the status holds the plan: its size is bounded
     return [total * i // count for i in range(count + 1)]
 
 

@@ -92,7 +92,7 @@ def merged_status(
     if throughput and phase == FillJobPhase.RUNNING:
         left_s = max(0, report.total - done) / throughput
         eta = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=left_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    status = to_obj(
+    decided = to_obj(
         FillJobStatus(
             phase=phase,
             assignments=sorted(assignments, key=lambda a: (a.start, a.training_job, a.rank)),
@@ -104,9 +104,27 @@ def merged_status(
             completion_time=report.completion_time or old.get("completionTime"),
         )
     )
+    # What the report decides replaces the old values (an unset optional one is removed); the rest (the plan of
+    # record, epoch, conditions, unfit and profile reports, message) stays as the others wrote it.
+    status = {k: v for k, v in old.items() if k not in _DECIDED}
+    status.update({k: v for k, v in decided.items() if k in _DECIDED})
     if report.message:
         status["message"] = report.message
     return status
+
+
+_DECIDED = frozenset(
+    {
+        "phase",
+        "assignments",
+        "samplesDone",
+        "progress",
+        "throughput",
+        "estimatedCompletionTime",
+        "startTime",
+        "completionTime",
+    }
+)
 
 
 def _snake(assignment: dict[str, Any]) -> dict[str, Any]:
@@ -115,4 +133,7 @@ def _snake(assignment: dict[str, Any]) -> dict[str, Any]:
         "rank": assignment["rank"],
         "start": assignment["start"],
         "end": assignment["end"],
+        "pod": assignment.get("pod"),
+        "pod_uid": assignment.get("podUID"),
+        "epoch": assignment.get("epoch"),
     }

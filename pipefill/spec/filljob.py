@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipefill.spec._schema import Rule, field
-from pipefill.spec.common import NAME_RULE, Condition, LabelSelector, Location
+from pipefill.spec.common import NAME_RULE, LabelSelector, Location
+from pipefill.spec.fillstatus import Assignment, FillJobPhase, FillJobStatus
 
 __all__ = [
     "BUILTIN_WORKLOADS",
@@ -40,14 +41,6 @@ BUILTIN_WORKLOADS: dict[str, WorkKind] = {
 ENTRY_POINT_GROUP = "pipefill.workloads"
 
 _BUILTIN_KIND_CEL = "{" + ", ".join(f"'{k}': '{v.value}'" for k, v in BUILTIN_WORKLOADS.items()) + "}"
-
-
-class FillJobPhase(enum.StrEnum):
-    QUEUED = "Queued"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
 
 
 @dataclass
@@ -165,9 +158,16 @@ class FillJobSpec:
     """Desired state of a FillJob."""
 
     workload: Workload = field(doc="What to run.")
-    output: Location = field(doc="Where outputs (inference) or checkpoints and the final model (training) go.")
+    output: Location = field(
+        doc="Where outputs (inference) or checkpoints and the final model (training) go. With claimName: a path on "
+        "that claim, relative to its root, and only training jobs whose spec.fill.storage.claimName is that claim "
+        "host the job (every fill sidecar of theirs mounts it at fill.storage.mountPath); without: a path inside "
+        "the fill sidecar, and only training jobs without fill storage host it (docs/fill.md)."
+    )
     input: Location | None = field(
-        doc="Dataset file the workload reads; builtins generate a synthetic one when absent.", default=None
+        doc="Dataset file the workload reads, on the same storage as output (its claimName, when set, must be "
+        "output's); builtins generate a synthetic one when absent.",
+        default=None,
     )
     total_samples: int | None = field(
         doc="Samples to process (inference) or to train on.", minimum=1, maximum=10**12, default=None
@@ -193,6 +193,17 @@ class FillJobSpec:
         maximum=65536,
         default=1,
     )
+    suspend: bool = field(
+        doc="Pause the job: the operator releases its assignments (executors stop at their next commit) and keeps "
+        "its progress; setting it back to false queues the rest again (as spec.suspend of a batch/v1 Job).",
+        default=False,
+    )
+    cancel: bool = field(
+        doc="Stop the job for good: the operator revokes its assignments and the job ends Cancelled with the work "
+        "committed so far. Cannot be undone (create a new FillJob); deleting the FillJob also stops it, but "
+        "removes its status record.",
+        default=False,
+    )
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -215,6 +226,14 @@ class FillJobSpec:
             "split across ranks); remove maxParallelRanks or set it to 1'.format([self.maxParallelRanks])",
             field_path=".maxParallelRanks",
         ),
+        Rule(
+            rule="!has(self.input) || !has(self.input.claimName) || (has(self.output.claimName) && "
+            "self.input.claimName == self.output.claimName)",
+            message="spec.input.claimName must be spec.output.claimName: a job's input and output live on one fill "
+            "storage claim, the one its hosts mount (spec.fill.storage of the training job); use the same claim or "
+            "leave input.claimName out",
+            field_path=".input.claimName",
+        ),
         # Update-only (transition) rules: progress, slices and outputs are counted against these three fields.
         Rule(
             rule="has(self.totalSamples) == has(oldSelf.totalSamples) && (!has(self.totalSamples) || self.totalSamples"
@@ -227,6 +246,12 @@ class FillJobSpec:
             message="spec.maxParallelRanks is immutable: the slice plan is fixed when the job is first scheduled; "
             "create a new FillJob",
             field_path=".maxParallelRanks",
+        ),
+        Rule(
+            rule="self.cancel || !oldSelf.cancel",
+            message="spec.cancel cannot be set back to false: a cancelled FillJob stays cancelled; create a new "
+            "FillJob (to pause and resume, use spec.suspend)",
+            field_path=".cancel",
         ),
         Rule(
             rule="self.output == oldSelf.output",
@@ -242,35 +267,6 @@ class FillJobSpec:
         if total is None:
             raise ValueError("spec: set exactly one of totalSamples and totalSteps")
         return total
-
-
-@dataclass
-class Assignment:
-    """A slice of the job given to one rank of one training job."""
-
-    training_job: str = field(doc="PipelineTrainingJob name.", max_length=253)
-    rank: int = field(doc="Pipeline rank (pod) doing the work.", minimum=0)
-    start: int = field(doc="First sample (or step) of the slice.", minimum=0)
-    end: int = field(doc="One past the last sample (or step) of the slice.", minimum=0)
-
-
-@dataclass
-class FillJobStatus:
-    """Observed state, written by the operator (or by `pipefill local`)."""
-
-    phase: FillJobPhase = field(doc="Queued, Running, Succeeded, Failed or Cancelled.", default=FillJobPhase.QUEUED)
-    conditions: list[Condition] = field(doc="Standard conditions.", max_items=16, default_factory=list)
-    assignments: list[Assignment] = field(doc="Where the work runs.", max_items=4096, default_factory=list)
-    samples_done: int = field(doc="Committed samples (or steps).", minimum=0, default=0)
-    progress: float = field(doc="samplesDone ÷ total, in percent.", minimum=0, maximum=100, default=0.0)
-    throughput: float | None = field(
-        doc="Committed samples (or steps) per second, recent average.", unit="1/s", minimum=0, default=None
-    )
-    estimated_completion_time: str | None = field(
-        doc="When the job will finish at the current throughput.", fmt="date-time", default=None
-    )
-    start_time: str | None = field(doc="When work first started.", fmt="date-time", default=None)
-    completion_time: str | None = field(doc="When the job finished.", fmt="date-time", default=None)
 
 
 @dataclass

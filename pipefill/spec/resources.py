@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
-from pipefill.spec._schema import field
+from pipefill.spec._schema import Rule, field
+from pipefill.spec.common import LabelSelector
 
-__all__ = ["FillSettings", "GpuSharing", "Mps", "Resources", "SharingMode"]
+__all__ = ["DEFAULT_FILL_STORAGE_MOUNT", "FillSettings", "FillStorage", "GpuSharing", "Mps", "Resources", "SharingMode"]
 
 
 class SharingMode(enum.StrEnum):
@@ -62,6 +64,36 @@ class GpuSharing:
     mps: Mps = field(doc="MPS options.", default_factory=lambda: Mps())
 
 
+DEFAULT_FILL_STORAGE_MOUNT = "/fill-storage"
+
+
+@dataclass
+class FillStorage:
+    """Shared storage of the fill jobs this training job hosts: a ReadWriteMany claim in every fill sidecar."""
+
+    claim_name: str = field(
+        doc="PersistentVolumeClaim (ReadWriteMany: every rank pod mounts it) holding FillJob inputs and outputs; a "
+        "FillJob whose output.claimName is this claim may run here.",
+        max_length=253,
+        pattern="^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
+    mount_path: str = field(
+        doc="Where the fill sidecar mounts it (PIPEFILL_FILL_STORAGE_DIR); FillJob paths are relative to it.",
+        max_length=4096,
+        pattern="^/.*",
+        default=DEFAULT_FILL_STORAGE_MOUNT,
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="!(self.mountPath in ['/', '/dev/shm', '/tmp', '/home/pipefill', '/run/pipefill', '/workspace'])",
+            message="spec.fill.storage.mountPath must not be a path the fill sidecar mounts already (/, /dev/shm, "
+            "/tmp, /home/pipefill, /run/pipefill, /workspace); use e.g. /fill-storage",
+            field_path=".mountPath",
+        ),
+    )
+
+
 @dataclass
 class FillSettings:
     """How bubbles are offered to fill work."""
@@ -91,4 +123,12 @@ class FillSettings:
         "own /dev/shm.",
         quantity=True,
         default="4Gi",
+    )
+    job_selector: LabelSelector = field(
+        doc="Which FillJobs (by their labels) this job hosts; empty: all FillJobs of its namespace that select it.",
+        default_factory=lambda: LabelSelector(),
+    )
+    storage: FillStorage | None = field(
+        doc="Shared fill storage; FillJobs on another claim (or on none, when this is set) never run here.",
+        default=None,
     )

@@ -43,3 +43,39 @@ def test_samples_per_bubble_agrees_with_plan_class() -> None:
         assert samples_per_bubble(classes, profile, guard_s=guard_s) == expected
     exact = BubbleClass(0.3, 1 << 30)  # 0.3 / 0.1 is 2.9999999999999996: both plan 3 steps
     assert samples_per_bubble([exact], [ProfilePoint(1, 0.1, 0)], guard_s=0.0) == [3]
+
+
+def test_plan_never_exceeds_the_status_bound() -> None:
+    assert len(plan_slices(10**12, parallel_ranks=65536)) == queue.MAX_SLICES
+
+
+def test_an_executor_report_keeps_what_the_operator_wrote() -> None:
+    """merged_status replaces only what a progress report decides: the plan of record, the epochs and the
+    operator's conditions stay, and assignments keep their pods and epochs."""
+    old = {
+        "phase": "Running",
+        "slices": [{"start": 0, "end": 10, "committed": 4}],
+        "epoch": 7,
+        "conditions": [{"type": "Scheduled", "status": "True", "reason": "Assigned"}],
+        "throughput": 5.0,
+        "assignments": [
+            {"trainingJob": "gpt", "rank": 1, "start": 0, "end": 10, "pod": "gpt-0-1", "podUID": "u1", "epoch": 7}
+        ],
+    }
+    report = queue.ProgressReport(queue.FillJobPhase.RUNNING, committed=4, total=10, throughput_per_s=None)
+    new = queue.merged_status(old, report, identity=queue.Identity("gpt", 1), held=None)
+    assert new is not None
+    assert new["slices"] == old["slices"] and new["epoch"] == 7 and new["conditions"] == old["conditions"]
+    assert new["assignments"] == old["assignments"] and new["samplesDone"] == 4
+    done = queue.ProgressReport(queue.FillJobPhase.SUCCEEDED, committed=10, total=10)
+    final = queue.merged_status(old, done, identity=queue.Identity("gpt", 1), held=None)
+    assert final is not None and final["assignments"] == [] and "throughput" not in final
+
+
+def test_max_active_jobs_is_one_setting() -> None:
+    from pipefill import env
+
+    assert env.fill_max_active_jobs({}) == env.DEFAULT_FILL_MAX_ACTIVE_JOBS
+    assert env.fill_max_active_jobs({env.FILL_MAX_ACTIVE_JOBS: "3"}) == 3
+    with pytest.raises(ValueError, match="PIPEFILL_FILL_MAX_ACTIVE_JOBS=0 must be ≥ 1"):
+        env.fill_max_active_jobs({env.FILL_MAX_ACTIVE_JOBS: "0"})

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipefill.spec import SpecError, parse, parse_yaml
+from pipefill.spec import FillJobStatus, SpecError, parse, parse_yaml
+from pipefill.spec._schema import from_obj
 from pipefill.spec.validation import check_object
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,6 +285,32 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("absurd-priority", _with(FJ, spec__priority=5000), "spec.priority", "less than or equal to 1000"),
     (
+        "input-on-another-claim",
+        _with(
+            FJ, spec__input={"path": "in.jsonl", "claimName": "other"}, spec__output={"path": "o", "claimName": "fs"}
+        ),
+        "spec.input.claimName",
+        "must be spec.output.claimName",
+    ),
+    (
+        "fill-storage-over-tmp",
+        _with(PTJ, spec__fill={"storage": {"claimName": "fs", "mountPath": "/tmp"}}),
+        "spec.fill.storage.mountPath",
+        "must not be a path the fill sidecar mounts already",
+    ),
+    (
+        "fill-storage-relative-mount",
+        _with(PTJ, spec__fill={"storage": {"claimName": "fs", "mountPath": "fill"}}),
+        "spec.fill.storage.mountPath",
+        "should match",
+    ),
+    (
+        "fill-job-selector-in-without-values",
+        _with(PTJ, spec__fill={"jobSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]}}),
+        "spec.fill.jobSelector.matchExpressions[0].values",
+        "must be non-empty",
+    ),
+    (
         "unknown-work-kind",
         _with(FJ, spec__workload__kind="batch"),
         "spec.workload.kind",
@@ -343,3 +370,39 @@ def test_envelope_errors(change: dict[str, Any], words: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse({**PTJ, **change})
     assert words in str(caught.value)
+
+
+def test_cancel_cannot_be_undone_but_suspend_can() -> None:
+    """Transition rules (``oldSelf``): a cancelled FillJob stays cancelled; suspend goes both ways."""
+    schema = _crd_schema("FillJob")
+    cancelled = _with(FJ, spec__cancel=True)
+    errors = check_object(schema, _with(FJ, spec__cancel=False), old=cancelled)
+    assert [(e.path, "cannot be set back to false" in e.text) for e in errors] == [("spec.cancel", True)]
+    assert check_object(schema, _with(FJ, spec__cancel=True), old=_with(FJ)) == []
+    assert check_object(schema, _with(FJ, spec__suspend=False), old=_with(FJ, spec__suspend=True)) == []
+
+
+def test_status_fields_round_trip_through_the_typed_model() -> None:
+    """What the operator and the executors write into ``status`` is a valid, typed FillJobStatus."""
+    status = {
+        "phase": "Running",
+        "slices": [{"start": 0, "end": 64, "committed": 10}, {"start": 64, "end": 128, "committed": 64}],
+        "assignments": [
+            {"trainingJob": "gpt", "rank": 1, "start": 0, "end": 64, "pod": "gpt-0-1", "podUID": "u-1", "epoch": 3}
+        ],
+        "epoch": 3,
+        "unfit": [{"trainingJob": "gpt", "rank": 0, "reason": "NotEnoughMemory", "freeBytes": 1, "peakMemoryBytes": 2}],
+        "profile": [{"batchSize": 8, "stepMilliseconds": 2.5, "peakMemoryBytes": 1024}],
+        "bubbleClasses": [
+            {"trainingJob": "gpt", "rank": 1, "classes": [{"durationMilliseconds": 4.0, "perStep": 2, "freeBytes": 9}]}
+        ],
+        "message": "running on 1 rank",
+    }
+    obj = _with(FJ, status=status)
+    assert check_object(_crd_schema("FillJob"), copy.deepcopy(obj)) == []
+    parsed = from_obj(FillJobStatus, status)
+    assert parsed.assignments[0].pod_uid == "u-1" and parsed.slices[1].committed == 64
+    assert parsed.unfit[0].reason == "NotEnoughMemory" and parsed.bubble_classes[0].classes[0].per_step == 2.0
+    bad = _with(FJ, status={"slices": [{"start": 0, "end": 64, "committed": 65}]})
+    errors = check_object(_crd_schema("FillJob"), bad)
+    assert any(e.path == "status.slices[0].committed" and "committed 65 must lie within" in e.text for e in errors)

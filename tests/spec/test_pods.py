@@ -177,3 +177,32 @@ def test_fill_disabled_means_no_sidecar_and_rank_out_of_range_is_refused() -> No
     assert not {v["name"] for v in pod["spec"]["volumes"]} & {"api-token", "fill-shm"}
     with pytest.raises(ValueError, match=r"rank 2 is outside 0\.\.1"):
         rank_containers(job, 2)
+
+
+def test_fill_storage_is_mounted_in_the_fill_sidecar_alone_and_named_in_its_environment() -> None:
+    job = _job("cpu-demo", **{"spec.fill.storage": {"claimName": "fill-data", "mountPath": "/data/fill"}})
+    pod = rank_pod(job, 0, namespace="team-a")
+    trainer, fill = _containers(pod)
+    assert {"name": "fill-storage", "persistentVolumeClaim": {"claimName": "fill-data"}} in pod["spec"]["volumes"]
+    assert {"name": "fill-storage", "mountPath": "/data/fill"} in fill["volumeMounts"]
+    assert all(m["name"] != "fill-storage" for m in trainer["volumeMounts"])
+    assert _env(fill)[env.FILL_STORAGE_DIR] == "/data/fill"
+    assert env.FILL_STORAGE_DIR not in _env(trainer)
+    # the executor's identity in assignments comes from the downward API
+    (uid,) = [e for e in fill["env"] if e["name"] == env.POD_UID]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # without storage: no claim, no variable; the default mount path
+    plain = rank_pod(_job("cpu-demo"), 0)
+    assert all(v["name"] != "fill-storage" for v in plain["spec"]["volumes"])
+    assert env.FILL_STORAGE_DIR not in _env(_containers(plain)[1])
+    default = _job("cpu-demo", **{"spec.fill.storage": {"claimName": "fill-data"}})
+    assert _env(_containers(rank_pod(default, 0))[1])[env.FILL_STORAGE_DIR] == "/fill-storage"
+
+
+def test_the_builders_max_active_jobs_reaches_the_fill_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setting for the queue and the executor: the operator's PIPEFILL_FILL_MAX_ACTIVE_JOBS goes into the pods."""
+    monkeypatch.delenv(env.FILL_MAX_ACTIVE_JOBS, raising=False)
+    assert env.FILL_MAX_ACTIVE_JOBS not in _env(_containers(rank_pod(_job("cpu-demo"), 0))[1])
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "3")
+    trainer, fill = _containers(rank_pod(_job("cpu-demo"), 0))
+    assert _env(fill)[env.FILL_MAX_ACTIVE_JOBS] == "3" and env.FILL_MAX_ACTIVE_JOBS not in _env(trainer)

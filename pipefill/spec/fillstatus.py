@@ -1,0 +1,196 @@
+"""``FillJob.status``: what the operator's queue and the fill executors write about a FillJob.
+
+Two writers share it (docs/fill.md, "The queue on the cluster"): the operator owns the plan of record (``slices``,
+written once), the ``assignments`` with their ``epoch``, ``phase`` and the ``Scheduled`` condition; the executors
+advance each slice's ``committed`` pointer (never backwards) and report ``unfit``, ``profile`` and ``bubbleClasses``.
+Both merge with a resourceVersion precondition, so neither overwrites the other. The shapes mirror the queue's
+:mod:`pipefill.queue.snapshot` values, which the operator builds from them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipefill.spec._schema import Rule, field
+from pipefill.spec.common import Condition
+
+__all__ = [
+    "MAX_ASSIGNMENTS",
+    "MAX_SLICES",
+    "Assignment",
+    "BubbleClassReport",
+    "FillJobPhase",
+    "FillJobStatus",
+    "ProfileEntry",
+    "RankBubbles",
+    "SliceProgress",
+    "UnfitReason",
+    "UnfitReport",
+]
+
+MAX_SLICES = 4096
+"""Slices in one plan of record at most (``pipefill.queue.plan_slices`` never plans more): bounds the status size."""
+MAX_ASSIGNMENTS = 4096
+_MAX_RANK_REPORTS = 1024
+"""unfit and bubbleClasses entries at most: one per (training job, rank) that worked on the job."""
+_NAME = 253  # object names
+_UID = 64  # a pod's metadata.uid (a UUID, 36 characters)
+
+
+class FillJobPhase(enum.StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+@dataclass
+class Assignment:
+    """A slice of the job given to one rank pod (operator-owned). The executor of ``podUID`` may run and commit the
+    slice only while this entry, with this ``epoch``, is in the status: it re-checks at every commit."""
+
+    training_job: str = field(doc="PipelineTrainingJob name.", max_length=_NAME)
+    rank: int = field(doc="Pipeline rank (pod) doing the work.", minimum=0)
+    start: int = field(doc="First sample (or step) of the slice.", minimum=0)
+    end: int = field(doc="One past the last sample (or step) of the slice.", minimum=0)
+    pod: str | None = field(doc="The rank pod's name (set by the operator).", max_length=_NAME, default=None)
+    pod_uid: str | None = field(
+        doc="The rank pod's metadata.uid (a restarted gang reuses pod names, never uids); the executor compares it "
+        "with PIPEFILL_POD_UID.",
+        name="podUID",
+        max_length=_UID,
+        default=None,
+    )
+    epoch: int | None = field(
+        doc="Placement number of this slice (set by the operator): grows with every placement of the job; a commit "
+        "of an older epoch is refused.",
+        minimum=0,
+        default=None,
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(rule="self.start < self.end", message="an assignment needs start < end", field_path=".end"),
+    )
+
+
+@dataclass
+class SliceProgress:
+    """One slice of the plan of record; ``[start, committed)`` is done (committed == end: the slice is done)."""
+
+    start: int = field(doc="First sample (or step) of the slice.", minimum=0)
+    end: int = field(doc="One past the last sample (or step).", minimum=1)
+    committed: int = field(
+        doc="Commit pointer: samples before it are durably written. Executors only advance it.", minimum=0
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="self.start < self.end && self.start <= self.committed && self.committed <= self.end",
+            message="a slice needs start < end and start ≤ committed ≤ end",
+            message_expression="'slice [%d, %d): committed %d must lie within the slice (start ≤ committed ≤ end)'"
+            ".format([self.start, self.end, self.committed])",
+            field_path=".committed",
+        ),
+    )
+
+
+class UnfitReason(enum.StrEnum):
+    BUBBLE_TOO_SHORT = "BubbleTooShort"
+    NOT_ENOUGH_MEMORY = "NotEnoughMemory"
+
+
+@dataclass
+class UnfitReport:
+    """An executor's report that the job fits none of its rank's bubbles; it let go of the job (executor-written).
+    The operator places the job elsewhere and removes the entry once no assignment holds that rank."""
+
+    training_job: str = field(doc="PipelineTrainingJob of the rank.", max_length=_NAME)
+    rank: int = field(doc="The rank whose bubbles do not fit.", minimum=0)
+    reason: UnfitReason = field(doc="BubbleTooShort (no bubble long enough) or NotEnoughMemory.")
+    message: str = field(doc="The executor's words, with the numbers.", max_length=1024, default="")
+    longest_bubble_milliseconds: float | None = field(
+        doc="The rank's longest usable bubble (after the guard).", unit="ms", minimum=0, default=None
+    )
+    step_milliseconds: float | None = field(
+        doc="The job's shortest step (smallest batch) as measured or estimated.", unit="ms", minimum=0, default=None
+    )
+    free_bytes: int | None = field(doc="Device memory the rank's fill may use, bytes.", minimum=0, default=None)
+    peak_memory_bytes: int | None = field(
+        doc="The job's peak device memory at its smallest batch, bytes.", minimum=0, default=None
+    )
+
+
+@dataclass
+class ProfileEntry:
+    """One measured batch size of the job (executor-written): what sjf and makespan plan with."""
+
+    batch_size: int = field(doc="Samples per step.", minimum=1)
+    step_milliseconds: float = field(doc="Median step time.", unit="ms", minimum=0, exclusive_minimum=True)
+    peak_memory_bytes: int = field(doc="Peak device memory of one step, bytes.", minimum=0)
+
+
+@dataclass
+class BubbleClassReport:
+    """Bubbles of one kind on one rank: expected length, device memory free for fill, how many per training step."""
+
+    duration_milliseconds: float = field(doc="Expected usable length.", unit="ms", minimum=0)
+    per_step: float = field(doc="Bubbles of this class per training step.", minimum=0, exclusive_minimum=True)
+    free_bytes: int = field(doc="Device memory the fill may use in it, bytes.", minimum=0)
+
+
+@dataclass
+class RankBubbles:
+    """The bubble classes one rank's executor measured (executor-written); ranks not listed are predicted."""
+
+    training_job: str = field(doc="PipelineTrainingJob of the rank.", max_length=_NAME)
+    rank: int = field(doc="The rank.", minimum=0)
+    classes: list[BubbleClassReport] = field(doc="Its bubble classes.", max_items=32, default_factory=list)
+    step_milliseconds: float | None = field(
+        doc="The training step time the rank measured.", unit="ms", minimum=0, exclusive_minimum=True, default=None
+    )
+
+
+@dataclass
+class FillJobStatus:
+    """Observed state, written by the operator (plan, assignments, phase) and the executors (commit pointers,
+    reports), or by `pipefill local`."""
+
+    phase: FillJobPhase = field(doc="Queued, Running, Succeeded, Failed or Cancelled.", default=FillJobPhase.QUEUED)
+    message: str = field(doc="Why the job is in its phase, in words.", max_length=4096, default="")
+    conditions: list[Condition] = field(
+        doc="Standard conditions; the operator's Scheduled condition says why a job waits.",
+        max_items=16,
+        default_factory=list,
+    )
+    slices: list[SliceProgress] = field(
+        doc="The plan of record, written once by the operator when the job is first scheduled; executors advance "
+        "committed.",
+        max_items=MAX_SLICES,
+        default_factory=list,
+    )
+    assignments: list[Assignment] = field(
+        doc="Where the work runs now.", max_items=MAX_ASSIGNMENTS, default_factory=list
+    )
+    epoch: int = field(doc="The highest placement epoch handed out so far.", minimum=0, default=0)
+    unfit: list[UnfitReport] = field(
+        doc="Ranks whose bubbles the job does not fit.", max_items=_MAX_RANK_REPORTS, default_factory=list
+    )
+    profile: list[ProfileEntry] = field(doc="The job's measured profile.", max_items=32, default_factory=list)
+    bubble_classes: list[RankBubbles] = field(
+        doc="Bubble classes per rank, as the executors there measured them.",
+        max_items=_MAX_RANK_REPORTS,
+        default_factory=list,
+    )
+    samples_done: int = field(doc="Committed samples (or steps).", minimum=0, default=0)
+    progress: float = field(doc="samplesDone ÷ total, in percent.", minimum=0, maximum=100, default=0.0)
+    throughput: float | None = field(
+        doc="Committed samples (or steps) per second, recent average.", unit="1/s", minimum=0, default=None
+    )
+    estimated_completion_time: str | None = field(
+        doc="When the job will finish at the current throughput.", fmt="date-time", default=None
+    )
+    start_time: str | None = field(doc="When work first started.", fmt="date-time", default=None)
+    completion_time: str | None = field(doc="When the job finished.", fmt="date-time", default=None)
