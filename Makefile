@@ -47,7 +47,7 @@ demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an infere
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
 demo-embed: $(STAMP) ## the demo's training, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra); run again to go on
-	rm -rf runs/cpu-demo
+	rm -rf runs/cpu-demo runs/fill/embed-sentences/profiles
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-embed.yaml --out runs/cpu-demo
 
 test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests

@@ -78,7 +78,9 @@ def _from_entry_point(name: str, *, kind: str) -> type:
         )
     try:
         cls = found[0].load()
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit too: a package must not end the executor
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         raise ValueError(
             f"{field}: {name!r} → {targets[0]} does not load ({type(exc).__name__}: {exc}); fix the package or its "
             "entry point"
@@ -113,7 +115,7 @@ def _from_code(spec: TaskSpec) -> type:
     except BaseException as exc:  # SystemExit too: user code must not end the executor
         if isinstance(exc, KeyboardInterrupt):
             raise
-        for key in [k for k in sys.modules if k.startswith(qualified)]:
+        for key in [k for k in sys.modules if k == qualified or k.startswith(qualified + ".")]:
             del sys.modules[key]
         raise ValueError(
             f"spec.workload.importPath: module {module_name!r} from {where} raised while importing "

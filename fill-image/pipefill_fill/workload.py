@@ -1,6 +1,8 @@
 """The workload SDK: what a fill job's code implements so the executor can run it inside bubbles.
 
-A workload is a class named by import path (``package.module:Class``) or a builtin name. The executor constructs it
+A workload is a class named by a builtin name, an entry point of an installed package or an import path
+(``package.module:Class``), whose module may come from the fill storage or a ConfigMap (:mod:`pipefill_fill.usercode`
+loads it and checks this contract: :func:`check_workload_class`). The executor constructs it
 with a :class:`WorkloadContext`, then calls ``setup(device, memory_budget_bytes)`` once, ``step(batch_size)`` as long as
 a bubble has time for it, ``state()`` at every commit and ``restore(state)`` after a restart. See docs/fill.md.
 

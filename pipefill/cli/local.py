@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="FILE",
-        help="manifest (repeatable): one PipelineTrainingJob, any FillJobs, and the ConfigMap of its custom schedule",
+        help="manifest (repeatable): one PipelineTrainingJob, any FillJobs, the ConfigMap of its custom schedule and those of the FillJobs' code",
     )
     parser.add_argument(
         "--out", type=Path, default=None, metavar="DIR", help="output directory (default: runs/<job name>)"

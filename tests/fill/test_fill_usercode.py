@@ -74,17 +74,25 @@ def test_a_package_installed_in_the_fill_image_by_entry_point(
     site = install_package(
         tmp_path / "site",
         dist="acme-fill",
-        entry_points={"acme-scaled": "acme_fill.embed:Scaled"},
+        entry_points={"acme-scaled": "acme_fill.embed:Scaled", "acme-exits": "acme_fill.exits:C"},
         modules={
             "acme_fill/__init__.py": "",
             "acme_fill/embed.py": (write_code(tmp_path / "src") / "embed.py").read_text(),
             "acme_fill/helpers.py": "FACTOR = 4.0\n",
+            "acme_fill/exits.py": EXITS_PY,
         },
     )
     monkeypatch.syspath_prepend(str(site))
     spec = _spec(user_job(tmp_path, "ep", entryPoint="acme-scaled"))
     assert np.array_equal(_run(spec)[:, 0], np.arange(40) * 4.0)
     assert load_job_workload(spec).__module__ == "acme_fill.embed"
+    broken = _spec(user_job(tmp_path, "ep-exits", entryPoint="acme-exits"))
+    with pytest.raises(
+        ValueError,
+        match=r"FillJob ep-exits: spec\.workload\.entryPoint: 'acme-exits' → acme_fill\.exits:C "
+        r"does not load \(SystemExit: 3\); fix the package or its entry point",
+    ):
+        load_job_workload(broken)
 
 
 @pytest.mark.parametrize(
