@@ -29,17 +29,6 @@ from pipefill.devcluster import ControlPlane
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "charts" / "pipefill" / "dashboards").glob("*.json"))
-AWAITING_QUEUE_BRANCH = {
-    "pipefill_operator_fill_queue_length",
-    "pipefill_operator_fill_assignments",
-    "pipefill_operator_fill_reassignments_total",
-    "pipefill_operator_schedule_pass_seconds_bucket",
-    "pipefill_operator_fill_jobs",
-}
-"""The fill queue's operator metrics (issue #14), whose names the queue's branch fixes and whose panels are already
-in the dashboards: until that branch is merged nothing exports them, so their targets are checked for parsing only.
-DROP THIS SET when it is merged (the test fails once any of them exists, saying so); from then on those panels are
-checked like every other."""
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.*),\s*(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\)$")
 
 
@@ -64,17 +53,12 @@ def _targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
 
 
 def problems(run: ScrapedRun, expr: str) -> tuple[list[str], str]:
-    """What is wrong with one query over the run's window, and how it was checked: ``full``, ``parse-only`` (a GPU
-    or cluster metric) or ``awaiting`` (a metric of :data:`AWAITING_QUEUE_BRANCH`; parsed, and it must not exist)."""
+    """What is wrong with one query over the run's window, and how it was checked: ``full`` or ``parse-only`` (a GPU
+    or cluster metric)."""
     metrics, labels = mentions(expr)
     if not metrics:
         return [f"{expr}: mentions no metric"], "full"
     prom = run.prometheus
-    if awaiting := metrics & AWAITING_QUEUE_BRANCH:
-        prom.query_range(expr, run.start_s, run.end_s)  # must parse
-        exist = [m for m in sorted(awaiting) if prom.series(m, run.start_s, run.end_s)]
-        drop = [f"{expr}: {m} exists now: drop it from AWAITING_QUEUE_BRANCH" for m in exist]
-        return drop, "awaiting"
     not_local = metrics & NOT_LOCAL.keys()
     if not_local:
         prom.query_range(expr, run.start_s, run.end_s)  # must parse; no series expected on CPU
@@ -97,20 +81,20 @@ def problems(run: ScrapedRun, expr: str) -> tuple[list[str], str]:
 
 
 def test_every_panel_query_returns_series_of_metrics_and_labels_that_exist(scraped: ScrapedRun) -> None:
-    failures, parse_only, awaiting, checked = [], [], [], 0
+    failures, parse_only, checked = [], [], 0
     for title, panel, target in _targets():
         expr = substitute(target["expr"], _values(scraped))
         found, how = problems(scraped, expr)
         name = f"{title} / {panel['title']} ({target['refId']})"
         failures += [f"{name}: {f}" for f in found]
-        {"parse-only": parse_only, "awaiting": awaiting}.get(how, []).append(name)
+        if how == "parse-only":
+            parse_only.append(name)
         checked += 1
     assert not failures, f"{len(failures)} of {checked} queries fail against {scraped.version}:\n" + "\n".join(failures)
-    assert checked - len(parse_only) - len(awaiting) > 40
+    assert checked - len(parse_only) > 50
     docs = (ROOT / "docs" / "dashboards.md").read_text()
     listed = set(re.findall(r"^- `(.+ / .+ \([A-Z]\))`", docs, re.MULTILINE))
     assert listed == set(parse_only), "docs/dashboards.md must list exactly the parse-only targets"
-    assert len(awaiting) == 6  # the fill queue's targets: Fleet 3, Fill jobs 3 (AWAITING_QUEUE_BRANCH)
 
 
 def test_the_recording_rules_record_the_run(scraped: ScrapedRun) -> None:
@@ -166,9 +150,7 @@ def test_pictures_of_every_dashboard_from_the_scraped_data(scraped: ScrapedRun, 
 
     def empty_reason(panel: dict[str, Any]) -> str:
         names = set().union(*(mentions(t["expr"])[0] for t in panel.get("targets", [])))
-        reasons = {NOT_LOCAL[n] for n in names if n in NOT_LOCAL}
-        reasons |= {"the fill queue's metrics (not merged yet)" for n in names if n in AWAITING_QUEUE_BRANCH}
-        return "; ".join(sorted(reasons)) or "no series"
+        return "; ".join(sorted({NOT_LOCAL[n] for n in names if n in NOT_LOCAL})) or "no series"
 
     subtitle = f"pipefill local, the CPU demo job (2 stages, 1F1B) and its inference FillJob, and the operator on the control plane, scraped every {SCRAPE_INTERVAL_S} s by {scraped.version.split(' (')[0]}"
     for path in DASHBOARDS:
@@ -179,6 +161,5 @@ def test_pictures_of_every_dashboard_from_the_scraped_data(scraped: ScrapedRun, 
         panels = {p["id"]: p for p in board["panels"] if p["type"] != "row"}
         assert drawn.keys() == panels.keys()
         for panel_id, count in drawn.items():
-            unfed = NOT_LOCAL.keys() | AWAITING_QUEUE_BRANCH
-            local = any(not mentions(t["expr"])[0] & unfed for t in panels[panel_id]["targets"])
+            local = any(not mentions(t["expr"])[0] & NOT_LOCAL.keys() for t in panels[panel_id]["targets"])
             assert count > 0 or not local, f"{path.name} / {panels[panel_id]['title']}: nothing drawn"

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from pipefill.local.metrics import ChildrenCollector
 from pipefill.local.runner import RunOutcome
 from pipefill_fill.metrics import FillMetrics
-from pipefill_operator.metrics import OperatorMetrics
+from pipefill_operator.metrics import FillQueueMetrics, OperatorMetrics
 from pipefill_trainer.metrics import TrainerMetrics
 
 __all__ = ["COMPONENTS", "EXAMPLE", "every_label", "fresh", "label_names", "label_values"]
@@ -43,6 +43,7 @@ def fresh() -> dict[str, CollectorRegistry]:
     TrainerMetrics(out["trainer"])
     FillMetrics(out["fill"])
     OperatorMetrics(out["operator"])
+    FillQueueMetrics(out["operator"])  # the same process and registry (pipefill_operator.__main__)
     outcome = RunOutcome(code=0, reason="", process_restarts={(0, "fill-executor"): 0})
     out["local"].register(ChildrenCollector(lambda: [_Down()], outcome=outcome, timeout_s=1.0))
     return out
