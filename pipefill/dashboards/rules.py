@@ -116,7 +116,7 @@ def rule_groups() -> dict[str, Any]:
     records = [{"record": name, "expr": expr} for name, expr in RECORDS.items()]
     return {
         "groups": [
-            {"name": "pipefill.recording", "interval": "30s", "rules": records},
+            {"name": "pipefill.recording", "rules": records},
             {"name": "pipefill.alerts", "rules": ALERTS},
         ]
     }

@@ -3,7 +3,8 @@
 It runs under a ServiceAccount bound to the committed ClusterRole (tests/operator's harness, reused), serves one
 fresh namespace and is given two PipelineTrainingJobs there: one it runs (its rank pods are bound and set Running
 by kwok) and one only it can refuse (a layer cut that does not add up: reconciled with result ``invalid``, so the
-error series exist). kwok runs no container, so the operator's scrapes of the rank pods for status fail (counted as
+error series exist); and the demo's FillJob, which its fill queue keeps Queued (no training job there has fill
+storage to host it). kwok runs no container, so the operator's scrapes of the rank pods for status fail (counted as
 ``error``), as they would for pods whose trainer has not started.
 """
 
@@ -14,6 +15,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the operator tests' harness: one way to run the operator
@@ -54,8 +57,12 @@ class OperatorRun:
         kube.create_job(self.namespace, job_manifest("runs"))
         bad_cut = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}
         kube.create_job(self.namespace, job_manifest("refused", pipeline=bad_cut))
+        fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
+        kube.custom.create_namespaced_custom_object("pipefill.io", "v1alpha1", self.namespace, "filljobs", fill)
         kube.wait_pods(self.namespace, "runs", running(2))
         kube.wait_job(self.namespace, "refused", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
+        name = fill["metadata"]["name"]
+        self.cp.kubectl("wait", f"filljob/{name}", "-n", self.namespace, "--for=jsonpath={.status.phase}=Queued")
 
     def stop(self) -> None:
         self.process.stop()

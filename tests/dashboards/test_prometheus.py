@@ -87,10 +87,11 @@ def test_every_panel_query_returns_series_of_metrics_and_labels_that_exist(scrap
         found, how = problems(scraped, expr)
         name = f"{title} / {panel['title']} ({target['refId']})"
         failures += [f"{name}: {f}" for f in found]
-        {"parse-only": parse_only}.get(how, []).append(name)
+        if how == "parse-only":
+            parse_only.append(name)
         checked += 1
     assert not failures, f"{len(failures)} of {checked} queries fail against {scraped.version}:\n" + "\n".join(failures)
-    assert checked - len(parse_only) > 40
+    assert checked - len(parse_only) > 50
     docs = (ROOT / "docs" / "dashboards.md").read_text()
     listed = set(re.findall(r"^- `(.+ / .+ \([A-Z]\))`", docs, re.MULTILINE))
     assert listed == set(parse_only), "docs/dashboards.md must list exactly the parse-only targets"
@@ -149,8 +150,7 @@ def test_pictures_of_every_dashboard_from_the_scraped_data(scraped: ScrapedRun, 
 
     def empty_reason(panel: dict[str, Any]) -> str:
         names = set().union(*(mentions(t["expr"])[0] for t in panel.get("targets", [])))
-        reasons = {NOT_LOCAL[n] for n in names if n in NOT_LOCAL}
-        return "; ".join(sorted(reasons)) or "no series"
+        return "; ".join(sorted({NOT_LOCAL[n] for n in names if n in NOT_LOCAL})) or "no series"
 
     subtitle = f"pipefill local, the CPU demo job (2 stages, 1F1B) and its inference FillJob, and the operator on the control plane, scraped every {SCRAPE_INTERVAL_S} s by {scraped.version.split(' (')[0]}"
     for path in DASHBOARDS:
@@ -161,6 +161,5 @@ def test_pictures_of_every_dashboard_from_the_scraped_data(scraped: ScrapedRun, 
         panels = {p["id"]: p for p in board["panels"] if p["type"] != "row"}
         assert drawn.keys() == panels.keys()
         for panel_id, count in drawn.items():
-            unfed = NOT_LOCAL.keys()
-            local = any(not mentions(t["expr"])[0] & unfed for t in panels[panel_id]["targets"])
+            local = any(not mentions(t["expr"])[0] & NOT_LOCAL.keys() for t in panels[panel_id]["targets"])
             assert count > 0 or not local, f"{path.name} / {panels[panel_id]['title']}: nothing drawn"

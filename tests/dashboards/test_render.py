@@ -35,6 +35,7 @@ def _exported_series_names() -> set[str]:
     registry = CollectorRegistry()
     TrainerMetrics(registry)
     operator = OperatorMetrics(registry)
+    FillQueueMetrics(registry)
     operator.record(result="retry", duration_s=0.01, own_s=0.0)
     operator.api_request("GET", 0.01)
     FillQueueMetrics(registry)

@@ -43,7 +43,7 @@ def fresh() -> dict[str, CollectorRegistry]:
     TrainerMetrics(out["trainer"])
     FillMetrics(out["fill"])
     OperatorMetrics(out["operator"])
-    FillQueueMetrics(out["operator"])  # the same process's registry (python -m pipefill_operator)
+    FillQueueMetrics(out["operator"])  # the same process and registry (pipefill_operator.__main__)
     outcome = RunOutcome(code=0, reason="", process_restarts={(0, "fill-executor"): 0})
     out["local"].register(ChildrenCollector(lambda: [_Down()], outcome=outcome, timeout_s=1.0))
     return out

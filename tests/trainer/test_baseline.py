@@ -10,7 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pipefill.channel import Consumer, Producer, hold_fill
+from pipefill.schedules.model import Action, Kind
 from pipefill_trainer.baseline import NoFillSteps
+from pipefill_trainer.instrument import BubbleAnnouncer, Slot
 from pipefill_trainer.metrics import TrainerMetrics
 
 
@@ -87,3 +89,36 @@ def test_predicted_bubble_seconds_by_kind_count_unannounced_bubbles_too() -> Non
     assert _value(registry, "pipefill_trainer_bubble_predicted_seconds_total", kind="steady") == pytest.approx(0.0125)
     assert _value(registry, "pipefill_trainer_bubble_predicted_seconds_total", kind="cool-down") == 0.0
     assert _value(registry, "pipefill_trainer_bubble_predicted_seconds_total", kind="warm-up") == 0.0
+
+
+def test_a_quiet_step_announces_nothing_on_time_or_late(tmp_path: Path) -> None:
+    """On the real channel (its ring of closed bubbles): a slot announced on time and a slot that would be announced
+    late both stay silent in a quiet step, and announce again in the next."""
+    actions = [Action(0, Kind.F, 0), Action(0, Kind.B, 0), Action(0, Kind.F, 1)]
+    on_time = Slot(1, "steady", 0.005, 0)
+    late = Slot(2, "steady", 0.0001, 1)
+    for w in (0.004, 0.005, 0.006, 0.007, 0.0001, 0.0001, 0.0001, 0.0002):
+        late.learn(w)
+    producer = Producer.create(channel_dir=tmp_path)
+    try:
+        ann = BubbleAnnouncer(
+            actions=actions,
+            slots={1: on_time, 2: late},
+            producer=producer,
+            min_bubble_s=0.001,
+            free_bytes=lambda: 7,
+            late_after_s=0.0003,
+        )
+        for quiet in (True, False):
+            ann.begin_step(9, quiet=quiet)
+            for idx in (1, 2):
+                ann.wait_begin(idx)
+                ann.while_waiting(idx, lambda: False)  # the input never arrives while watched
+                ann.wait_end(idx)
+            records, opened = ann.records, len(producer.history())
+            if quiet:
+                assert [r.announced for r in records] == [False, False] and opened == 0
+            else:
+                assert [(r.announced, r.late) for r in records] == [(True, False), (True, True)] and opened == 2
+    finally:
+        producer.close()

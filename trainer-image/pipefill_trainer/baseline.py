@@ -4,10 +4,10 @@ The slowdown the fill causes is the step time with fill against the step time wi
 (same processes, caches, device state and machine load: :mod:`pipefill.bench.paired` shows that only such pairs
 resolve a fraction of a percent). A step counts as fill-free, by ``source``:
 
-- ``quiet``: one step in ``PIPEFILL_BASELINE_EVERY_STEPS`` (default 50; 0: never) announces no bubble, so the fill
-  can start nothing in it; every rank picks the same step numbers, so no peer's fill runs either. It costs the fill
-  that step's bubbles (2 % of its time by default). Counted only when the fill's answer block shows no work done
-  during the step (a bubble of the step before may overrun into it).
+- ``quiet``: one step in ``PIPEFILL_BASELINE_EVERY_STEPS`` (default 50; 0: never) announces no bubble (neither on time
+  nor late), so the fill can start nothing in it; every rank picks the same step numbers, so no peer's fill runs
+  either. It costs the fill that step's bubbles (2 % of its time by default). Counted only when the fill's answer
+  block shows no work done during the step (a bubble of the step before may overrun into it).
 - ``held``: the fill was held (``fill.hold`` in the channel directory, :func:`pipefill.channel.hold_fill`, as
   ``pipefill bench colocation`` does) when the step began and when it ended, and reported no work during it (the
   executor may take one more bubble after the hold appears). Hold every rank's fill together: a rank's step also

@@ -173,7 +173,7 @@ class BubbleAnnouncer:
         polling ``done`` (the rank would idle anyway; polling finds a short wait's end as fast as blocking), then
         announced with the time such waits had left (:meth:`Slot.late_remaining_s`). A short wait costs no more
         than before; a long one is no longer lost to the fill."""
-        if self.producer is None or self.late_after_s <= 0 or self._open is not None or not self.records:
+        if self.producer is None or self.late_after_s <= 0 or self._open is not None or not self.records or self.quiet:
             return
         rec = self.records[-1]
         slot = self.slots.get(action_idx)
