@@ -39,12 +39,16 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and da
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pipefill crds --check crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
-	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/
+	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 	$(BIN)/hadolint $(DOCKERFILES)
 
 demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
+
+demo-embed: $(STAMP) ## the demo's training, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra); run again to go on
+	rm -rf runs/cpu-demo runs/fill/embed-sentences/profiles
+	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-embed.yaml --out runs/cpu-demo
 
 test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests
 	$(BIN)/pytest -q
@@ -65,7 +69,7 @@ crds: $(STAMP) ## regenerate crds/, the chart's CRD templates and docs/api.md fr
 	$(BIN)/pipefill crds --write crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
 
 dashboards: $(STAMP) ## render the Grafana dashboards (pipefill/dashboards) into charts/pipefill/dashboards/
-	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/
+	$(BIN)/python -m pipefill.dashboards --write charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 
 dashboard-images: $(STAMP) prometheus-bin ## redraw docs/img/dashboard-*.png from a real scrape of a short local run
 	PIPEFILL_DASHBOARD_IMAGES=docs/img $(BIN)/pytest -q tests/dashboards/test_prometheus.py
@@ -100,11 +104,11 @@ fmt: $(STAMP) ## format the code
 
 lock: ## re-resolve requirements/lock.txt in a scratch venv
 	rm -rf /tmp/pipefill-lock && $(PYTHON) -m venv /tmp/pipefill-lock
-	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 'setuptools>=77' -e '.[operator,trainer,fill,local,dashboards,dev]'
+	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 'setuptools>=77' -e '.[operator,trainer,fill,local,dashboards,embeddings,dev]'
 	/tmp/pipefill-lock/bin/pip freeze --all --exclude-editable | grep -v '^torch==\|^pip==' | sed '1i torch==2.13.0' > requirements/lock.txt
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: help venv demo demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
 .PHONY: cluster-bins cluster cluster-down chart-check

@@ -43,10 +43,13 @@ JOB_LABEL = "pipefill.io/job-name"
 SPEC_KEY = "job.yaml"
 RENDEZVOUS_PORT = 29500
 # Exactly what the fill executor's Kubernetes work source calls (pipefill_fill.sources.kubernetes): it lists the
-# FillJobs of its namespace, reads and patches their status. The operator must hold these verbs itself to grant them.
+# FillJobs of its namespace, reads and patches their status; and what its workload loader calls
+# (pipefill_fill.configmaps): it reads the ConfigMap of a FillJob's spec.workload.code.configMap at job start.
+# The operator must hold these verbs itself to grant them.
 FILL_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["pipefill.io"], "resources": ["filljobs"], "verbs": ["list", "watch"]},
     {"apiGroups": ["pipefill.io"], "resources": ["filljobs/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
 ]
 
 

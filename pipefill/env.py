@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 
 __all__ = [
+    "BASELINE_EVERY_STEPS",
     "CHANNEL_DIR",
     "COMM_TIMEOUT_S",
     "CPU_AFFINITY",
@@ -37,6 +38,7 @@ __all__ = [
     "RANK",
     "SCHEDULE_FILE",
     "SPEC_FILE",
+    "TRAINER_LATE_ANNOUNCE_US",
     "WORK_SOURCE",
     "cpu_list",
     "env_int",
@@ -58,8 +60,11 @@ LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, IN
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
+TRAINER_LATE_ANNOUNCE_US = "PIPEFILL_TRAINER_LATE_ANNOUNCE_US"  # a wait not announced, still going after this: announced late; 0: never (trainer.md)
 SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
 COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
+BASELINE_EVERY_STEPS = "PIPEFILL_BASELINE_EVERY_STEPS"  # one step in this many announces no bubble (the no-fill
+# baseline, docs/metrics.md); default 50, 0: never
 
 # Fill-executor container only
 WORK_SOURCE = "PIPEFILL_WORK_SOURCE"  # "files:<dir>" (pipefill local) or "kubernetes" (FillJobs assigned to this pod)
@@ -72,7 +77,6 @@ FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the executor's identity in FillJob assignments
-FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # where spec.fill.storage is mounted; FillJob paths are relative to it
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"

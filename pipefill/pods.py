@@ -10,6 +10,7 @@ fill's API token, the user's ``spec.podTemplate``) is added by :func:`rank_pod`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,8 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
         }
         if spec.fill.storage is not None:
             fill_env[env.FILL_STORAGE_DIR] = spec.fill.storage.mount_path
+        if os.environ.get(env.FILL_MAX_ACTIVE_JOBS):  # the operator's setting, so executor and queue agree
+            fill_env[env.FILL_MAX_ACTIVE_JOBS] = str(env.fill_max_active_jobs())
         if spec.gpu_sharing.mode == SharingMode.VISIBLE_DEVICES:
             # The fill sees the node's GPUs and picks the trainer's by the UUID published on the channel.
             fill_env["NVIDIA_VISIBLE_DEVICES"] = "all"

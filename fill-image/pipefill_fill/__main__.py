@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pipefill import env
 from pipefill.events import FILL_EVENTS, EventWriter, StartEvent
 from pipefill_fill.attach import attach
-from pipefill_fill.device import cap_memory, pin_cpus, select_device
+from pipefill_fill.device import cap_memory, memory_in_use, pin_cpus, select_device
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.runner import Attached, Runner
 from pipefill_fill.settings import Settings
@@ -68,6 +68,10 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     registry = CollectorRegistry()
     metrics = FillMetrics(registry)
     metrics.memory_budget_bytes.set(settings.reserved_bytes)
+    try:
+        metrics.watch_memory(memory_in_use(device))
+    except OSError as exc:  # no /proc/self/status: the gauge stays NaN
+        log.warning("the fill's memory in use cannot be measured here: %s", exc)
     if settings.metrics_port > 0:
         start_http_server(settings.metrics_port, registry=registry)
     events = EventWriter(settings.out_dir / FILL_EVENTS if settings.out_dir is not None else None)

@@ -1,17 +1,18 @@
-"""Attach to the device: the trainer's GPU (by the UUIDs it publishes on the channel) or the CPU, CPU pinning, and the
-allocator cap that keeps the fill within its memory budget."""
+"""Attach to the device: the trainer's GPU (by the UUIDs it publishes on the channel) or the CPU, CPU pinning, the
+allocator cap that keeps the fill within its memory budget, and how much memory the fill holds."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from pipefill import env
 
-__all__ = ["cap_memory", "parse_cpu_list", "pin_cpus", "select_device"]
+__all__ = ["cap_memory", "memory_in_use", "parse_cpu_list", "pin_cpus", "proc_status_kb", "select_device"]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -69,6 +70,26 @@ def cap_memory(device: torch.device, budget_bytes: int) -> float | None:
     fraction = max(0.0, min(1.0, budget_bytes / total))
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return fraction
+
+
+def memory_in_use(device: torch.device) -> Callable[[], int]:
+    """A reading of the device memory the fill's work holds now (what the trainer cannot use). On CUDA what this
+    process's caching allocator has reserved on the device (NVML's per-device figure cannot tell the two containers
+    apart). On CPU the growth of the process's resident set (``VmRSS``) since this call, made once the executor has
+    started and before it takes work: the same measure as the profiler's peak (the interpreter and torch, some
+    400 MB, are not the work's and are left out), and what ``PIPEFILL_FILL_RESERVED_BYTES`` bounds there."""
+    if device.type == "cuda":
+        return lambda: int(torch.cuda.memory_reserved(device))
+    base_bytes = proc_status_kb("VmRSS") * 1024
+    return lambda: max(0, proc_status_kb("VmRSS") * 1024 - base_bytes)
+
+
+def proc_status_kb(key: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``); OSError where Linux does not offer it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {key}")
 
 
 def _norm_uuid(text: str) -> str:

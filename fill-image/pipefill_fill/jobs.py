@@ -127,6 +127,7 @@ class Jobs:
             return
         a = ActiveJob(spec, job, task, *self._tools(task))
         self.active[spec.name] = a
+        self.metrics.job_started(spec.name, total=spec.total, committed=job.committed())
         self.generation += 1
         if a.profile is not None:
             self.profiled(a)
@@ -239,6 +240,7 @@ class Jobs:
     def fail(self, name: str, message: str, *, spec: TaskSpec | None = None) -> None:
         """The job's workload raised (or it cannot start): the job is Failed for every executor."""
         log.error("job %s: failed: %s", name, message)
+        self.metrics.job_failures.labels(name).inc()
         a = self._remove(name)
         spec = spec or (a.spec if a is not None else None)
         self.failed.add(name)

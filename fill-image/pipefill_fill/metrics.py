@@ -1,17 +1,28 @@
-"""The fill executor's Prometheus metrics (``pipefill_fill_*``); the registry is passed in so tests use their own."""
+"""The fill executor's Prometheus metrics (``pipefill_fill_*``); the registry is passed in so tests use their own.
+
+Label values: ``fill_job`` (FillJob names; not ``job``, which Prometheus sets itself), ``batch_size``, and
+``reason`` from :data:`SKIP_REASONS` (all pre-initialised, so a rate over them starts at 0, not at the first skip).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["FillMetrics"]
+__all__ = ["SKIP_REASONS", "FillMetrics"]
+
+SKIP_REASONS = ("short", "memory", "idle", "time", "closed", "profiling", "done", "error")
+"""Why a bubble went unused: too short for any step (``short``); no batch size fits its free memory (``memory``); no
+work (``idle``); no step fits the time left (``time``); closed before the first step (``closed``); a profiling
+step did not complete (``profiling``); the slice was already done (``done``); the workload raised (``error``)."""
 
 # Overrun is bounded by the guard; buckets resolve the sub-millisecond range and the few-millisecond target.
 _OVERRUN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
 class FillMetrics:
-    """Counters and gauges the runner updates; label values: ``job`` (FillJob names), ``batch_size``."""
+    """Counters and gauges the runner updates; label values: ``fill_job`` (FillJob names), ``batch_size``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         p = "pipefill_fill"
@@ -21,7 +32,7 @@ class FillMetrics:
         )
         self.bubbles_skipped = Counter(
             f"{p}_bubbles_skipped_total",
-            "Bubbles not used, by reason (short, memory, closed, idle).",
+            "Bubbles not used, by reason (short, memory, idle, time, closed, profiling, done, error).",
             ["reason"],
             registry=registry,
         )
@@ -47,27 +58,49 @@ class FillMetrics:
             registry=registry,
         )
         self.items = Counter(
-            f"{p}_items_total", "Units of work done (samples or steps), by job.", ["job"], registry=registry
+            f"{p}_items_total", "Units of work done (samples or steps), by job.", ["fill_job"], registry=registry
         )
         self.committed_items = Gauge(
             f"{p}_committed_items",
             "Units of work committed (durable), by job: over all its slices, so every executor of a split job reports "
             "the whole job (aggregate with max, not sum).",
-            ["job"],
+            ["fill_job"],
             registry=registry,
         )
         self.commits = Counter(
-            f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["job"], registry=registry
+            f"{p}_commits_total", "Commits (chunks or checkpoints), by job.", ["fill_job"], registry=registry
         )
         self.profile_step_seconds = Gauge(
-            f"{p}_profile_step_seconds", "Profiled median step time.", ["job", "batch_size"], registry=registry
+            f"{p}_profile_step_seconds", "Profiled median step time.", ["fill_job", "batch_size"], registry=registry
         )
         self.profile_peak_bytes = Gauge(
-            f"{p}_profile_peak_bytes", "Profiled peak memory of a step.", ["job", "batch_size"], registry=registry
+            f"{p}_profile_peak_bytes", "Profiled peak memory of a step.", ["fill_job", "batch_size"], registry=registry
         )
         self.memory_budget_bytes = Gauge(
             f"{p}_memory_budget_bytes", "Device memory the fill may use.", registry=registry
         )
+        self.memory_used_bytes = Gauge(
+            f"{p}_memory_used_bytes",
+            "Memory the fill's work holds now: on CUDA its allocator's reservation on the device, on CPU the growth "
+            "of its resident set since the executor started (NaN until the device is known).",
+            registry=registry,
+        )
+        self.memory_used_bytes.set(float("nan"))
+        self.job_total_items = Gauge(
+            f"{p}_job_total_items",
+            "Units of work of the whole FillJob (spec.totalSamples, or steps), by job: with committed_items, its "
+            "progress.",
+            ["fill_job"],
+            registry=registry,
+        )
+        self.job_failures = Counter(
+            f"{p}_job_failures_total",
+            "FillJobs this executor failed (the workload raised, or the job could not start or finish a slice).",
+            ["fill_job"],
+            registry=registry,
+        )
+        for reason in SKIP_REASONS:
+            self.bubbles_skipped.labels(reason)
         self._offered_s = 0.0
         self._busy_s = 0.0
 
@@ -81,6 +114,24 @@ class FillMetrics:
             self._busy_s += busy_s
             self.overrun_seconds.observe(max(0.0, overrun_s))
         self.recovery_ratio.set(self._busy_s / self._offered_s if self._offered_s > 0 else 0.0)
+
+    def watch_memory(self, in_use_bytes: Callable[[], int]) -> None:
+        """Read the fill's memory at each scrape (:func:`pipefill_fill.device.memory_in_use`); NaN when it cannot
+        be read (no ``/proc``)."""
+
+        def read() -> float:
+            try:
+                return float(in_use_bytes())
+            except OSError:
+                return float("nan")
+
+        self.memory_used_bytes.set_function(read)
+
+    def job_started(self, job: str, *, total: int, committed: int) -> None:
+        """The executor took the job on: its size, where it stands, and its failure count from 0."""
+        self.job_total_items.labels(job).set(total)
+        self.committed_items.labels(job).set(committed)
+        self.job_failures.labels(job)
 
     def profile(self, job: str, points: list[tuple[int, float, int]]) -> None:
         for batch_size, step_s, peak_bytes in points:

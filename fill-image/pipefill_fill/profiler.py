@@ -23,6 +23,7 @@ import torch
 
 from pipefill.plan import ProfilePoint
 from pipefill_fill.atomic import atomic_write_bytes
+from pipefill_fill.device import proc_status_kb
 from pipefill_fill.task import FillTask
 
 __all__ = ["BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
@@ -272,7 +273,7 @@ def _memory_reset(device: torch.device) -> int:
         return 0
     try:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        return _proc_status_kb("VmRSS") * 1024
+        return proc_status_kb("VmRSS") * 1024
     except OSError:
         return -1
 
@@ -282,11 +283,4 @@ def _memory_peak(device: torch.device, base: int) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     if base < 0:
         return 0
-    return max(0, _proc_status_kb("VmHWM") * 1024 - base)
-
-
-def _proc_status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise OSError(f"/proc/self/status has no {key}")
+    return max(0, proc_status_kb("VmHWM") * 1024 - base)

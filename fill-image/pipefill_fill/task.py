@@ -12,8 +12,9 @@ import torch
 
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore
+from pipefill_fill.usercode import load_job_workload
 from pipefill_fill.work import Slice, TaskSpec
-from pipefill_fill.workload import WorkloadContext, WorkloadProtocol, load_workload_class
+from pipefill_fill.workload import WorkloadContext, WorkloadProtocol
 
 __all__ = ["FillTask", "TaskSpec"]
 
@@ -37,7 +38,7 @@ class FillTask:
         guard: Callable[[], str | None] | None = None,
     ) -> None:
         self.spec = spec
-        cls = load_workload_class(builtin=spec.builtin, import_path=spec.import_path, kind=spec.kind)
+        cls = load_job_workload(spec)
         self.job = JobDir(spec)
         plan = self.job.plan()
         if slice is None and len(plan) > 1:

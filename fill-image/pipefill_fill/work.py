@@ -34,6 +34,10 @@ class TaskSpec:
     priority: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     max_parallel_ranks: int = 1
+    entry_point: str | None = None
+    code_path: str | None = None  # spec.workload.code.path: relative to the fill storage
+    code_config_map: str | None = None  # spec.workload.code.configMap
+    namespace: str | None = None  # the FillJob's (where its code's ConfigMap is); None: local runs
     plan: tuple[Slice, ...] = ()
     """The plan of record (``status.slices``): the slices every executor runs; empty: one slice, the whole job (a
     runner that does not split, such as the benchmark's)."""
@@ -76,6 +80,10 @@ class TaskSpec:
             priority=spec.priority,
             labels=tuple(sorted((str(k), str(v)) for k, v in (job.metadata.get("labels") or {}).items())),
             max_parallel_ranks=spec.max_parallel_ranks,
+            entry_point=spec.workload.entry_point,
+            code_path=spec.workload.code.path if spec.workload.code is not None else None,
+            code_config_map=spec.workload.code.config_map if spec.workload.code is not None else None,
+            namespace=job.metadata.get("namespace"),
             plan=tuple(sorted(plan)),
         )
 
@@ -93,5 +101,6 @@ class TaskSpec:
     @property
     def workload_id(self) -> str:
         """What identifies the workload for the profile cache: its class and parameters."""
-        what = self.builtin or self.import_path or "?"
-        return f"{what}:{sorted(self.parameters.items())!r}"
+        what = self.builtin or self.entry_point or self.import_path or "?"
+        where = f"@{self.code_path or self.code_config_map}" if self.code_path or self.code_config_map else ""
+        return f"{what}{where}:{sorted(self.parameters.items())!r}"

@@ -1,6 +1,8 @@
 """The workload SDK: what a fill job's code implements so the executor can run it inside bubbles.
 
-A workload is a class named by import path (``package.module:Class``) or a builtin name. The executor constructs it
+A workload is a class named by a builtin name, an entry point of an installed package or an import path
+(``package.module:Class``), whose module may come from the fill storage or a ConfigMap (:mod:`pipefill_fill.usercode`
+loads it and checks this contract: :func:`check_workload_class`). The executor constructs it
 with a :class:`WorkloadContext`, then calls ``setup(device, memory_budget_bytes)`` once, ``step(batch_size)`` as long as
 a bubble has time for it, ``state()`` at every commit and ``restore(state)`` after a restart. See docs/fill.md.
 
@@ -18,6 +20,7 @@ Rules a workload must keep for the exactly-once guarantee:
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +31,20 @@ import torch
 
 __all__ = [
     "BUILTINS",
+    "SampleWorkload",
     "Workload",
     "WorkloadContext",
     "WorkloadProtocol",
+    "check_workload_class",
     "load_workload_class",
+    "split_import_path",
 ]
 
 # builtin name -> import path
 BUILTINS: dict[str, str] = {
     "encoder-inference": "pipefill_fill.builtins.encoder:EncoderInference",
     "train-classifier": "pipefill_fill.builtins.classifier:TrainClassifier",
+    "sentence-embedding": "pipefill_fill.builtins.sentences:SentenceEmbedding",
 }
 
 Emit = Callable[[np.ndarray, np.ndarray], None]
@@ -150,19 +157,88 @@ class Workload:
         return None
 
 
+class SampleWorkload(Workload):
+    """Base of an inference workload that goes through its samples in order: ``take(batch_size)`` gives the next
+    ``[start, end)`` of its slice and advances, and the position is the state (``next_sample``)."""
+
+    def __init__(self, context: WorkloadContext) -> None:
+        super().__init__(context)
+        self.next_sample = context.start  # this executor's slice of the samples: [context.start, context.end)
+
+    def take(self, batch_size: int) -> tuple[int, int]:
+        """The next at most ``batch_size`` samples, ``[start, end)``; empty when the slice is done."""
+        start = self.next_sample
+        end = max(start, min(start + batch_size, self.context.end))
+        self.next_sample = end
+        return start, end
+
+    def state(self) -> dict[str, Any]:
+        return {"next_sample": self.next_sample}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.next_sample = int(state["next_sample"])
+
+    def done(self) -> bool:
+        return self.next_sample >= self.context.end
+
+
+# method -> the arguments the executor passes it (besides self)
+_CONTRACT: dict[str, tuple[Any, ...]] = {
+    "setup": (torch.device("cpu"), 0),
+    "step": (1,),
+    "state": (),
+    "restore": ({},),
+    "done": (),
+}
+
+
+def check_workload_class(cls: object, *, what: str, field: str, kind: str) -> type:
+    """``cls`` if it keeps the workload protocol's contract (a class, the five methods taking the arguments the
+    executor passes, the declared ``kind``); else a ValueError naming ``field`` (``spec.workload.importPath`` …),
+    ``what`` (its value) and the fix."""
+    if not isinstance(cls, type):
+        raise ValueError(f"{field}: {what} is a {type(cls).__name__}, not a class; point it at the workload class")
+    missing = [m for m in _CONTRACT if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"{field}: {what} lacks {missing}; see the workload SDK in docs/fill.md")
+    for method, args in _CONTRACT.items():
+        try:
+            inspect.signature(getattr(cls, method)).bind(None, *args)
+        except TypeError:
+            sig = inspect.signature(getattr(cls, method))
+            raise ValueError(
+                f"{field}: {what}: {method}{sig} does not take the arguments the executor passes "
+                f"({method}(self{''.join(', ' + type(a).__name__ for a in args)})); see the workload SDK in docs/fill.md"
+            ) from None
+        except ValueError:  # no signature (a builtin or C method): nothing to check
+            continue
+    try:
+        inspect.signature(cls).bind(WorkloadContext(name="check", parameters={}, total=1, output_dir=Path(".")))
+    except TypeError:
+        raise ValueError(
+            f"{field}: {what}: its constructor must take the WorkloadContext alone ({cls.__name__}(context)); "
+            "see the workload SDK in docs/fill.md"
+        ) from None
+    except ValueError:
+        pass
+    declared = getattr(cls, "kind", None)
+    if str(declared) != kind:
+        raise ValueError(f"spec.workload.kind: {kind!r} but {what} declares kind {declared!r}; set kind: {declared}")
+    return cls
+
+
 def load_workload_class(*, builtin: str | None, import_path: str | None, kind: str) -> type:
-    """The workload class of a FillJob; errors name the field, the value and what to fix."""
+    """The workload class of a builtin or an import path in the fill image; errors name the field, the value and what
+    to fix. (Entry points and code from the fill storage or a ConfigMap: :mod:`pipefill_fill.usercode`.)"""
     if (builtin is None) == (import_path is None):
-        raise ValueError("spec.workload: set exactly one of builtin and importPath")
+        raise ValueError("spec.workload: set exactly one of builtin, entryPoint and importPath")
     field_name = "builtin" if builtin is not None else "importPath"
     if builtin is not None:
         if builtin not in BUILTINS:
             raise ValueError(f"spec.workload.builtin: {builtin!r} is not a builtin; use one of {sorted(BUILTINS)}")
         import_path = BUILTINS[builtin]
     assert import_path is not None  # for mypy: set just above
-    module_name, sep, attr = import_path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"spec.workload.importPath: {import_path!r} must look like package.module:Class")
+    module_name, attr = split_import_path(import_path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -170,16 +246,14 @@ def load_workload_class(*, builtin: str | None, import_path: str | None, kind: s
             f"spec.workload.{field_name}: cannot import module {module_name!r} ({exc}); install it in the fill image"
         ) from None
     cls = getattr(module, attr, None)
-    if not isinstance(cls, type):
+    if cls is None:
         raise ValueError(f"spec.workload.{field_name}: {import_path!r}: module {module_name!r} has no class {attr!r}")
-    missing = [m for m in ("setup", "step", "state", "restore", "done") if not callable(getattr(cls, m, None))]
-    if missing:
-        raise ValueError(
-            f"spec.workload.{field_name}: {import_path!r} lacks {missing}; see the workload SDK in docs/fill.md"
-        )
-    declared = getattr(cls, "kind", None)
-    if str(declared) != kind:
-        raise ValueError(
-            f"spec.workload.kind: {kind!r} but {import_path!r} declares kind {declared!r}; set kind: {declared}"
-        )
-    return cls
+    return check_workload_class(cls, what=repr(import_path), field=f"spec.workload.{field_name}", kind=kind)
+
+
+def split_import_path(import_path: str) -> tuple[str, str]:
+    """``package.module:Class`` → (module, class name)."""
+    module_name, sep, attr = import_path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"spec.workload.importPath: {import_path!r} must look like package.module:Class")
+    return module_name, attr

@@ -1,7 +1,9 @@
 """``python -m pipefill_operator``: run the operator against the current kubeconfig or the in-cluster config.
 
-All namespaces by default; ``--namespace NS`` (repeatable) serves only those (then the operator needs no
-cluster-scoped permission but node reads, and skips the check that a node offers the GPU resource).
+All namespaces by default; ``--namespace NS`` (repeatable) serves only those. Then the operator needs its namespaced
+permissions in each of them and, cluster-wide, only ``get`` on DRA DeviceClasses (the ``dra`` prerequisite check);
+it neither watches nor lists nodes, so it skips the check that some node offers the GPU resource (the chart's
+namespaced Roles, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -9,18 +11,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from urllib.parse import urlsplit
 
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
+from pipefill import env
+from pipefill.queue import POLICIES
 from pipefill_operator.controller import Controller, OperatorConfig
+from pipefill_operator.fillqueue import FillQueue, QueueConfig
 from pipefill_operator.handlers import register
 from pipefill_operator.kube import Kube, load_configuration
-from pipefill_operator.metrics import OperatorMetrics
+from pipefill_operator.metrics import FillQueueMetrics, OperatorMetrics
 
-__all__ = ["main"]
+POLICY_ENV = "PIPEFILL_OPERATOR_POLICY"
+
+__all__ = ["POLICY_ENV", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +50,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="read each running job's rank metrics this often (default %(default)s)",
     )
+    p.add_argument(
+        "--policy",
+        default=os.environ.get(POLICY_ENV) or "fifo",
+        help=f"FillJob queue policy: {', '.join(POLICIES)} (docs/fill.md); default ${POLICY_ENV}, else %(default)s",
+    )
+    p.add_argument(
+        "--fill-period",
+        type=float,
+        default=QueueConfig.period_s,
+        metavar="SECONDS",
+        help="a FillJob scheduling pass (and a fresh list of the cluster) at least this often (default %(default)s)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="log kopf's own progress too")
     return p
 
@@ -51,12 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("kopf").setLevel(logging.WARNING)
-    if args.workers < 1 or args.status_interval <= 0:
-        print("--workers must be >= 1 and --status-interval > 0", file=sys.stderr)
+    if args.workers < 1 or args.status_interval <= 0 or args.fill_period <= 0:
+        print("--workers must be >= 1, --status-interval and --fill-period > 0", file=sys.stderr)
         return 2
     config = OperatorConfig(
         namespaces=tuple(args.namespace), workers=args.workers, status_interval_s=args.status_interval
     )
+    try:
+        queue_config = QueueConfig(
+            policy=args.policy,
+            period_s=args.fill_period,
+            max_jobs_per_rank=env.fill_max_active_jobs(),
+            namespaces=config.namespaces,
+        )
+    except ValueError as exc:
+        print(f"--policy/${POLICY_ENV}: {exc}" if "policy" in str(exc) else str(exc), file=sys.stderr)
+        return 2
     registry = CollectorRegistry()
     host, _, port = args.metrics_address.rpartition(":")
     if not port.isdigit():
@@ -64,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if int(port):
         start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
-    controller = Controller(Kube(load_configuration(args.kubeconfig)), OperatorMetrics(registry), config)
+    kube = Kube(load_configuration(args.kubeconfig))
+    fill = FillQueue(kube, FillQueueMetrics(registry), queue_config)
+    controller = Controller(kube, OperatorMetrics(registry), config, fill=fill)
+    logging.getLogger("pipefill_operator").info(
+        "fill queue: policy %s, %d fill jobs per rank", queue_config.policy, queue_config.max_jobs_per_rank
+    )
     kopf_registry = kopf.OperatorRegistry()
     register(controller, kopf_registry)
     if args.liveness and urlsplit(args.liveness).scheme not in ("http", "https"):

@@ -19,6 +19,7 @@ import kopf
 
 from pipefill.spec import JobPhase
 from pipefill_operator.apply import PTJ
+from pipefill_operator.fillqueue import FillQueue
 from pipefill_operator.kube import ApiError, Kube, resource_of
 from pipefill_operator.metrics import OperatorMetrics
 from pipefill_operator.prerequisites import NodeIndex
@@ -52,8 +53,11 @@ class OperatorConfig:
 
 
 class Controller:
-    def __init__(self, kube: Kube, metrics: OperatorMetrics, config: OperatorConfig) -> None:
+    def __init__(
+        self, kube: Kube, metrics: OperatorMetrics, config: OperatorConfig, *, fill: FillQueue | None = None
+    ) -> None:
         self.kube, self.metrics, self.config = kube, metrics, config
+        self.fill = fill  # the FillJob queue's scheduling loop (None: the operator does not schedule FillJobs)
         kube.on_request = metrics.api_request
         self.queue = WorkQueue()
         self.backoff = Backoff()
@@ -74,8 +78,12 @@ class Controller:
             self.nodes.seeded = True
         self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile-{i}") for i in range(self.config.workers)]
         self._tasks.append(asyncio.create_task(self._read_status(), name="status-reader"))
+        if self.fill is not None:
+            await self.fill.start()
 
     async def stop(self) -> None:
+        if self.fill is not None:
+            await self.fill.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -1,5 +1,5 @@
-"""kopf's part: log in, watch the job kind, its pods, ConfigMaps, PersistentVolumeClaims and nodes, and route every
-event to a job key.
+"""kopf's part: log in, watch the job kind, its pods, FillJobs, ConfigMaps, PersistentVolumeClaims and nodes, and
+route every event to a job key (and the fill queue's index).
 
 Only watching handlers (``kopf.on.event``) are used: they keep no progress in annotations and add no finalizer, so
 deleting a job never waits for the operator and leaves nothing behind (the children go by garbage collection).
@@ -66,16 +66,29 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
     async def cleanup(**_: Any) -> None:
         await controller.stop()
 
+    fill = controller.fill
+
     @kopf.on.event("pipefill.io", "v1alpha1", "pipelinetrainingjobs", registry=registry)
     def job_event(type: str | None, body: Any, **_: Any) -> None:
+        copied = copy.deepcopy(dict(body))
         if type == "DELETED":
             controller.job_deleted(_key(body), body["metadata"].get("uid"))
         else:
-            controller.job_changed(_key(body), copy.deepcopy(dict(body)))
+            controller.job_changed(_key(body), copied)
+        if fill is not None:
+            fill.training_job_event(copied, deleted=type == "DELETED")
 
     @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def pod_event(body: Any, **_: Any) -> None:
+    def pod_event(type: str | None, body: Any, **_: Any) -> None:
         controller.enqueue((str(body["metadata"]["namespace"]), str(body["metadata"]["labels"][JOB_LABEL])))
+        if fill is not None:
+            fill.pod_event(copy.deepcopy(dict(body)), deleted=type == "DELETED")
+
+    if fill is not None:
+
+        @kopf.on.event("pipefill.io", "v1alpha1", "filljobs", registry=registry)
+        def fill_job_event(type: str | None, body: Any, **_: Any) -> None:
+            fill.fill_job_event(copy.deepcopy(dict(body)), deleted=type == "DELETED")
 
     @kopf.on.event("v1", "configmaps", registry=registry)
     def config_map_event(body: Any, **_: Any) -> None:

@@ -1,26 +1,34 @@
-"""A small asynchronous client of the Kubernetes REST API, on aiohttp (which kopf already runs on).
+"""The operator's Kubernetes client: the official ``kubernetes`` client, called from a bounded thread pool.
 
-The operator's writes are few kinds and plain JSON, so a table of resources and six verbs is all it needs; the
-credentials come from the official client's loaders (a kubeconfig, or the in-cluster ServiceAccount token, refreshed
-before it expires), so the operator authenticates exactly as ``kubectl`` would. Every call is timed, so the
-reconcile can tell its own time from the time it waits on the API server.
+The operator's writes are few kinds and plain JSON, so a table of resources and six verbs is all it needs. Every
+request goes through the official client's :class:`~kubernetes.client.ApiClient` the way its own ``DynamicClient``
+sends one (``param_serialize`` + ``call_api``): credentials from its loaders (a kubeconfig, or the in-cluster
+ServiceAccount token, refreshed before it expires), its TLS set-up, connection pool, JSON encoding and query quoting.
+Answers stay plain dicts (the typed APIs would turn every pod into model objects the operator turns back into dicts).
+The client is synchronous, so each request runs in a thread of a pool as large as the connection pool: at most
+``connections`` requests are in flight, the rest wait their turn without blocking kopf's event loop. Every call is
+timed, so the reconcile can tell its own time from the time it waits on the API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import urllib3
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 __all__ = ["RESOURCES", "ApiError", "Kube", "Resource", "load_configuration", "resource_of"]
+
+USER_AGENT = "pipefill-operator (kubernetes-python)"
 
 
 @dataclass(frozen=True)
@@ -72,12 +80,21 @@ def resource_of(api_version: str, kind: str) -> Resource:
         raise ValueError(f"the operator does not manage {kind} of {api_version}") from None
 
 
-class ApiError(Exception):
-    """A non-2xx answer: ``status`` (409, 404, ...), the Status ``reason`` and ``message``."""
+class ApiError(ApiException):
+    """A failed request: ``status`` (409, 404, ...), the Status ``reason`` (``AlreadyExists``, ``Conflict``, ...) and
+    ``message``; status 0 when no answer came (connection refused, timed out, TLS), with the transport error's name
+    as ``reason``. An :class:`~kubernetes.client.exceptions.ApiException`, so code written for the official client
+    catches it too."""
 
     def __init__(self, status: int, reason: str, message: str, *, method: str, path: str) -> None:
-        self.status, self.reason, self.message = status, reason, message
-        super().__init__(f"{method} {path}: {status} {reason}: {message}")
+        super().__init__(status=status, reason=reason)
+        self.status: int = status
+        self.reason: str = reason
+        self.message = message
+        self.text = f"{method} {path}: {status} {reason}: {message}"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
@@ -91,23 +108,32 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     return cfg
 
 
-class Kube:
-    """One aiohttp session to the API server; ``api_wait_s`` accumulates the time spent waiting on it."""
+def _error(status: int, data: bytes, http_reason: str, method: str, path: str) -> ApiError:
+    """The API server's Status object as an :class:`ApiError` (its reason, e.g. AlreadyExists, not the HTTP one)."""
+    text = data.decode("utf-8", "replace")
+    try:
+        payload = json.loads(text) if text else {}
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    reason = str(payload.get("reason") or http_reason)
+    return ApiError(status, reason, str(payload.get("message") or text[:500]), method=method, path=path)
 
-    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 64) -> None:
+
+class Kube:
+    """One :class:`~kubernetes.client.ApiClient` and the threads that call it; ``api_wait_s`` accumulates the time
+    spent waiting on the API server (a request's turn for a thread included)."""
+
+    def __init__(self, cfg: client.Configuration, *, timeout_s: float = 30.0, connections: int = 32) -> None:
         self.cfg = cfg
         self.server = str(cfg.host).rstrip("/")
-        context = (
-            ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-        )
-        if cfg.cert_file:
-            context.load_cert_chain(cfg.cert_file, cfg.key_file)
-        if not cfg.verify_ssl:
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        self._ssl = context
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        cfg.connection_pool_maxsize = connections  # one connection per thread: none opened and thrown away
+        self._api = client.ApiClient(cfg)
+        self._api.user_agent = USER_AGENT
+        self._timeout_s = timeout_s
         self._connections = connections
-        self._session: aiohttp.ClientSession | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self.api_wait_s = 0.0
         self.requests = 0
         # called with (HTTP method, seconds) after every request: the operator's metrics time the API server
@@ -121,23 +147,35 @@ class Kube:
                 return str(value)
         return None
 
-    def _headers(self, content_type: str) -> dict[str, str]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        token = self.authorization()
-        if token:
-            headers["Authorization"] = token
-        return headers
-
-    async def _session_(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=self._connections)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Let the pool's threads end and close the connections; a later request starts them again."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        self._api.rest_client.close()
+
+    def _send(
+        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
+    ) -> dict[str, Any]:
+        """One request, in a pool thread: the decoded answer, or :class:`ApiError`."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            request = self._api.param_serialize(
+                method,
+                path,
+                query_params=list(params.items()) if params else None,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(*request, _request_timeout=self._timeout_s)
+            data: bytes = response.read()  # type: ignore[no-untyped-call]
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:  # no answer: refused, timed out, TLS
+            raise ApiError(0, type(exc).__name__, str(exc), method=method, path=path) from exc
+        if response.status >= 400:
+            raise _error(response.status, data, str(response.reason), method, path)
+        payload: dict[str, Any] = json.loads(data) if data else {}
+        return payload
 
     async def request(
         self,
@@ -148,30 +186,18 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        session = await self._session_()
-        data = None if body is None else json.dumps(body)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._connections, thread_name_prefix="kube")
+        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            async with session.request(
-                method, self.server + path, params=params, data=data, headers=self._headers(content_type)
-            ) as response:
-                text = await response.text()
+            return await loop.run_in_executor(self._executor, self._send, method, path, params, body, content_type)
         finally:
             waited_s = time.perf_counter() - started
             self.api_wait_s += waited_s
             self.requests += 1
             if self.on_request is not None:
                 self.on_request(method, waited_s)
-        payload: dict[str, Any] = json.loads(text) if text else {}
-        if response.status >= 400:
-            raise ApiError(
-                response.status,
-                str(payload.get("reason") or response.reason),
-                str(payload.get("message") or text[:500]),
-                method=method,
-                path=path,
-            )
-        return payload
 
     # -- verbs ---------------------------------------------------------------------------------------------------
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any] | None:

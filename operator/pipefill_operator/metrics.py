@@ -1,22 +1,28 @@
 """The operator's own metrics (``pipefill_operator_*``), in a registry passed in (each test makes its own).
 
-Label values come from small fixed sets: ``kind`` (the two custom kinds), ``result``, ``phase``, ``cause``. No
-label is named job, namespace, instance or pod: Prometheus sets those when it scrapes (docs/metrics.md).
+Label values come from small fixed sets: ``kind`` (the two custom kinds), ``result``, ``phase``, ``cause``,
+``policy``, ``reason``. No label is named job, namespace, instance or pod: Prometheus sets those when it scrapes
+(docs/metrics.md).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipefill.spec import JobPhase
+from pipefill.queue import POLICIES
+from pipefill.spec import FillJobPhase, JobPhase
 
-__all__ = ["RESULTS", "OperatorMetrics"]
+__all__ = ["REASSIGNMENT_REASONS", "RESULTS", "FillQueueMetrics", "OperatorMetrics"]
 
 # ok: decided and applied; retry: a temporary error (conflict, API unavailable), looked at again soon;
 # invalid: a permanent error (the spec can never work), reported as InvalidSpec; error: an unexpected failure
 RESULTS = ("ok", "retry", "invalid", "error")
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _KIND = "PipelineTrainingJob"
+# why a placement with work left was released: its pod is gone, its rank reported the job unfit, the job was
+# suspended or cancelled
+REASSIGNMENT_REASONS = ("pod_gone", "unfit", "suspended", "cancelled")
+_PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class OperatorMetrics:
@@ -92,3 +98,42 @@ class OperatorMetrics:
         if phase is not None:
             self._phases[key] = phase
             self.jobs.labels(phase).inc()
+
+
+class FillQueueMetrics:
+    """The fill queue's metrics (one scheduling loop per operator)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "pipefill_operator"
+        self.queue_length = Gauge(
+            f"{p}_fill_queue_length",
+            "FillJobs with work left waiting for a host (after the last pass).",
+            registry=registry,
+        )
+        self.assignments = Gauge(
+            f"{p}_fill_assignments", "Slice assignments to rank pods (after the last pass).", registry=registry
+        )
+        self.reassignments = Counter(
+            f"{p}_fill_reassignments_total",
+            "Slices with work left taken from a pod, by reason (pod_gone, unfit, suspended, cancelled).",
+            ["reason"],
+            registry=registry,
+        )
+        self.pass_duration = Histogram(
+            f"{p}_schedule_pass_seconds",
+            "Wall time of one scheduling pass (the pure pass, without the status writes), by policy.",
+            ["policy"],
+            buckets=_PASS_BUCKETS,
+            registry=registry,
+        )
+        self.fill_jobs = Gauge(f"{p}_fill_jobs", "FillJobs by phase.", ["phase"], registry=registry)
+        for reason in REASSIGNMENT_REASONS:
+            self.reassignments.labels(reason)
+        for policy in POLICIES:
+            self.pass_duration.labels(policy)
+        for phase in FillJobPhase:
+            self.fill_jobs.labels(phase.value)
+
+    def phases(self, counts: dict[str, int]) -> None:
+        for phase in FillJobPhase:
+            self.fill_jobs.labels(phase.value).set(counts.get(phase.value, 0))

@@ -104,6 +104,7 @@ def processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJ
     chosen = [p for p in procs if p.rank in slot]
     for p in chosen:
         p.env[env.METRICS_PORT] = "0"  # nothing scrapes them, and a port free a moment ago may be taken by now
+        p.env[env.BASELINE_EVERY_STEPS] = "0"  # the blocks decide where the fill works: no quiet steps inside them
         if a.device == "cpu":
             p.env[env.CPU_AFFINITY] = str(a.cores[slot[p.rank]])
         else:

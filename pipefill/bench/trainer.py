@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
                 env.OUT_DIR: str(Path(tmp) / f"rank{rank}"),
                 # each rank announces on its own channel, as in its own pod (no fill attached)
                 env.CHANNEL_DIR: str(Path(tmp) / f"channel{rank}"),
+                env.BASELINE_EVERY_STEPS: "0",  # every step announces, as the instrumentation's cost is measured
             }
             cmd = [
                 sys.executable, "-m", "pipefill_trainer.bench_worker", "--result", str(Path(tmp) / f"result{rank}.json"),

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipefill.local.manifests import load_manifests
 from pipefill.local.report import write_report
-from pipefill.local.runner import LocalRun, describe_error, load_manifests
+from pipefill.local.runner import LocalRun, describe_error
 from pipefill.spec import SpecError
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="FILE",
-        help="manifest (repeatable): one PipelineTrainingJob and any FillJobs",
+        help="manifest (repeatable): one PipelineTrainingJob, any FillJobs, the ConfigMap of its custom schedule and those of the FillJobs' code",
     )
     parser.add_argument(
         "--out", type=Path, default=None, metavar="DIR", help="output directory (default: runs/<job name>)"
@@ -70,11 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        job, fills, warnings = load_manifests(args.filename)
+        manifests = load_manifests(args.filename)
     except (SpecError, ValueError) as exc:
         print(describe_error(exc), file=sys.stderr)
         return 2
-    for warning in warnings:
+    job, fills = manifests.job, manifests.fills
+    for warning in manifests.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     out_dir = args.out or Path("runs") / job.name
     cores = len(os.sched_getaffinity(0))
@@ -92,7 +94,15 @@ def run(args: argparse.Namespace) -> int:
             f"pipefill local needs the 'local' extra: pip install 'pipefill-operator[local]' ({exc})", file=sys.stderr
         )
         return 2
-    runner = LocalRun(job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin)
+    runner = LocalRun(
+        job,
+        fills,
+        out_dir=out_dir,
+        device=args.device,
+        pin=not args.no_pin,
+        schedule_csv=manifests.schedule_csv,
+        config_maps=manifests.config_maps,
+    )
     endpoint = _serve_metrics(ChildrenCollector(lambda: runner.procs, outcome=runner.outcome), args.metrics_port)
     if endpoint is None:
         return 2

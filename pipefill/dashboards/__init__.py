@@ -11,6 +11,6 @@ The rest of the core never imports this package, so it stays importable without 
 
 from __future__ import annotations
 
-from pipefill.dashboards.queries import FILL_JOB_LABEL, NOT_LOCAL, UIDS
+from pipefill.dashboards.queries import NOT_LOCAL, UIDS
 
-__all__ = ["FILL_JOB_LABEL", "NOT_LOCAL", "UIDS"]
+__all__ = ["NOT_LOCAL", "UIDS"]

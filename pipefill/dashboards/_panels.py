@@ -10,7 +10,7 @@ from grafana_foundation_sdk.builders import stat as stat_panel
 from grafana_foundation_sdk.builders import timeseries as timeseries_panel
 from grafana_foundation_sdk.models import dashboard as model
 
-from pipefill.dashboards.queries import FILL_JOB_LABEL, UIDS
+from pipefill.dashboards.queries import UIDS
 
 __all__ = ["Board", "Q"]
 
@@ -79,7 +79,7 @@ class Board:
                 _query_variable(
                     "fill_job",
                     "Fill job",
-                    f'label_values(pipefill_fill_items_total{{namespace=~"$namespace", training_job=~"$training_job"}}, {FILL_JOB_LABEL})',
+                    'label_values(pipefill_fill_items_total{namespace=~"$namespace", training_job=~"$training_job"}, fill_job)',
                     multi=True,
                 )
             )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipefill.dashboards._panels import Board, Q
-from pipefill.dashboards.queries import FILL_JOB_LABEL, job_selector, rate
+from pipefill.dashboards.operator import fill_queue_row, operator_row
+from pipefill.dashboards.queries import job_selector, quantile, rate
 
 __all__ = ["build"]
 
@@ -14,13 +15,15 @@ _BUSY = rate("pipefill_fill_busy_seconds_total", _S)
 _BUBBLE = rate("pipefill_trainer_bubble_seconds_total", _S)
 _STEP_SUM = rate("pipefill_trainer_step_seconds_sum", _S)
 _STEP_COUNT = rate("pipefill_trainer_step_seconds_count", _S)
+_BASELINE = f"pipefill_trainer_baseline_step_seconds{_S}"
 
 
 def build() -> Any:
     board = Board(
         "fleet",
         "PipeFill / Fleet",
-        "GPU time the fill jobs recovered from pipeline bubbles, per training job, and the training jobs' pace.",
+        "GPU time the fill jobs recovered from pipeline bubbles, per training job, what it cost the training jobs, the "
+        "fill queue and the operator.",
         one_job=False,
     )
     board.row("Recovered GPU time")
@@ -70,11 +73,24 @@ def build() -> Any:
         span=8,
     )
     board.timeseries(
-        "Step time per training job",
-        "Mean wall time of one optimizer step (with fill running beside it). The slowdown against a no-fill "
-        "baseline needs a baseline metric the trainer does not export yet.",
+        "Step time against the no-fill baseline",
+        "Mean wall time of one optimizer step with fill running beside it, and the no-fill baseline: the median step "
+        "time of the recent steps the fill did no work in (profiling steps on CPU, steps with the fill held, or a job "
+        "without fill; docs/metrics.md).",
         "s",
-        Q(f"sum by (training_job) ({_STEP_SUM}) / sum by (training_job) ({_STEP_COUNT})", "{{training_job}}"),
+        Q(f"sum by (training_job) ({_STEP_SUM}) / sum by (training_job) ({_STEP_COUNT})", "{{training_job}} with fill"),
+        Q(f"avg by (training_job) ({_BASELINE})", "{{training_job}} no-fill baseline"),
+        span=8,
+    )
+    board.timeseries(
+        "Slowdown against the no-fill baseline",
+        "Mean step time ÷ the no-fill baseline − 1, per training job: what running the fill costs the training.",
+        "percentunit",
+        Q(
+            f"sum by (training_job) ({_STEP_SUM}) / sum by (training_job) ({_STEP_COUNT}) "
+            f"/ avg by (training_job) ({_BASELINE}) - 1",
+            "{{training_job}}",
+        ),
         span=8,
     )
     board.timeseries(
@@ -82,7 +98,7 @@ def build() -> Any:
         "Tokens per second of the whole job, from its last step.",
         "short",
         Q(f"max by (training_job) (pipefill_trainer_tokens_per_second{_S})", "{{training_job}}"),
-        span=8,
+        span=24,
     )
     board.row("Fill jobs")
     board.timeseries(
@@ -90,8 +106,8 @@ def build() -> Any:
         "Units of work per second, summed over every rank that runs the FillJob.",
         "short",
         Q(
-            f"sum by ({FILL_JOB_LABEL}) ({rate('pipefill_fill_items_total', _S)})",
-            "{{" + FILL_JOB_LABEL + "}}",
+            f"sum by (fill_job) ({rate('pipefill_fill_items_total', _S)})",
+            "{{fill_job}}",
         ),
     )
     board.timeseries(
@@ -99,8 +115,10 @@ def build() -> Any:
         "How long after a used bubble's expected end the fill yielded the GPU: the delay the fill can add to a step.",
         "s",
         Q(
-            f"histogram_quantile(0.99, sum by (training_job, le) ({rate('pipefill_fill_overrun_seconds_bucket', _S)}))",
+            quantile(0.99, "pipefill_fill_overrun_seconds", "training_job", _S),
             "{{training_job}}",
         ),
     )
+    fill_queue_row(board)
+    operator_row(board)
     return board.build()

@@ -5,19 +5,21 @@ No Grafana SDK here, so tests and tools can use it without the ``dashboards`` ex
 Labels on every series, as a cluster's scrape gives them: ``namespace`` (the target's namespace), ``training_job``,
 ``rank`` and ``container`` (the PodMonitor relabels them from the pod labels ``pipefill.io/job-name`` and
 ``pipefill.io/rank`` and the container name; ``pipefill local`` sets ``rank`` and ``container`` itself, and
-tests/dashboards adds ``namespace`` and ``training_job`` as static labels of its scrape configuration).
+tests/dashboards adds ``namespace`` and ``training_job`` as static labels of its scrape configuration). The fill
+executor's series carry ``fill_job`` (the FillJob's name) themselves: no metric label is named ``job``, ``namespace``,
+``instance`` or ``pod``, which Prometheus sets itself and would rename to ``exported_*``.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "FILL_JOB_LABEL",
     "JOB",
     "NOT_LOCAL",
     "RATE",
     "UIDS",
     "fill_selector",
     "job_selector",
+    "quantile",
     "rate",
 ]
 
@@ -27,11 +29,6 @@ UIDS = {
     "fill-jobs": "pipefill-fill-jobs",
 }
 """Fixed dashboard uids (file stem → uid): links and provisioning keep working across chart upgrades."""
-
-FILL_JOB_LABEL = "exported_job"
-"""The label naming a FillJob on the fill executor's series. The executor exports it as ``job``, which collides with
-Prometheus' own ``job`` target label, so a scrape with ``honor_labels: false`` (the PodMonitor default) stores it as
-``exported_job``. Issue #15 item 4 renames the metric label; change this constant with it."""
 
 RATE = "$__rate_interval"
 """Grafana's rate window: at least four scrape intervals, so a rate always has two samples."""
@@ -56,9 +53,14 @@ def job_selector(*extra: str) -> str:
 
 def fill_selector(*extra: str) -> str:
     """The job selector narrowed to the FillJobs the ``$fill_job`` variable selects."""
-    return job_selector(f'{FILL_JOB_LABEL}=~"$fill_job"', *extra)
+    return job_selector('fill_job=~"$fill_job"', *extra)
 
 
-def rate(metric: str, selector: str) -> str:
+def rate(metric: str, selector: str = "") -> str:
     """``rate(<metric><selector>[$__rate_interval])``."""
     return f"rate({metric}{selector}[{RATE}])"
+
+
+def quantile(q: float, histogram: str, by: str, selector: str = "") -> str:
+    """The ``q`` quantile of ``histogram`` over the rate window, per value of the ``by`` labels."""
+    return f"histogram_quantile({q}, sum by ({by}, le) ({rate(histogram + '_bucket', selector)}))"

@@ -5,17 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from pipefill.dashboards._panels import Board, Q
-from pipefill.dashboards.queries import FILL_JOB_LABEL, job_selector, rate
+from pipefill.dashboards.queries import job_selector, quantile, rate
 
 __all__ = ["build"]
 
 _S = job_selector()
 _TRAINER = job_selector('container="trainer"')
 _FILL = job_selector('container="fill-executor"')
-
-
-def _quantile(q: float, histogram: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by ({by}, le) ({rate(histogram + '_bucket', _S)}))"
 
 
 def build() -> Any:
@@ -41,19 +37,29 @@ def build() -> Any:
         Q(f"sum by (kind) ({rate('pipefill_trainer_bubbles_announced_total', _S)})", "{{kind}}"),
     )
     board.timeseries(
-        "Predicted against measured bubble time",
-        "Per rank: predicted seconds of the announced bubbles (expected end − open, as offered to the fill) and "
-        "measured idle seconds of all bubbles, per second. Measured is larger where bubbles are too short to announce.",
+        "Predicted against measured bubble time, by kind",
+        "Idle seconds per second inside steps, summed over ranks: predicted by the trainer's timeline (learned from "
+        "the measured waits; every bubble, announced or not) and measured.",
         "percentunit",
-        Q(f"sum by (rank) ({rate('pipefill_fill_offered_seconds_total', _S)})", "rank {{rank}} predicted"),
+        Q(f"sum by (kind) ({rate('pipefill_trainer_bubble_predicted_seconds_total', _S)})", "{{kind}} predicted"),
+        Q(f"sum by (kind) ({rate('pipefill_trainer_bubble_seconds_total', _S)})", "{{kind}} measured"),
+    )
+    board.timeseries(
+        "Predicted, offered and measured bubble time per rank",
+        "Per rank, per second: predicted idle time (every bubble), the part offered to the fill (announced bubbles, "
+        "expected end − open) and the measured idle time. Offered is smaller where bubbles are too short to announce.",
+        "percentunit",
+        Q(f"sum by (rank) ({rate('pipefill_trainer_bubble_predicted_seconds_total', _S)})", "rank {{rank}} predicted"),
+        Q(f"sum by (rank) ({rate('pipefill_fill_offered_seconds_total', _S)})", "rank {{rank}} offered"),
         Q(f"sum by (rank) ({rate('pipefill_trainer_bubble_seconds_total', _S)})", "rank {{rank}} measured"),
     )
     board.timeseries(
         "Bubble prediction error",
         "|predicted − measured| ÷ measured length of each announced bubble: median and 90th percentile per rank.",
         "percentunit",
-        Q(_quantile(0.5, "pipefill_trainer_bubble_prediction_error_ratio", "rank"), "rank {{rank}} p50"),
-        Q(_quantile(0.9, "pipefill_trainer_bubble_prediction_error_ratio", "rank"), "rank {{rank}} p90"),
+        Q(quantile(0.5, "pipefill_trainer_bubble_prediction_error_ratio", "rank", _S), "rank {{rank}} p50"),
+        Q(quantile(0.9, "pipefill_trainer_bubble_prediction_error_ratio", "rank", _S), "rank {{rank}} p90"),
+        span=24,
     )
     board.row("Fill")
     board.timeseries(
@@ -61,8 +67,8 @@ def build() -> Any:
         "Units of fill work done per second.",
         "short",
         Q(
-            f"sum by (rank, {FILL_JOB_LABEL}) ({rate('pipefill_fill_items_total', _S)})",
-            "rank {{rank}} {{" + FILL_JOB_LABEL + "}}",
+            f"sum by (rank, fill_job) ({rate('pipefill_fill_items_total', _S)})",
+            "rank {{rank}} {{fill_job}}",
         ),
         span=8,
     )
@@ -88,25 +94,27 @@ def build() -> Any:
         "Fill overrun past the bubble's end",
         "How long after a used bubble's expected end the fill yielded: median and 99th percentile per rank.",
         "s",
-        Q(_quantile(0.5, "pipefill_fill_overrun_seconds", "rank"), "rank {{rank}} p50"),
-        Q(_quantile(0.99, "pipefill_fill_overrun_seconds", "rank"), "rank {{rank}} p99"),
+        Q(quantile(0.5, "pipefill_fill_overrun_seconds", "rank", _S), "rank {{rank}} p50"),
+        Q(quantile(0.99, "pipefill_fill_overrun_seconds", "rank", _S), "rank {{rank}} p99"),
     )
     board.timeseries(
         "Fill switch cost",
         "Bubble open → the fill runs: wake-up and switch, median per rank.",
         "s",
-        Q(_quantile(0.5, "pipefill_fill_switch_seconds", "rank"), "rank {{rank}}"),
+        Q(quantile(0.5, "pipefill_fill_switch_seconds", "rank", _S), "rank {{rank}}"),
     )
     board.row("Training")
     board.timeseries(
-        "Step time",
-        "Wall time of one optimizer step: mean per rank.",
+        "Step time against the no-fill baseline",
+        "Wall time of one optimizer step: mean per rank, and each rank's no-fill baseline (the median step time of "
+        "its recent steps the fill did no work in; docs/metrics.md).",
         "s",
         Q(
             f"sum by (rank) ({rate('pipefill_trainer_step_seconds_sum', _S)}) "
             f"/ sum by (rank) ({rate('pipefill_trainer_step_seconds_count', _S)})",
             "rank {{rank}}",
         ),
+        Q(f"max by (rank) (pipefill_trainer_baseline_step_seconds{_S})", "rank {{rank}} no-fill baseline"),
         span=8,
     )
     board.timeseries(
@@ -133,12 +141,20 @@ def build() -> Any:
     )
     board.timeseries(
         "GPU memory per device",
-        "NVML memory in use and total per rank's GPU (trainer and fill together; only on GPU), and the device "
-        "memory the fill may use (its budget, spec.fill.reservedMemory).",
+        "NVML memory in use and total per rank's GPU (trainer and fill together; only on GPU).",
         "bytes",
         Q(f"max by (rank) (pipefill_trainer_gpu_memory_used_bytes{_TRAINER})", "rank {{rank}} used"),
         Q(f"max by (rank) (pipefill_trainer_gpu_memory_total_bytes{_TRAINER})", "rank {{rank}} total"),
-        Q(f"max by (rank) (pipefill_fill_memory_budget_bytes{_FILL})", "rank {{rank}} fill budget"),
+    )
+    board.timeseries(
+        "Fill executor memory",
+        "Memory each rank's fill executor holds (on GPU its allocator's reservation on the device, which NVML's "
+        "device figure cannot separate from the trainer's; on CPU the growth of its resident set since it started), "
+        "against its budget.",
+        "bytes",
+        Q(f"max by (rank) (pipefill_fill_memory_used_bytes{_FILL})", "rank {{rank}} in use"),
+        Q(f"max by (rank) (pipefill_fill_memory_budget_bytes{_FILL})", "rank {{rank}} budget"),
+        span=24,
     )
     board.row("Restarts")
     board.timeseries(

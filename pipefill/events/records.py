@@ -93,6 +93,8 @@ class BubbleEvent(Event):
     """the prediction at that moment"""
     announced: bool
     """offered on the bubble channel"""
+    late: bool = False
+    """announced only once the wait outlasted the late threshold (``PIPEFILL_TRAINER_LATE_ANNOUNCE_US``)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

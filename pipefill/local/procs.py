@@ -21,9 +21,9 @@ from typing import IO
 
 from pipefill import env
 from pipefill.pods import rank_containers
-from pipefill.spec import PipelineTrainingJob
+from pipefill.spec import PipelineTrainingJob, Schedule
 
-__all__ = ["LocalProcess", "free_port", "local_processes", "stop_all"]
+__all__ = ["LocalProcess", "free_port", "local_processes", "schedule_file", "stop_all"]
 
 
 def free_port() -> int:
@@ -77,6 +77,15 @@ class LocalProcess:
             self.log = None
 
 
+def schedule_file(job: PipelineTrainingJob, spec_dir: Path) -> Path | None:
+    """Where a custom schedule's CSV lies: under its ConfigMap key beside ``job.yaml``, as in the pod's mount of the
+    spec ConfigMap; None unless ``schedule: custom``."""
+    ref = job.spec.pipeline.custom_schedule
+    if job.spec.pipeline.schedule != Schedule.CUSTOM or ref is None:
+        return None
+    return spec_dir / ref.key
+
+
 def _cpu_for(rank: int, stages: int) -> str:
     cpus = sorted(os.sched_getaffinity(0))
     return str(cpus[(rank % stages) % len(cpus)])
@@ -119,6 +128,9 @@ def local_processes(
                 child.update(
                     {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), env.SPEC_FILE: str(spec_file)}
                 )
+                csv = schedule_file(job, spec_file.parent)
+                if csv is not None:  # as the pod sets it (never one inherited from this shell)
+                    child[env.SCHEDULE_FILE] = str(csv)
             else:
                 child[env.WORK_SOURCE] = f"files:{work_dir}"
             argv = [sys.executable, *plan.argv[1:]]

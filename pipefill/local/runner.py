@@ -11,21 +11,25 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
-from pipefill.local.procs import LocalProcess, free_port, local_processes, stop_all
+from pipefill.local.procs import LocalProcess, free_port, local_processes, schedule_file, stop_all
 from pipefill.local.report import FILL_WORK_DIR
-from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, load_file, to_obj
+from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
 
-__all__ = ["LocalRun", "RunOutcome", "load_manifests", "prepare"]
+__all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "prepare"]
 
 _POLL_S = 0.2
+# ConfigMaps given with -f (a FillJob's spec.workload.code.configMap), where the files work source reads them:
+# <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
+CONFIG_MAPS_DIR = "configmaps"
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -42,41 +46,32 @@ class RunOutcome:
     process_restarts: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
-def load_manifests(paths: list[str]) -> tuple[PipelineTrainingJob, list[FillJob], list[str]]:
-    """The one training job, the fill jobs it may host, and warnings; raises SpecError/ValueError on bad input."""
-    manifests = [m for p in paths for m in load_file(p)]
-    jobs = [m for m in manifests if isinstance(m, PipelineTrainingJob)]
-    if len(jobs) != 1:
-        names = ", ".join(j.name for j in jobs) or "none"
-        raise ValueError(
-            f"pipefill local runs exactly one PipelineTrainingJob per invocation; the files hold {len(jobs)} ({names})"
-        )
-    job = jobs[0]
-    labels = {str(k): str(v) for k, v in (job.metadata.get("labels") or {}).items()}
-    fills, warnings = [], []
-    for fill in (m for m in manifests if isinstance(m, FillJob)):
-        if fill.spec.host_selector.matches(labels):
-            fills.append(fill)
-        else:
-            warnings.append(
-                f"FillJob {fill.name!r} does not select PipelineTrainingJob {job.name!r} (spec.hostSelector vs its labels); it stays queued"
-            )
-    if not job.spec.fill.enabled and fills:
-        warnings.append(f"spec.fill.enabled is false on {job.name!r}: no fill executor runs, the FillJobs stay queued")
-    return job, fills, warnings
-
-
-def prepare(job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path) -> tuple[Path, Path]:
-    """Write the job (as the spec ConfigMap would hold it) and the fill queue; returns (spec file, work dir)."""
+def prepare(
+    job: PipelineTrainingJob,
+    fills: list[FillJob],
+    out_dir: Path,
+    *,
+    schedule_csv: str | None = None,
+    config_maps: Sequence[dict[str, Any]] = (),
+) -> tuple[Path, Path]:
+    """Write the job and, for ``schedule: custom``, its CSV under its key beside it (as the spec ConfigMap holds
+    them), the fill queue and the ConfigMaps its code is in; returns (spec file, work dir)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
+    csv_file = schedule_file(job, out_dir)
+    if schedule_csv is not None and csv_file is not None:
+        csv_file.write_text(schedule_csv, encoding="utf-8")
     work_dir = out_dir / FILL_WORK_DIR
     work_dir.mkdir(exist_ok=True)
     for fill in fills:
         target = work_dir / f"{fill.name}.yaml"
         if not target.exists():  # keep progress of an earlier, interrupted run
             target.write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
+    for config_map in config_maps:  # always this run's: code fixed between runs is picked up
+        target = work_dir / CONFIG_MAPS_DIR / f"{config_map['metadata']['name']}.yaml"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(yaml.safe_dump(config_map, sort_keys=False), encoding="utf-8")
     return spec_file, work_dir
 
 
@@ -91,10 +86,14 @@ class LocalRun:
         out_dir: Path,
         device: str = "cpu",
         pin: bool = True,
+        schedule_csv: str | None = None,
+        config_maps: Sequence[dict[str, Any]] = (),
         on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
     ) -> None:
         self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
+        self.schedule_csv = schedule_csv  # schedule custom: the CSV from its ConfigMap (manifests.load_manifests)
         self.on_tick = on_tick
+        self.config_maps = list(config_maps)
         self.outcome = RunOutcome(code=1, reason="not started")
         self.procs: list[LocalProcess] = []
 
@@ -121,7 +120,9 @@ class LocalRun:
         self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def run(self) -> RunOutcome:
-        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir)
+        spec_file, work_dir = prepare(
+            self.job, self.fills, self.out_dir, schedule_csv=self.schedule_csv, config_maps=self.config_maps
+        )
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         policy = self.job.spec.run_policy

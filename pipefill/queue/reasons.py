@@ -2,7 +2,7 @@
 
 The checks follow the path a slice takes to a rank, and the first that rules out every rank is the reason: no
 running training job in the namespace, hostSelector, ``spec.fill.enabled``, the training jobs' fill-job selectors,
-ranks whose bubbles are unknown, slices still held by pods that have not terminated, unfit reports, bubbles that fit
+their fill storage, ranks whose bubbles are unknown, slices still held by pods that have not terminated, unfit reports, bubbles that fit
 no batch of the job, full ranks, and last the policy. Jobs of one eligibility group and profile share the answer.
 """
 
@@ -16,22 +16,34 @@ from pipefill.queue.fit import why_unfit
 from pipefill.queue.state import Host, Job, State
 from pipefill.spec.common import LabelSelector
 
-__all__ = ["Memo", "format_selector", "why_waiting"]
+__all__ = ["CODES", "Memo", "format_selector", "why_waiting"]
 
 _LIST_AT_MOST = 3
+
+NO_MATCHING_HOST = "NoMatchingHost"
+DRAINING = "WaitingForPodTermination"
+UNFIT = "Unfit"
+NO_FITTING_BUBBLE = "NoFittingBubble"
+NO_FREE_RANK = "NoFreeRank"
+POLICY = "QueuedByPolicy"
+CODES = (NO_MATCHING_HOST, DRAINING, UNFIT, NO_FITTING_BUBBLE, NO_FREE_RANK, POLICY)
+"""The CamelCase reason of the operator's Scheduled condition for each kind of wait (the text says the details)."""
+
+Why = tuple[str, str]  # (code, text)
 
 
 @dataclass
 class Memo:
     """What jobs of one pass share: answers per (group, profile, unfit, pods), per group, free hosts per group."""
 
-    reasons: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    reasons: dict[tuple[Any, ...], Why] = field(default_factory=dict)
     selectors: dict[tuple[Any, ...], str] = field(default_factory=dict)
     free: dict[tuple[Any, ...], list[Host]] = field(default_factory=dict)
 
 
-def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> str:
-    """The reason ``job`` (open work, no pod of a running host) waits; ``memo`` shares answers within a pass."""
+def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> Why:
+    """The reason ``job`` (open work, no pod of a running host) waits, as (code of :data:`CODES`, text); ``memo``
+    shares answers within a pass."""
     if not job.open:
         return _draining(job)
     key = (job.group.key, job.demand_id, job.unfit, frozenset(job.pods), job.note)
@@ -41,19 +53,19 @@ def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> str:
     return found
 
 
-def _funnel(state: State, job: Job, policy: str, memo: Memo) -> str:
+def _funnel(state: State, job: Job, policy: str, memo: Memo) -> Why:
     v = job.view
     prefix = memo.selectors.get(job.group.key)
     if prefix is None:
         prefix = memo.selectors[job.group.key] = _selectors(state, job)
     if prefix:
-        return prefix
+        return NO_MATCHING_HOST, prefix
     if job.allowance <= 0:
         return _draining(job)
     unfit = job.unfit
     if unfit and all((h.tj.name, h.rank.rank) in unfit for h in job.group.hosts):
         details = "; ".join(f"{u.training_job}/{u.rank}: {u.reason}" for u in v.unfit[:_LIST_AT_MOST])
-        return f"every eligible rank reported this job unfit ({details})"
+        return UNFIT, f"every eligible rank reported this job unfit ({details})"
     fits = state.rates.fits
     free = memo.free.get(job.group.key)
     if free is None:
@@ -64,24 +76,24 @@ def _funnel(state: State, job: Job, policy: str, memo: Memo) -> str:
         if (h.tj.name, h.rank.rank) not in unfit and h.rank.pod_uid not in job.pods and fits(job.demand_id, h.cap_id)
     )
     if free_fitting and policy == "makespan":
-        return job.note or (
+        return POLICY, job.note or (
             f"waiting: on the {free_fitting} free ranks that fit, other jobs use every bubble class the job could "
             "(makespan places a job only where it adds work)"
         )
     if free_fitting:
-        return f"waiting behind jobs ahead of it under policy {policy}"
+        return POLICY, f"waiting behind jobs ahead of it under policy {policy}"
     if unfit:
         somewhere = any(fits(job.demand_id, h.cap_id) for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit)
     else:  # ranks of equal capacity answer alike
         somewhere = any(fits(job.demand_id, cap_id) for cap_id in job.group.by_cap)
     if somewhere:
-        return (
+        return NO_FREE_RANK, (
             f"waiting for a free rank: every rank whose bubbles fit runs {state.max_jobs} fill jobs already "
             "(PIPEFILL_FILL_MAX_ACTIVE_JOBS)"
         )
     reported = [h for h in job.group.hosts if (h.tj.name, h.rank.rank) not in unfit]
     h = reported[0]
-    return (
+    return NO_FITTING_BUBBLE, (
         f"no bubble class of the {len(reported)} eligible ranks fits the job ({h.name}: {why_unfit(job.demand, h.cap)})"
     )
 
@@ -109,12 +121,22 @@ def _selectors(state: State, job: Job) -> str:
             f"the fill-job selector of every matching training job refuses this job's labels "
             f"{format_labels(v.labels)} ({t.name} admits {format_selector(t.fill_job_selector)})"
         )
+    stored = [t for t in admitted if t.fill_storage_claim == v.storage_claim]
+    if not stored:
+        t = admitted[0]
+        want = f"claim {v.storage_claim}" if v.storage_claim else "no claim"
+        has = f"claim {t.fill_storage_claim}" if t.fill_storage_claim else "none"
+        return (
+            f"no matching training job's fill storage holds this job: its output is on {want} "
+            f"({t.name}'s spec.fill.storage: {has}); use a training job whose spec.fill.storage.claimName is "
+            "spec.output.claimName"
+        )
     return ""
 
 
-def _draining(job: Job) -> str:
+def _draining(job: Job) -> Why:
     held = ", ".join(f"[{p.start}, {p.end}) on {p.pod}" for p in job.kept[:_LIST_AT_MOST])
-    return f"slices {held} wait for their pods to terminate before they move"
+    return DRAINING, f"slices {held} wait for their pods to terminate before they move"
 
 
 def format_selector(selector: LabelSelector) -> str:

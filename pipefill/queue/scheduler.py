@@ -47,6 +47,8 @@ class JobOutcome:
     released: tuple[Placement, ...]
     epoch: int
     reason: str
+    code: str = ""
+    """the reason's CamelCase code (pipefill.queue.reasons.CODES), "" when the job does not wait"""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def schedule_pass(
 
 def _outcome(state: State, job: Job, policy: str, memo: Memo) -> JobOutcome:
     running = job.new or [p for p in job.kept if p.pod_uid in state.by_uid]
-    reason = "" if running or not (job.open or job.kept) else why_waiting(state, job, policy, memo)
+    code, reason = ("", "") if running or not (job.open or job.kept) else why_waiting(state, job, policy, memo)
     v = job.view
     return JobOutcome(
         v.namespace,
@@ -103,4 +105,5 @@ def _outcome(state: State, job: Job, policy: str, memo: Memo) -> JobOutcome:
         tuple(job.released),
         job.epoch,
         reason,
+        code,
     )

@@ -3,8 +3,7 @@
 The operator builds a :class:`Snapshot` from the API objects it watches (FillJobs with their status, training jobs,
 pods) and hands it to :func:`pipefill.queue.schedule_pass`; nothing here talks to a cluster, so the pass is a pure
 function that tests and benchmarks drive directly. Status fields that the executors will own (slices with commit
-pointers, unfit reports, the measured profile) and the training job's fill-job selector are modelled here ahead of
-the spec fields that will carry them.
+pointers, unfit reports, the measured profile) mirror ``FillJob.status`` (:mod:`pipefill.spec.fillstatus`).
 """
 
 from __future__ import annotations
@@ -112,6 +111,8 @@ class FillJobView:
     estimate_peak_bytes: int | None = None
     profile: tuple[ProfilePoint, ...] = ()
     """measured: step time and peak memory per batch size (empty until an executor profiled the job)"""
+    storage_claim: str | None = None
+    """spec.output.claimName: only training jobs whose spec.fill.storage holds this claim (None: no storage) host it"""
     slices: tuple[SliceStatus, ...] = ()
     """the plan of record with commit pointers; empty: not planned yet (the pass plans it)"""
     unfit: tuple[Unfit, ...] = ()
@@ -173,6 +174,7 @@ class FillJobView:
             labels=dict(job.metadata.get("labels") or {}),
             host_selector=spec.host_selector,
             max_parallel_ranks=spec.max_parallel_ranks,
+            storage_claim=spec.output.claim_name,
             estimate_step_s=est.step_milliseconds / 1e3 if est.step_milliseconds is not None else None,
             estimate_peak_bytes=parse_bytes(est.memory, field="spec.estimates.memory")
             if est.memory is not None
@@ -203,7 +205,8 @@ class RankView:
 @dataclass(frozen=True)
 class TrainingJobView:
     """A PipelineTrainingJob and its rank pods. Only a ``running`` job with ``fill_enabled`` hosts fill work.
-    ``fill_job_selector``: which FillJobs (by label) the job admits; empty admits all (a spec field to come)."""
+    ``fill_job_selector``: which FillJobs (by label) the job admits (spec.fill.jobSelector; empty admits all);
+    ``fill_storage_claim``: the claim of spec.fill.storage (None: no fill storage), which must be a FillJob's."""
 
     name: str
     namespace: str = "default"
@@ -211,6 +214,7 @@ class TrainingJobView:
     labels: Mapping[str, str] = field(default_factory=dict)
     fill_enabled: bool = True
     fill_job_selector: LabelSelector = field(default_factory=LabelSelector)
+    fill_storage_claim: str | None = None
     ranks: tuple[RankView, ...] = ()
     spec: PipelineTrainingJobSpec | None = None
     """for the simulator's prediction of ranks that report no bubble classes yet"""
@@ -246,15 +250,17 @@ class TrainingJobView:
         fill_job_selector: LabelSelector | None = None,
         schedule_csv: str | None = None,
     ) -> TrainingJobView:
-        """The spec's fields from a typed PipelineTrainingJob; ``running``, the ranks and the fill-job selector (a
-        field the spec does not carry yet) from what the operator observed."""
+        """The spec's fields from a typed PipelineTrainingJob; ``running`` and the ranks from what the operator
+        observed; ``fill_job_selector`` overrides spec.fill.jobSelector when given."""
+        storage = job.spec.fill.storage
         return cls(
             name=job.name,
             namespace=namespace,
             running=running,
             labels=dict(job.metadata.get("labels") or {}),
             fill_enabled=job.spec.fill.enabled,
-            fill_job_selector=fill_job_selector or LabelSelector(),
+            fill_job_selector=fill_job_selector or job.spec.fill.job_selector,
+            fill_storage_claim=storage.claim_name if storage is not None else None,
             ranks=ranks,
             spec=job.spec,
             guard_s=job.spec.fill.guard_milliseconds / 1e3,

@@ -167,7 +167,12 @@ class State:
 
     def group(self, view: FillJobView) -> Group:
         """The eligibility group of ``view``, built on first use."""
-        key = (view.namespace, _selector_key(view.host_selector), tuple(sorted(view.labels.items())))
+        key = (
+            view.namespace,
+            _selector_key(view.host_selector),
+            tuple(sorted(view.labels.items())),
+            view.storage_claim,
+        )
         found = self._groups.get(key)
         if found is not None:
             return found
@@ -178,6 +183,7 @@ class State:
                 t.namespace == view.namespace
                 and view.host_selector.matches(dict(t.labels))
                 and t.fill_job_selector.matches(labels)
+                and t.fill_storage_claim == view.storage_claim
             )
         hosts = [h for h in self.hosts if admits[h.tj.key]]
         buckets: list[deque[Host]] = [deque() for _ in range(self.max_jobs)]

@@ -12,6 +12,7 @@ from pipefill.spec.fillstatus import Assignment, FillJobPhase, FillJobStatus
 
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "ENTRY_POINT_GROUP",
     "Assignment",
     "Estimates",
     "FillJob",
@@ -20,6 +21,7 @@ __all__ = [
     "FillJobStatus",
     "WorkKind",
     "Workload",
+    "WorkloadCode",
 ]
 
 
@@ -32,14 +34,56 @@ class WorkKind(enum.StrEnum):
 BUILTIN_WORKLOADS: dict[str, WorkKind] = {
     "encoder-inference": WorkKind.INFERENCE,
     "train-classifier": WorkKind.TRAINING,
+    "sentence-embedding": WorkKind.INFERENCE,
 }
+
+# An entry point name in the ``pipefill.workloads`` group (a Python package's workload; docs/fill.md, "User code").
+ENTRY_POINT_GROUP = "pipefill.workloads"
 
 _BUILTIN_KIND_CEL = "{" + ", ".join(f"'{k}': '{v.value}'" for k, v in BUILTIN_WORKLOADS.items()) + "}"
 
 
 @dataclass
+class WorkloadCode:
+    """Where the module of ``importPath`` comes from when it is not installed in the fill image (docs/fill.md)."""
+
+    path: str | None = field(
+        doc="A directory on the training job's fill storage (relative to its mount, spec.fill.storage.mountPath; "
+        "pipefill local: the working directory) that holds the module of importPath; its modules import each other "
+        "relatively (from . import helpers).",
+        max_length=1024,
+        default=None,
+    )
+    config_map: str | None = field(
+        doc="A ConfigMap in the FillJob's namespace whose keys are the module files (name.py) of importPath; the fill "
+        "executor reads it at job start (pipefill local: the ConfigMap manifests given with -f).",
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        default=None,
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="has(self.path) != has(self.configMap)",
+            message="spec.workload.code: set exactly one of path and configMap",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
+            message="spec.workload.code.path must be relative to the fill storage and must not contain '..'; "
+            "give the directory's path under the storage's mount",
+            field_path=".path",
+        ),
+    )
+
+
+_SOURCES_CEL = "[has(self.builtin), has(self.importPath), has(self.entryPoint)].filter(x, x).size() == 1"
+
+
+@dataclass
 class Workload:
-    """What to run: a builtin workload or a user class implementing the workload protocol (docs/fill.md)."""
+    """What to run: a builtin workload, a workload a Python package in the fill image registers (entry point), or a
+    user class implementing the workload protocol, by import path (docs/fill.md)."""
 
     kind: WorkKind = field(doc="inference (outputs per sample) or training (checkpoints and a final model).")
     builtin: str | None = field(
@@ -47,10 +91,22 @@ class Workload:
         pattern="^(" + "|".join(BUILTIN_WORKLOADS) + ")$",
         default=None,
     )
+    entry_point: str | None = field(
+        doc=f"A workload a Python package installed in the fill image registers under the entry point group "
+        f"{ENTRY_POINT_GROUP} (a fill image built FROM ours).",
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$",
+        max_length=128,
+        default=None,
+    )
     import_path: str | None = field(
-        doc="A user workload class as package.module:Class, importable in the fill image.",
+        doc="A user workload class as package.module:Class, importable in the fill image or loaded from code.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$",
         max_length=512,
+        default=None,
+    )
+    code: WorkloadCode | None = field(
+        doc="Where importPath's module comes from when the fill image does not hold it: a directory on the fill "
+        "storage or a ConfigMap; loaded when the job starts.",
         default=None,
     )
     parameters: dict[str, Any] = field(
@@ -59,8 +115,15 @@ class Workload:
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            rule="has(self.builtin) != has(self.importPath)",
-            message="spec.workload: set exactly one of builtin and importPath",
+            rule=_SOURCES_CEL,
+            message="spec.workload: set exactly one of builtin, entryPoint and importPath",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="!has(self.code) || has(self.importPath)",
+            message="spec.workload.code says where importPath's module comes from; set importPath "
+            "(package.module:Class) or remove code",
+            field_path=".code",
             reason="FieldValueRequired",
         ),
         Rule(

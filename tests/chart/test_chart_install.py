@@ -101,7 +101,11 @@ def test_every_rendered_object_is_created_by_a_server_side_dry_run(chart_plane: 
         {
             "operator": {"namespaces": ["team-a", "team-b"], "ipFamily": "IPv6"},
             "dashboards": {"enabled": True, "namespace": "grafana"},
-            "monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+            "monitoring": {
+                "serviceMonitor": {"enabled": True},
+                "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True},
+            },
         },
         {"crds": {"keep": False}, "operator": {"metrics": {"enabled": False}, "liveness": {"enabled": False}}},
         {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "op"}, "operator": {"replicas": 0}},
@@ -116,7 +120,7 @@ def test_every_rendered_object_is_created_by_a_server_side_dry_run(chart_plane: 
         created = out.stdout.split()
         assert len(created) == len(checked), (values, out.stdout, out.stderr)
     # The Prometheus Operator's API is not served here: its objects are checked in test_chart_render only.
-    assert rendered_only == {"PodMonitor", "ServiceMonitor"}
+    assert rendered_only == {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
 
 def _old_chart(tmp: Path) -> Path:

@@ -148,6 +148,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
             "namespaces": ["ml"],
             "workers": 3,
             "statusIntervalSeconds": 2.5,
+            "policy": "makespan",
             "verbose": True,
             "ipFamily": "IPv6",
             "liveness": {"port": 8081},
@@ -163,6 +164,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
         "--namespace=ml",
         "--workers=3",
         "--status-interval=2.5",
+        "--policy=makespan",
         "--metrics-address=$(POD_IP):9500",
         "--liveness=http://[$(POD_IP)]:8081/healthz",
         "--verbose",
@@ -289,7 +291,6 @@ def test_dashboards_ship_as_configmaps_for_grafanas_sidecar(tmp_path: Path) -> N
     ("values", "message"),
     [
         ({"operator": {"replicas": 2}}, "ERROR: operator.replicas=2: the operator runs standalone"),
-        ({"operator": {"queuePolicy": "sjf"}}, "ERROR: operator.queuePolicy=sjf: the operator of appVersion"),
         (
             {"operator": {"liveness": {"port": 9402}}},
             "ERROR: operator.metrics.port and operator.liveness.port are both 9402",
@@ -300,14 +301,23 @@ def test_dashboards_ship_as_configmaps_for_grafanas_sidecar(tmp_path: Path) -> N
             "ERROR: monitoring.serviceMonitor.enabled=true needs operator.metrics.enabled=true",
         ),
     ],
-    ids=["replicas", "queue-policy", "same-port", "no-account", "monitor-without-metrics"],
+    ids=["replicas", "same-port", "no-account", "monitor-without-metrics"],
 )
 def test_impossible_values_are_refused_naming_them(values: dict[str, Any], message: str, tmp_path: Path) -> None:
     assert message in render_error(values, tmp_path, api_versions=(MONITORING,))
 
 
+def test_the_prometheus_rule_holds_the_rule_file_as_it_is(tmp_path: Path) -> None:
+    assert by_kind(render({}, tmp_path, api_versions=(MONITORING,)), "PrometheusRule") == []
+    values = {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}}
+    rule = one(render(values, tmp_path, api_versions=(MONITORING,)), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "rules" / "pipefill.rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["namespace"] == RELEASE_NAMESPACE
+
+
 def test_monitors_are_refused_where_the_prometheus_operator_api_is_not_served(tmp_path: Path) -> None:
-    for monitor in ("serviceMonitor", "podMonitor"):
+    for monitor in ("serviceMonitor", "podMonitor", "prometheusRule"):
         error = render_error({"monitoring": {monitor: {"enabled": True}}}, tmp_path)
         assert "needs the Prometheus Operator's API monitoring.coreos.com/v1" in error
 
@@ -317,7 +327,7 @@ def test_monitors_are_refused_where_the_prometheus_operator_api_is_not_served(tm
     [
         ({"operator": {"workers": 0}}, "at '/operator/workers': minimum: got 0, want 1"),
         ({"operator": {"statusIntervalSeconds": 0}}, "at '/operator/statusIntervalSeconds'"),
-        ({"operator": {"queuePolicy": "lifo"}}, "at '/operator/queuePolicy'"),
+        ({"operator": {"policy": "lifo"}}, "at '/operator/policy'"),
         ({"operator": {"ipFamily": "IPv5"}}, "at '/operator/ipFamily'"),
         ({"operator": {"namespaces": ["a", "a"]}}, "at '/operator/namespaces'"),
         ({"operator": {"namespaces": ["Team_A"]}}, "at '/operator/namespaces/0'"),

@@ -1,10 +1,11 @@
-"""A real Prometheus scraping a real ``pipefill local`` run, and its HTTP API.
+"""A real Prometheus scraping a real ``pipefill local`` run and the operator on the control plane, and its HTTP API.
 
 Prometheus comes from ``make prometheus-bin`` (``$PIPEFILL_BINS/prometheus/``; ``make test`` fetches it first, never
 inside a test's timeout). It scrapes the run's one metrics endpoint, which already labels every series with ``rank``
 and ``container`` as a PodMonitor's relabelling does on a cluster; the scrape configuration adds the other labels the
 PodMonitor would (``namespace``, ``training_job``) as static labels, with ``honor_labels: false`` as PodMonitors
-default to. Everything listens on 127.0.0.1.
+default to. The operator (``operator_run``) is a second target, labelled with its own namespace as a ServiceMonitor
+would label it. Everything listens on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -24,14 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from operator_run import OPERATOR_NAMESPACE_LABEL, OperatorRun
 
+from pipefill import env
 from pipefill.local.procs import free_port
 
 __all__ = ["SCRAPE_INTERVAL_S", "STATIC_LABELS", "Prometheus", "prometheus_binary", "run_scraped"]
 
 ROOT = Path(__file__).resolve().parents[2]
+RULE_FILE = ROOT / "charts" / "pipefill" / "rules" / "pipefill.rules.yaml"
 SCRAPE_INTERVAL_S = 1
 STATIC_LABELS = {"namespace": "pipefill-test", "training_job": "cpu-demo"}
+BASELINE_EVERY_STEPS = 10
+"""Quiet steps for the no-fill baseline: 8 in the 80-step run (the default, one in 50, would give one)."""
 
 
 def prometheus_binary() -> Path:
@@ -113,20 +119,30 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) 
     raise TimeoutError(f"prometheus at {url} not ready within {timeout_s} s")
 
 
+def _scrape(job_name: str, port: int, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "job_name": job_name,
+        "honor_labels": False,
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": labels}],
+    }
+
+
 @contextmanager
-def run_scraped(tmp: Path) -> Iterator[ScrapedRun]:
-    """Start Prometheus, run the short local job under its scrape, yield the API and the run's window; Prometheus is
-    stopped on exit."""
+def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
+    """Start Prometheus, then the operator with its jobs, run the short local job, all under its scrape; yield the
+    API and the window; Prometheus is stopped on exit (the operator by its own context)."""
     binary = prometheus_binary()
     metrics_port, web_port = free_port(), free_port()
     config = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+            "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
+            "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
+        },
+        "rule_files": [str(RULE_FILE)],
         "scrape_configs": [
-            {
-                "job_name": "pipefill-local",
-                "honor_labels": False,
-                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": STATIC_LABELS}],
-            }
+            _scrape("pipefill-local", metrics_port, STATIC_LABELS),
+            _scrape("pipefill-operator", operator.metrics_port, {"namespace": OPERATOR_NAMESPACE_LABEL}),
         ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -145,12 +161,14 @@ def run_scraped(tmp: Path) -> Iterator[ScrapedRun]:
             files = [arg for path in _manifests(tmp) for arg in ("-f", str(path))]
             local = [sys.executable, "-m", "pipefill", "local", *files, "--out", str(tmp / "out")]
             start_s = time.time()
+            operator.start_with_jobs()
             done = subprocess.run(
                 [*local, "--metrics-port", str(metrics_port), "--plain"],
                 capture_output=True,
                 text=True,
                 timeout=90,
                 cwd=tmp,
+                env={**os.environ, env.BASELINE_EVERY_STEPS: str(BASELINE_EVERY_STEPS)},
             )
             end_s = time.time()
             (tmp / "local.log").write_text(done.stdout + done.stderr)

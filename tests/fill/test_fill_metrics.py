@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
+import torch
+from fill_helpers import write_job
 from prometheus_client import CollectorRegistry
 
-from pipefill_fill.metrics import FillMetrics
+from pipefill import env
+from pipefill.events import EventWriter
+from pipefill_fill.device import memory_in_use
+from pipefill_fill.jobs import Jobs
+from pipefill_fill.metrics import SKIP_REASONS, FillMetrics
+from pipefill_fill.settings import Settings
+from pipefill_fill.sources import Identity, open_source
 
 
 def test_bubble_accounting_and_recovery() -> None:
@@ -25,7 +36,59 @@ def test_bubble_accounting_and_recovery() -> None:
     assert value("pipefill_fill_overrun_seconds_count") == 1
     assert value("pipefill_fill_overrun_seconds_bucket", {"le": "0.001"}) == 1
     assert value("pipefill_fill_bubbles_skipped_total", {"reason": "short"}) == 1
-    assert value("pipefill_fill_items_total", {"job": "embed"}) == 48
-    assert value("pipefill_fill_profile_step_seconds", {"job": "embed", "batch_size": "16"}) == 0.07
+    assert value("pipefill_fill_items_total", {"fill_job": "embed"}) == 48
+    assert value("pipefill_fill_profile_step_seconds", {"fill_job": "embed", "batch_size": "16"}) == 0.07
     names = {metric.name for metric in registry.collect()}
     assert all(n.startswith("pipefill_fill_") for n in names)
+
+
+def test_skip_reasons_exist_from_the_start_and_memory_reads_the_process() -> None:
+    registry = CollectorRegistry()
+    m = FillMetrics(registry)
+    for reason in SKIP_REASONS:
+        assert registry.get_sample_value("pipefill_fill_bubbles_skipped_total", {"reason": reason}) == 0
+    assert math.isnan(registry.get_sample_value("pipefill_fill_memory_used_bytes") or 0.0)
+    m.watch_memory(memory_in_use(torch.device("cpu")))
+    before = registry.get_sample_value("pipefill_fill_memory_used_bytes")
+    assert before is not None and 0 <= before < 16 * 2**20  # growth since the reading began: about none yet
+    work = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+    grown = registry.get_sample_value("pipefill_fill_memory_used_bytes")
+    assert grown is not None and grown - before >= 60 * 2**20
+    del work
+
+    def unreadable() -> int:
+        raise OSError("no /proc here")
+
+    m.watch_memory(unreadable)
+    assert math.isnan(registry.get_sample_value("pipefill_fill_memory_used_bytes") or 0.0)
+
+
+def test_jobs_report_total_progress_and_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two FillJobs over the files source: one starts (its total and committed units appear, failures at 0), one
+    names a module that does not exist and fails at start (counted once)."""
+    jobs_dir = tmp_path / "jobs"
+    write_job(jobs_dir, "good", total=48)
+    write_job(jobs_dir, "broken", builtin=None, import_path="no_such_module_anywhere:Work")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    registry = CollectorRegistry()
+    metrics = FillMetrics(registry)
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = Jobs(
+        source=source,
+        device=torch.device("cpu"),
+        settings=Settings.from_env(),
+        metrics=metrics,
+        events=EventWriter(None),
+    )
+    try:
+        jobs.refresh()
+        assert set(jobs.active) == {"good"} and jobs.failed == {"broken"}
+    finally:
+        jobs.shutdown()
+        source.close()
+    value = registry.get_sample_value
+    assert value("pipefill_fill_job_total_items", {"fill_job": "good"}) == 48
+    assert value("pipefill_fill_committed_items", {"fill_job": "good"}) == 0
+    assert value("pipefill_fill_job_failures_total", {"fill_job": "good"}) == 0
+    assert value("pipefill_fill_job_failures_total", {"fill_job": "broken"}) == 1

@@ -27,7 +27,7 @@ CHILD = """
 import sys, time
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 registry = CollectorRegistry()
-Counter("pipefill_fill_items_total", "Units of work done.", ["job", "rank"], registry=registry).labels("j", "7").inc(3)
+Counter("pipefill_fill_items_total", "Units of work done.", ["fill_job", "rank"], registry=registry).labels("j", "7").inc(3)
 start_http_server(int(sys.argv[1]), addr="127.0.0.1", registry=registry)
 time.sleep(300)
 """
@@ -87,8 +87,8 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
         text = _get(endpoint.url)
         samples = _samples(text)
         # the child's own `rank` label is kept, not duplicated or overwritten; `container` is added
-        assert samples[("pipefill_fill_items_total", _labels(job="j", rank="7", container="fill-executor"))] == 3.0
-        assert text.count('pipefill_fill_items_total{container="fill-executor",job="j",rank="7"}') == 1
+        assert samples[("pipefill_fill_items_total", _labels(fill_job="j", rank="7", container="fill-executor"))] == 3.0
+        assert text.count('pipefill_fill_items_total{container="fill-executor",fill_job="j",rank="7"}') == 1
         up = {k[1]: v for k, v in samples.items() if k[0] == "pipefill_local_target_up"}
         assert up == {
             _labels(rank="0", container="fill-executor"): 1.0,
@@ -108,7 +108,7 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
                 if samples[("pipefill_local_target_up", _labels(rank="1", container="fill-executor"))] == 1.0:
                     break
                 time.sleep(0.1)
-            items = _labels(job="j", rank="7", container="fill-executor")
+            items = _labels(fill_job="j", rank="7", container="fill-executor")
             assert samples[("pipefill_local_target_up", _labels(rank="1", container="fill-executor"))] == 1.0
             assert samples[("pipefill_fill_items_total", items)] == 3.0
         finally:

@@ -95,10 +95,18 @@ class OperatorProcess:
     """``python -m pipefill_operator`` as a child process; ``start`` returns once it serves."""
 
     def __init__(
-        self, kubeconfig: Path, log_path: Path, *, namespaces: tuple[str, ...] = (), status_interval_s: float = 1.0
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        namespaces: tuple[str, ...] = (),
+        status_interval_s: float = 1.0,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.kubeconfig, self.log_path = kubeconfig, log_path
         self.namespaces, self.status_interval_s = namespaces, status_interval_s
+        self.args, self.extra_env = args, env or {}
         self.metrics_port = _free_port()
         self.proc: subprocess.Popen[str] | None = None
 
@@ -112,7 +120,8 @@ class OperatorProcess:
         ]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        argv += self.args
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | self.extra_env
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         ready = threading.Event()
         self._reader = threading.Thread(target=self._copy_log, args=(self.proc, ready), daemon=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fill_queue_helpers import Fill, assigned, fill_manifest
 from kubernetes import client
 from operator_harness import (
     OPERATOR_NAMESPACE,
@@ -60,7 +61,8 @@ def _serve_trainer_metrics(pods: list[dict[str, Any]], step: int) -> Iterator[No
 
 def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorProcess) -> None:
     """Every path that calls the API: children of every kind, waiting, restart, status from the ranks, Events,
-    InvalidSpec, TTL deletion, and a restart of the operator (it then finds its children and updates them)."""
+    InvalidSpec, TTL deletion, a FillJob placed by the queue, and a restart of the operator (it then finds its
+    children and updates them)."""
     cp.apply(
         [
             {
@@ -97,11 +99,15 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
     )  # fmt: skip
     kube.create_job(namespace, full)
     kube.create_job(namespace, job_manifest("restart"))
+    # the fill queue: lists and watches FillJobs, writes their status (plan, assignments, condition)
+    fill = Fill(kube, namespace)
+    fill.create(fill_manifest("embed"))
     invalid = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}  # admission accepts it
     kube.create_job(namespace, job_manifest("invalid", pipeline=invalid))
     kube.wait_job(namespace, "full", phase("Waiting"))
     kube.wait_job(namespace, "invalid", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
     pods = kube.wait_pods(namespace, "restart", running(2))
+    fill.wait("embed", assigned(1))
     kube.end_trainer(namespace, pods[0]["metadata"]["name"], 75, "peer gone")
     pods = kube.wait_pods(namespace, "restart", running(2, generation=1))
     with _serve_trainer_metrics(pods, step=12):

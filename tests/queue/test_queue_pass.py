@@ -200,6 +200,17 @@ SELECTIVE = LabelSelector(match_expressions=[LabelSelectorRequirement("tier", Se
             "no bubble class of the 1 eligible ranks fits the job (t/0: time: the fastest step",
         ),
         (_job("j"), (training_job("t", LONG, 1, running=False),), "no PipelineTrainingJob is Running"),
+        (
+            _job("j", storage_claim="team-fill"),
+            (training_job("t", LONG, 1, fill_storage_claim="other"),),
+            "no matching training job's fill storage holds this job: its output is on claim team-fill "
+            "(t's spec.fill.storage: claim other)",
+        ),
+        (
+            _job("j"),
+            (training_job("t", LONG, 1, fill_storage_claim="team-fill"),),
+            "no matching training job's fill storage holds this job: its output is on no claim",
+        ),
     ],
 )
 def test_reasons_when_nothing_can_be_assigned(job: FillJobView, tjs: tuple[TrainingJobView, ...], reason: str) -> None:
@@ -207,6 +218,17 @@ def test_reasons_when_nothing_can_be_assigned(job: FillJobView, tjs: tuple[Train
         o = schedule_pass(Snapshot((job,), tjs), policy=policy).jobs[job.key]
         assert not o.assignments
         assert o.reason.startswith(reason), o.reason
+        assert o.code == ("NoFittingBubble" if "bubble class" in reason else "NoMatchingHost")
+
+
+def test_a_job_runs_only_where_the_fill_storage_holds_it() -> None:
+    tjs = (
+        training_job("plain", LONG, 1),
+        training_job("shared", LONG, 1, fill_storage_claim="team-fill"),
+    )
+    result = schedule_pass(Snapshot((_job("on-claim", storage_claim="team-fill"), _job("local")), tjs))
+    assert [p.training_job for p in result.jobs["default", "on-claim"].assignments] == ["shared"]
+    assert [p.training_job for p in result.jobs["default", "local"].assignments] == ["plain"]
 
 
 def test_selectors_admit_when_they_match() -> None:

@@ -101,6 +101,7 @@ def test_fill_role_grants_exactly_what_the_fill_executor_calls() -> None:
         ("filljobs", "watch"),
         ("filljobs/status", "get"),
         ("filljobs/status", "patch"),
+        ("configmaps", "get"),
     }
     binding = children["RoleBinding"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cpu-demo-fill", "namespace": "n"}]

@@ -197,3 +197,12 @@ def test_fill_storage_is_mounted_in_the_fill_sidecar_alone_and_named_in_its_envi
     assert env.FILL_STORAGE_DIR not in _env(_containers(plain)[1])
     default = _job("cpu-demo", **{"spec.fill.storage": {"claimName": "fill-data"}})
     assert _env(_containers(rank_pod(default, 0))[1])[env.FILL_STORAGE_DIR] == "/fill-storage"
+
+
+def test_the_builders_max_active_jobs_reaches_the_fill_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setting for the queue and the executor: the operator's PIPEFILL_FILL_MAX_ACTIVE_JOBS goes into the pods."""
+    monkeypatch.delenv(env.FILL_MAX_ACTIVE_JOBS, raising=False)
+    assert env.FILL_MAX_ACTIVE_JOBS not in _env(_containers(rank_pod(_job("cpu-demo"), 0))[1])
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "3")
+    trainer, fill = _containers(rank_pod(_job("cpu-demo"), 0))
+    assert _env(fill)[env.FILL_MAX_ACTIVE_JOBS] == "3" and env.FILL_MAX_ACTIVE_JOBS not in _env(trainer)

@@ -10,9 +10,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from pipefill import env
 from pipefill.schedules.model import Action, Kind
 from pipefill.spec.training import Data, DataSource
 from pipefill_trainer import checkpoint as ckpt
+from pipefill_trainer.config import ConfigError, TrainerConfig
 from pipefill_trainer.data import TokenSource, decode, encode
 from pipefill_trainer.instrument import BubbleAnnouncer, Slot
 from pipefill_trainer.metrics import TrainerMetrics
@@ -105,6 +107,50 @@ def test_announcer_skips_short_bubbles_and_learns_from_measurements() -> None:
     assert slots[1].predicted_s < 0.010  # moved toward the (near-zero) measured wait
 
 
+def test_late_remaining_is_a_low_quantile_of_what_long_waits_had_left() -> None:
+    slot = Slot(3, "steady", 0.0001, 1)
+    for w in (0.0001, 0.0002, 0.006, 0.0001, 0.010):
+        slot.learn(w)
+    assert slot.late_remaining_s(0.0005) is None  # two long waits so far: no basis yet
+    for w in (0.008, 0.012, 0.0001):
+        slot.learn(w)
+    rest = slot.late_remaining_s(0.0005)  # long waits: 6, 8, 10, 12 ms → 5.5, 7.5, 9.5, 11.5 ms left
+    assert rest == pytest.approx(0.0055)
+
+
+def test_a_wait_announced_late_only_when_it_outlasts_the_threshold() -> None:
+    actions = [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]
+    slot = Slot(1, "steady", 0.0001, 0)
+    for w in (0.004, 0.005, 0.006, 0.007, 0.0001, 0.0001, 0.0001, 0.0002):
+        slot.learn(w)
+    assert slot.predicted_s < 0.001  # the median of recent waits: short, so the slot is not announced on time
+    producer = _Producer()
+    ann = BubbleAnnouncer(
+        actions=actions,
+        slots={1: slot},
+        producer=producer,
+        min_bubble_s=0.001,
+        free_bytes=lambda: 7,
+        late_after_s=0.0003,
+    )
+    ann.begin_step(9)
+    ann.wait_begin(1)  # predicted 0.1 ms: not announced on time
+    ann.while_waiting(1, lambda: True)  # the input is already there: no announcement
+    ann.wait_end(1)
+    assert producer.opened == []
+    polls = []
+    ann.wait_begin(1)
+    ann.while_waiting(1, lambda: polls.append(1) is not None)  # never arrives while watched
+    records = ann.wait_end(1) or ann.end_step()
+    assert len(polls) > 1 and producer.opened == [(pytest.approx(0.0037), "steady")] and producer.closed == [1]
+    assert [(r.announced, r.late) for r in records] == [(False, False), (True, True)]
+    off = BubbleAnnouncer(actions=actions, slots={1: slot}, producer=producer, min_bubble_s=0.001, free_bytes=lambda: 7)
+    off.begin_step(10)
+    off.wait_begin(1)
+    off.while_waiting(1, lambda: False)
+    assert len(producer.opened) == 1  # off by default
+
+
 def test_replay_models_a_peer_stage_from_its_parts_scaled_by_the_own_stage() -> None:
     # forward: block 2, embed 1, head 10; backward: block 4, embed 1, head 20 (any unit)
     parts = PartSeconds(LayerCosts(block=2.0, embed=1.0, head=10.0), LayerCosts(block=4.0, embed=1.0, head=20.0))
@@ -129,3 +175,19 @@ def test_measured_parts_are_positive_and_a_large_vocabulary_makes_the_head_cost_
     assert min(*vars(parts.forward).values(), *vars(parts.backward).values()) > 0
     big = measure_parts(replace(small, vocab_size=16384), mb_size=2, device=torch.device("cpu"), repeats=3)
     assert big.forward.head + big.backward.head > 2 * (parts.forward.head + parts.backward.head)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 0.0), ("250", 0.00025), ("0", 0.0), ("-1", "within 0..100000"), ("x", "must be an integer")],
+)
+def test_late_announce_setting(value: str | None, expected: float | str) -> None:
+    spec = str(Path(__file__).parents[2] / "examples" / "cpu-demo.yaml")
+    environ = {"WORLD_SIZE": "2", env.DEVICE: "cpu"}
+    if value is not None:
+        environ[env.TRAINER_LATE_ANNOUNCE_US] = value
+    if isinstance(expected, float):
+        assert TrainerConfig.from_env(environ, spec_path=spec).late_announce_s == pytest.approx(expected)
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            TrainerConfig.from_env(environ, spec_path=spec)

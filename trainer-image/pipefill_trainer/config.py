@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipefill import env
 from pipefill.spec import PipelineTrainingJob, load_training_job, parse_bytes
+from pipefill_trainer.baseline import DEFAULT_EVERY_STEPS
 
 __all__ = ["ConfigError", "TrainerConfig"]
 
@@ -50,6 +51,12 @@ class TrainerConfig:
     """steps without bubble announcements at the start: the first is warm-up, the rest are profiled"""
     reserved_bytes: int = 0
     """device memory kept for fill work (spec.fill.reservedMemory); on CPU the fill's whole budget"""
+    baseline_every_steps: int = DEFAULT_EVERY_STEPS
+    """one step in this many announces no bubble, for the no-fill baseline (``PIPEFILL_BASELINE_EVERY_STEPS``;
+    0: never; :mod:`pipefill_trainer.baseline`)"""
+    late_announce_s: float = 0.0
+    """a wait that was not announced and still goes on after this long is announced late (trainer.md, *Late
+    announcements*; ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US``); 0: never"""
 
     @property
     def pp(self) -> int:
@@ -103,6 +110,12 @@ class TrainerConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         channel = e.get(env.CHANNEL_DIR, env.DEFAULT_CHANNEL_DIR) if job.spec.fill.enabled else None
+        every = _int(e, env.BASELINE_EVERY_STEPS, DEFAULT_EVERY_STEPS)
+        if every < 0 or every == 1:
+            raise ConfigError(
+                f"{env.BASELINE_EVERY_STEPS}={every}: must be 0 (no quiet steps) or at least 2 (1 would announce no "
+                f"bubble at all); the default is {DEFAULT_EVERY_STEPS}"
+            )
         return cls(
             job=job,
             rank=rank,
@@ -120,6 +133,8 @@ class TrainerConfig:
             replay_stage=replay_stage,
             profile_steps=profile_steps,
             reserved_bytes=parse_bytes(job.spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
+            baseline_every_steps=every,
+            late_announce_s=_late_announce_s(e),
         )
 
 
@@ -128,6 +143,20 @@ def _int(e: Mapping[str, str], name: str, default: int) -> int:
         return env.env_int(name, default, environ=e)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+LATE_ANNOUNCE_US = 0
+"""default of ``PIPEFILL_TRAINER_LATE_ANNOUNCE_US`` (docs/trainer.md, *Late announcements*)"""
+
+
+def _late_announce_s(e: Mapping[str, str]) -> float:
+    us = _int(e, env.TRAINER_LATE_ANNOUNCE_US, LATE_ANNOUNCE_US)
+    if not 0 <= us <= 100_000:
+        raise ConfigError(
+            f"{env.TRAINER_LATE_ANNOUNCE_US}={us}: must be within 0..100000 µs (0 turns late announcements off); "
+            f"unset it for the default {LATE_ANNOUNCE_US}"
+        )
+    return us / 1e6
 
 
 def _schedule_csv(e: Mapping[str, str], spec_path: str, key: str) -> str:

@@ -14,7 +14,7 @@ for every built-in schedule; a custom CSV that consumes in another order gets th
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,12 +34,18 @@ class StepHooks(Protocol):
     def wait_begin(self, action_idx: int) -> None:
         """The rank is about to block before action ``action_idx`` (``len(actions)``: the step end)."""
 
+    def while_waiting(self, action_idx: int, done: Callable[[], bool]) -> None:
+        """Between :meth:`wait_begin` and blocking: may poll ``done`` (whether the input arrived) for a while."""
+
     def wait_end(self, action_idx: int) -> None:
         """The wait before ``action_idx`` returned; must be cheap (no syscall)."""
 
 
 class NoHooks:
     def wait_begin(self, action_idx: int) -> None:
+        pass
+
+    def while_waiting(self, action_idx: int, done: Callable[[], bool]) -> None:
         pass
 
     def wait_end(self, action_idx: int) -> None:
@@ -230,6 +236,7 @@ class PipelineExecutor:
         if not handle.done() and self.sync.idle_before(handle):
             t0 = time.monotonic_ns()
             self.hooks.wait_begin(idx)
+            self.hooks.while_waiting(idx, handle.done)
             received = self.sync.wait(handle)
             self.hooks.wait_end(idx)
             timing.wait_ns[idx] = time.monotonic_ns() - t0

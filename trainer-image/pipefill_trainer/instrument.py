@@ -26,6 +26,13 @@ from pipefill.schedules.model import Action, Kind
 
 HISTORY = 5
 """measurements per bubble slot that its prediction is the median of"""
+TAIL_HISTORY = 64
+"""measurements per bubble slot that a late announcement's remaining time is estimated from"""
+LATE_MIN_SAMPLES = 4
+"""past waits that must have outlasted the late threshold before a wait is announced late"""
+LATE_QUANTILE = 0.25
+"""a late bubble is announced with this quantile of what the slot's past long waits had left at that point: low,
+because a fill step planned into time that does not come delays the training"""
 
 __all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "stage_medians"]
 
@@ -47,6 +54,7 @@ class Slot:
     predicted_s: float
     mb_idx: int = -1
     history_s: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    tail_s: deque[float] = field(default_factory=lambda: deque(maxlen=TAIL_HISTORY))
 
     def learn(self, measured_s: float) -> None:
         """Prediction = median of the last :data:`HISTORY` measurements (the simulator's value seeds it): a median
@@ -54,7 +62,17 @@ class Slot:
         if not self.history_s:
             self.history_s.append(self.predicted_s)
         self.history_s.append(measured_s)
+        self.tail_s.append(measured_s)
         self.predicted_s = statistics.median(self.history_s)
+
+    def late_remaining_s(self, after_s: float) -> float | None:
+        """What a wait of this slot that has lasted ``after_s`` is expected to have left: the :data:`LATE_QUANTILE`
+        of ``w − after_s`` over the slot's recent waits ``w`` longer than ``after_s``; None while fewer than
+        :data:`LATE_MIN_SAMPLES` were."""
+        rest = sorted(w - after_s for w in self.tail_s if w > after_s)
+        if len(rest) < LATE_MIN_SAMPLES:
+            return None
+        return rest[int(LATE_QUANTILE * (len(rest) - 1))]
 
 
 @dataclass
@@ -65,6 +83,7 @@ class _Record:
     start_ns: int
     end_ns: int = 0
     announced: bool = False
+    late: bool = False
 
 
 def stage_medians(actions: Sequence[Action], durations_s: Sequence[Sequence[float]]) -> dict[int, dict[str, float]]:
@@ -113,7 +132,10 @@ class BubbleAnnouncer:
     producer: BubbleProducer | None
     min_bubble_s: float
     free_bytes: Callable[[], int]
+    late_after_s: float = 0.0
+    """announce a wait that was not announced once it has lasted this long (0: never)"""
     step: int = 0
+    quiet: bool = False
     records: list[_Record] = field(default_factory=list)
     _open: tuple[int, _Record] | None = None
     _kind_of: Callable[[int], str] | None = None
@@ -121,8 +143,9 @@ class BubbleAnnouncer:
     def __post_init__(self) -> None:
         self._kind_of = _kinds(self.actions)
 
-    def begin_step(self, step: int) -> None:
-        self.step, self.records = step, []
+    def begin_step(self, step: int, *, quiet: bool = False) -> None:
+        """``quiet``: announce no bubble in this step (measured as usual): a step of the no-fill baseline."""
+        self.step, self.records, self.quiet = step, [], quiet
 
     def wait_begin(self, action_idx: int) -> None:
         slot = self.slots.get(action_idx)
@@ -133,7 +156,7 @@ class BubbleAnnouncer:
             return
         rec = _Record(action_idx, slot.kind, slot.predicted_s, now)
         self.records.append(rec)
-        if self.producer is not None and slot.predicted_s >= self.min_bubble_s:
+        if self.producer is not None and slot.predicted_s >= self.min_bubble_s and not self.quiet:
             bubble_id = self.producer.open_bubble(
                 expected_duration_s=slot.predicted_s,
                 free_bytes=self.free_bytes(),
@@ -143,6 +166,37 @@ class BubbleAnnouncer:
             )
             rec.announced = True
             self._open = (bubble_id, rec)
+
+    def while_waiting(self, action_idx: int, done: Callable[[], bool]) -> None:
+        """Called right after :meth:`wait_begin`, before the rank blocks: a wait that was not announced (predicted
+        shorter than the minimum bubble) but whose slot often ran long is watched for :attr:`late_after_s` by
+        polling ``done`` (the rank would idle anyway; polling finds a short wait's end as fast as blocking), then
+        announced with the time such waits had left (:meth:`Slot.late_remaining_s`). A short wait costs no more
+        than before; a long one is no longer lost to the fill."""
+        if self.producer is None or self.late_after_s <= 0 or self._open is not None or not self.records or self.quiet:
+            return
+        rec = self.records[-1]
+        slot = self.slots.get(action_idx)
+        if slot is None or rec.action_idx != action_idx:
+            return
+        remaining_s = slot.late_remaining_s(self.late_after_s)
+        if remaining_s is None or remaining_s < self.min_bubble_s:
+            return
+        until_ns = rec.start_ns + int(self.late_after_s * 1e9)
+        while time.monotonic_ns() < until_ns:
+            if done():
+                return
+        if done():
+            return
+        bubble_id = self.producer.open_bubble(
+            expected_duration_s=remaining_s,
+            free_bytes=self.free_bytes(),
+            kind=slot.kind,
+            step=self.step,
+            mb_idx=slot.mb_idx,
+        )
+        rec.announced = rec.late = True
+        self._open = (bubble_id, rec)
 
     def wait_end(self, action_idx: int) -> None:
         end = time.monotonic_ns()

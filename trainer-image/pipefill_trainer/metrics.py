@@ -10,7 +10,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["BUBBLE_KINDS", "TrainerMetrics"]
+from pipefill_trainer.baseline import SOURCES as BASELINE_SOURCES
+
+__all__ = ["BASELINE_SOURCES", "BUBBLE_KINDS", "TrainerMetrics"]
 
 BUBBLE_KINDS = ("warm-up", "steady", "cool-down", "end-of-step")
 _STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -55,6 +57,25 @@ class TrainerMetrics:
             ["kind"],
             registry=registry,
         )
+        self.bubble_predicted_seconds = Counter(
+            "pipefill_trainer_bubble_predicted_seconds_total",
+            "Predicted idle seconds of this rank inside steps (the simulated timeline, learned from measurements), "
+            "announced or not.",
+            ["kind"],
+            registry=registry,
+        )
+        self.baseline_step_seconds = Gauge(
+            "pipefill_trainer_baseline_step_seconds",
+            "No-fill baseline: median wall time of the recent steps the fill did no work in (NaN before the first).",
+            registry=registry,
+        )
+        self.baseline_step_seconds.set(float("nan"))
+        self.baseline_steps = Counter(
+            "pipefill_trainer_baseline_steps_total",
+            "Steps counted into the no-fill baseline, by source (profile, held, no-fill).",
+            ["source"],
+            registry=registry,
+        )
         self.prediction_error = Histogram(
             "pipefill_trainer_bubble_prediction_error_ratio",
             "|predicted − measured| ÷ measured duration of each announced bubble.",
@@ -64,6 +85,9 @@ class TrainerMetrics:
         for kind in BUBBLE_KINDS:
             self.bubbles.labels(kind)
             self.bubble_seconds.labels(kind)
+            self.bubble_predicted_seconds.labels(kind)
+        for source in BASELINE_SOURCES:
+            self.baseline_steps.labels(source)
         self._nvml: Any = None
         if device_index is not None:
             self._init_nvml(device_index)
@@ -96,10 +120,16 @@ class TrainerMetrics:
 
     def observe_bubble(self, *, kind: str, measured_s: float, predicted_s: float, announced: bool) -> None:
         self.bubble_seconds.labels(kind).inc(max(0.0, measured_s))
+        self.bubble_predicted_seconds.labels(kind).inc(max(0.0, predicted_s))
         if announced:
             self.bubbles.labels(kind).inc()
             if measured_s > 0:
                 self.prediction_error.observe(abs(predicted_s - measured_s) / measured_s)
+
+    def observe_baseline(self, *, source: str, baseline_s: float) -> None:
+        """A fill-free step (:class:`pipefill_trainer.baseline.NoFillSteps`) and the baseline it leads to."""
+        self.baseline_steps.labels(source).inc()
+        self.baseline_step_seconds.set(baseline_s)
 
     @staticmethod
     def serve(port: int, registry: CollectorRegistry) -> None:

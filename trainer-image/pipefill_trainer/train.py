@@ -22,6 +22,7 @@ import torch
 
 from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent
 from pipefill_trainer import checkpoint as ckpt
+from pipefill_trainer.baseline import NoFillSteps
 from pipefill_trainer.channel_link import free_bytes_fn
 from pipefill_trainer.failure import EXIT_SIGTERM
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
@@ -51,6 +52,13 @@ class Trainer:
         self.losses: dict[int, float] = {}
         self._durations: list[list[float]] = []
         self._stop = False
+        self.nofill = NoFillSteps(
+            parts.metrics,
+            producer=parts.producer,
+            channel_dir=parts.cfg.channel_dir,
+            every_steps=parts.cfg.baseline_every_steps,
+        )
+        """the no-fill baseline step time (pipefill_trainer_baseline_step_seconds)"""
 
     @property
     def waiting_what(self) -> str | None:
@@ -117,8 +125,10 @@ class Trainer:
         tokens = targets = None
         if first or last:  # only the ends read data
             tokens, targets = p.data.microbatches(step, dp_rank=p.topology.dp_rank, m=p.shape.microbatches)
+        profiling, quiet = self.announcer is None, self.nofill.quiet(step)
         if self.announcer is not None:
-            self.announcer.begin_step(step)
+            self.announcer.begin_step(step, quiet=quiet)
+        self.nofill.begin()
         t0 = time.monotonic_ns()
         loss_local = executor.run_step(
             tokens if first else None,
@@ -141,6 +151,7 @@ class Trainer:
         tokens_per_step = p.shape.global_batch * p.model.seq_len
         flops = tokens_per_step * p.model.flops_per_token()
         p.metrics.observe_step(step=step, step_s=step_s, tokens=tokens_per_step, loss=totals.loss, flops=flops)
+        self.nofill.end(step_s=step_s, profiling=profiling, quiet=quiet)
         self._after_step(step)
         p.events.write(
             StepEvent(step=step, loss=totals.loss, step_s=step_s, tokens_per_s=tokens_per_step / step_s, start_ns=t0)
@@ -197,6 +208,7 @@ class Trainer:
                         end_ns=rec.end_ns,
                         predicted_s=rec.predicted_s,
                         announced=rec.announced,
+                        late=rec.late,
                     )
                 )
             return
@@ -232,6 +244,7 @@ class Trainer:
             producer=p.producer,
             min_bubble_s=p.cfg.job.spec.fill.min_bubble_milliseconds / 1000,
             free_bytes=free_bytes_fn(p.device, reserved_bytes=p.cfg.reserved_bytes),
+            late_after_s=p.cfg.late_announce_s,
         )
         p.pipeline.executor.hooks = announcer
         slots = ", ".join(f"{s.kind}@{s.action_idx}={s.predicted_s * 1e3:.2f}ms" for s in prediction.slots.values())

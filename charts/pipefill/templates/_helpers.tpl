@@ -119,9 +119,6 @@ resource is dropped.
 {{- if gt (int $op.replicas) 1 -}}
 {{- fail (printf "ERROR: operator.replicas=%v: the operator runs standalone (no kopf peering), so a second replica would reconcile every job twice; set operator.replicas to 1 (or 0 to pause)" $op.replicas) -}}
 {{- end -}}
-{{- if $op.queuePolicy -}}
-{{- fail (printf "ERROR: operator.queuePolicy=%s: the operator of appVersion %s has no --policy flag yet, so the chart cannot pass it; leave operator.queuePolicy empty" $op.queuePolicy .Chart.AppVersion) -}}
-{{- end -}}
 {{- if and $op.metrics.enabled $op.liveness.enabled (eq (int $op.metrics.port) (int $op.liveness.port)) -}}
 {{- fail (printf "ERROR: operator.metrics.port and operator.liveness.port are both %v: two endpoints cannot bind one port; change one of them" $op.metrics.port) -}}
 {{- end -}}
@@ -131,7 +128,7 @@ resource is dropped.
 {{- if and .Values.monitoring.serviceMonitor.enabled (not $op.metrics.enabled) -}}
 {{- fail "ERROR: monitoring.serviceMonitor.enabled=true needs operator.metrics.enabled=true (the ServiceMonitor scrapes the metrics Service); enable the metrics or disable the ServiceMonitor" -}}
 {{- end -}}
-{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) -}}
-{{- fail "ERROR: monitoring.serviceMonitor.enabled or monitoring.podMonitor.enabled needs the Prometheus Operator's API monitoring.coreos.com/v1, which this cluster does not serve; install the Prometheus Operator first, or disable the monitors (with helm template, pass --api-versions monitoring.coreos.com/v1)" -}}
+{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled .Values.monitoring.prometheusRule.enabled) (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) -}}
+{{- fail "ERROR: monitoring.serviceMonitor.enabled, monitoring.podMonitor.enabled or monitoring.prometheusRule.enabled needs the Prometheus Operator's API monitoring.coreos.com/v1, which this cluster does not serve; install the Prometheus Operator first, or disable the monitors (with helm template, pass --api-versions monitoring.coreos.com/v1)" -}}
 {{- end -}}
 {{- end -}}

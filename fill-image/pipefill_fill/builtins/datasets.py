@@ -2,6 +2,7 @@
 
 * tokens: ``(N, T)`` uint16, 0 is padding (each row has 1..T real tokens, then padding).
 * classification: a structured ``(N,)`` array with fields ``x`` (float32, D) and ``y`` (int64 label).
+* sentences: a UTF-8 text file, one sentence per line, from a small seeded grammar.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from pipefill_fill.atomic import atomic_write
 
-__all__ = ["classification_dataset", "open_dataset", "token_dataset"]
+__all__ = ["classification_dataset", "open_dataset", "sentence_corpus", "token_dataset"]
 
 
 def open_dataset(path: Path, *, field: str = "spec.input.path") -> np.ndarray:
@@ -52,3 +53,21 @@ def classification_dataset(path: Path, *, samples: int, features: int, classes: 
         data["y"] = labels
         atomic_write(path, lambda f: np.save(f, data, allow_pickle=False))
     return open_dataset(path, field="synthetic dataset")
+
+
+_WHO = ("the engineer", "a small bird", "the old captain", "my neighbour", "the children", "a tired baker")
+_DOES = ("repairs", "paints", "watches", "carries", "forgets", "sells", "describes", "follows")
+_WHAT = ("the red boat", "a wooden bridge", "the quiet garden", "an old map", "the bright lamp", "a letter")
+_WHERE = ("", " at dawn", " near the river", " after the storm", " in the busy market", " every evening")
+
+
+def sentence_corpus(path: Path, samples: int, seed: int) -> Path:
+    """Make (once) a text file of ``samples`` seeded sentences, one per line; returns its path."""
+    if not path.exists():
+        rng = np.random.Generator(np.random.PCG64(seed))
+        parts = [rng.integers(0, len(words), size=samples) for words in (_WHO, _DOES, _WHAT, _WHERE)]
+        lines = [
+            f"{_WHO[a].capitalize()} {_DOES[b]} {_WHAT[c]}{_WHERE[d]}.\n" for a, b, c, d in zip(*parts, strict=True)
+        ]
+        atomic_write(path, lambda f: f.write("".join(lines).encode()))
+    return path

@@ -13,7 +13,7 @@ row is computed independently of the others in the batch by these kernels, which
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipefill_fill.builtins.datasets import open_dataset, token_dataset
-from pipefill_fill.workload import Workload, WorkloadContext
+from pipefill_fill.workload import SampleWorkload, WorkloadContext
 
 __all__ = ["Encoder", "EncoderInference"]
 
@@ -69,7 +69,7 @@ class Encoder(nn.Module):
         return pooled
 
 
-class EncoderInference(Workload):
+class EncoderInference(SampleWorkload):
     kind: ClassVar[str] = "inference"
 
     def __init__(self, context: WorkloadContext) -> None:
@@ -91,7 +91,6 @@ class EncoderInference(Workload):
             )
         if not 1 <= self.vocab <= 65536:
             raise ValueError(f"spec.workload.parameters.vocab: {self.vocab} must be within 1..65536 (uint16 tokens)")
-        self.next_sample = context.start  # this executor's slice of the samples: [context.start, context.end)
         self.device = torch.device("cpu")
         self.model: Encoder | None = None
         self.tokens: np.ndarray | None = None
@@ -129,24 +128,13 @@ class EncoderInference(Workload):
     def step(self, batch_size: int) -> int:
         if self.model is None or self.tokens is None:
             raise RuntimeError("EncoderInference.step called before setup")
-        start = self.next_sample
-        end = min(start + batch_size, self.context.end)
+        start, end = self.take(batch_size)
         if end <= start:
             return 0
         batch = torch.from_numpy(np.array(self.tokens[start:end, : self.seq_len], dtype=np.int64)).to(self.device)
         pooled = self.model(batch).float().cpu().numpy()  # (B, C)
         self.context.emit(np.arange(start, end, dtype=np.int64), pooled)
-        self.next_sample = end
         return end - start
-
-    def state(self) -> dict[str, Any]:
-        return {"next_sample": self.next_sample}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.next_sample = int(state["next_sample"])
-
-    def done(self) -> bool:
-        return self.next_sample >= self.context.end
 
     def modules(self) -> list[torch.nn.Module | torch.optim.Optimizer]:
         return [self.model] if self.model is not None else []

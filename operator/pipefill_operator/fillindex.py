@@ -1,0 +1,249 @@
+"""What the fill queue knows of the cluster: FillJobs, training jobs and rank pods as the watches last showed them,
+and the :class:`~pipefill.queue.Snapshot` one scheduling pass decides from.
+
+The safety of reassignment rests on one fact this index must get right: a pod is gone only when the API server says
+so (a DELETED event, or a list that no longer has it). So events and lists are merged by resourceVersion (an older
+copy never replaces a newer one), a deleted uid never comes back (uids are not reused), and the loop passes only
+after it listed every kind once (:attr:`FillIndex.seeded`): before that an absent pod means "not seen yet".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from pipefill.children import JOB_LABEL
+from pipefill.plan import BubbleClass, ProfilePoint
+from pipefill.pods import GENERATION_LABEL, RANK_LABEL
+from pipefill.queue import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView, Unfit
+from pipefill.spec import FillJob, PipelineTrainingJob, parse
+
+__all__ = ["FillIndex", "ObjectIndex", "rv_of"]
+
+log = logging.getLogger("pipefill_operator.fill")
+_TOMBSTONES = 65536  # deleted uids remembered, so that a late list or event cannot resurrect them
+
+
+def rv_of(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class ObjectIndex:
+    """Objects of one kind by uid, merged from watch events and lists by resourceVersion."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self._deleted: OrderedDict[str, int] = OrderedDict()
+
+    def event(self, obj: dict[str, Any], *, deleted: bool) -> bool:
+        """Apply a watch event; True when the index changed."""
+        uid = str(obj["metadata"].get("uid") or "")
+        if not uid or uid in self._deleted:
+            return False
+        if deleted:
+            self._tombstone(uid, rv_of(obj))
+            return self.objects.pop(uid, None) is not None
+        known = self.objects.get(uid)
+        if known is not None and rv_of(known) >= rv_of(obj):
+            return False
+        self.objects[uid] = obj
+        return True
+
+    def relist(self, items: Iterable[dict[str, Any]], list_rv: int, *, namespace: str | None = None) -> None:
+        """Merge a full list (of ``namespace``; None: all) taken at ``list_rv``: what it lacks, and the index did not
+        see change after it, is gone."""
+        seen: set[str] = set()
+        for obj in items:
+            uid = str(obj["metadata"].get("uid") or "")
+            seen.add(uid)
+            self.event(obj, deleted=False)
+        for uid, obj in list(self.objects.items()):
+            if namespace is not None and obj["metadata"].get("namespace") != namespace:
+                continue
+            if uid not in seen and rv_of(obj) <= list_rv:
+                del self.objects[uid]
+                self._tombstone(uid, list_rv)
+
+    def _tombstone(self, uid: str, rv: int) -> None:
+        self._deleted[uid] = rv
+        while len(self._deleted) > _TOMBSTONES:
+            self._deleted.popitem(last=False)
+
+
+def _unix_s(text: str | None) -> float | None:
+    if not text:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _status_fields(name: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The queue's view of what the operator and the executors wrote into a FillJob's status."""
+    return {
+        "slices": tuple(
+            SliceStatus(int(s["start"]), int(s["end"]), int(s["committed"])) for s in status.get("slices") or ()
+        ),
+        "unfit": tuple(
+            Unfit(u["trainingJob"], int(u["rank"]), str(u.get("message") or u.get("reason") or ""))
+            for u in status.get("unfit") or ()
+        ),
+        "profile": tuple(
+            ProfilePoint(int(p["batchSize"]), float(p["stepMilliseconds"]) / 1e3, int(p["peakMemoryBytes"]))
+            for p in status.get("profile") or ()
+        ),
+        "assignments": tuple(
+            Placement(
+                name,
+                int(a["start"]),
+                int(a["end"]),
+                str(a["trainingJob"]),
+                int(a["rank"]),
+                str(a.get("pod") or ""),
+                str(a.get("podUID") or ""),
+                int(a.get("epoch") or 0),
+            )
+            for a in status.get("assignments") or ()
+        ),
+    }
+
+
+class FillIndex:
+    """FillJobs, PipelineTrainingJobs and rank pods; parsed specs cached by (uid, generation)."""
+
+    def __init__(self) -> None:
+        self.fill_jobs = ObjectIndex()
+        self.training_jobs = ObjectIndex()
+        self.pods = ObjectIndex()
+        self._parsed: dict[tuple[str, int], Any] = {}
+        self.invalid: dict[tuple[str, str], str] = {}  # FillJobs whose spec does not parse -> why (logged once)
+        self.seeded = False  # every kind listed once: only then is an absent pod a gone pod
+
+    def _parse(self, body: dict[str, Any]) -> Any:
+        meta = body["metadata"]
+        mark = (str(meta["uid"]), int(meta.get("generation") or 1))
+        if mark not in self._parsed:
+            obj: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+            self._parsed = {k: v for k, v in self._parsed.items() if k[0] != mark[0]}
+            self._parsed[mark] = parse(obj, source=f"{meta.get('namespace')}/{meta.get('name')}")
+        return self._parsed[mark]
+
+    def fill_job_bodies(self) -> list[dict[str, Any]]:
+        return sorted(
+            self.fill_jobs.objects.values(), key=lambda b: (b["metadata"]["namespace"], b["metadata"]["name"])
+        )
+
+    def snapshot(self, *, suspended: set[tuple[str, str]]) -> Snapshot:
+        """The pass's input. FillJobs in ``suspended`` (suspended or cancelled: they hold nothing) are given a
+        phase the pass treats as inactive, so their placements come back as released."""
+        live = self.fill_jobs.objects.keys() | self.training_jobs.objects.keys()
+        if len(self._parsed) > len(live):  # specs of deleted objects
+            self._parsed = {k: v for k, v in self._parsed.items() if k[0] in live}
+        bubbles = self._reported_bubbles()
+        views: list[FillJobView] = []
+        for body in self.fill_job_bodies():
+            view = self._fill_view(body, suspended)
+            if view is not None:
+                views.append(view)
+        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in self.pods.objects.values():
+            meta = pod["metadata"]
+            pods_by_job.setdefault((meta["namespace"], (meta.get("labels") or {}).get(JOB_LABEL, "")), []).append(pod)
+        tjs: list[TrainingJobView] = []
+        listed: set[str] = set()
+        for body in self.training_jobs.objects.values():
+            try:
+                tj = self._training_view(body, pods_by_job, bubbles)
+            except (ValueError, KeyError, TypeError) as exc:  # e.g. two Running pods claiming one rank
+                log.warning("fill queue: PipelineTrainingJob %s/%s hosts nothing this pass: %s",
+                            body["metadata"].get("namespace"), body["metadata"].get("name"), exc)  # fmt: skip
+                continue
+            if tj is not None:
+                tjs.append(tj)
+                listed.update(r.pod_uid for r in tj.ranks)
+        others = frozenset(uid for uid in self.pods.objects if uid not in listed)
+        return Snapshot(tuple(views), tuple(tjs), others)
+
+    def _fill_view(self, body: dict[str, Any], suspended: set[tuple[str, str]]) -> FillJobView | None:
+        meta, status = body["metadata"], body.get("status") or {}
+        key = (str(meta["namespace"]), str(meta["name"]))
+        try:
+            job = self._parse(body)
+            if not isinstance(job, FillJob):
+                raise ValueError(f"expected a FillJob, got {body.get('kind')}")
+            phase = str(status.get("phase") or "Queued")
+            view = FillJobView.from_spec(
+                job,
+                namespace=key[0],
+                created_unix_s=_unix_s(meta.get("creationTimestamp")) or 0.0,
+                deadline_unix_s=_unix_s(job.spec.deadline),
+                phase="Suspended" if key in suspended and phase not in ("Succeeded", "Failed", "Cancelled") else phase,
+                epoch=int(status.get("epoch") or 0),
+                **_status_fields(key[1], status),
+            )
+        except (ValueError, KeyError, TypeError) as exc:  # SpecError is a ValueError
+            if key not in self.invalid:
+                log.warning("fill queue: FillJob %s/%s left out of the queue: %s", *key, exc)
+            self.invalid[key] = str(exc)
+            return None
+        self.invalid.pop(key, None)
+        return view
+
+    def _training_view(
+        self,
+        body: dict[str, Any],
+        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]],
+        bubbles: dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]],
+    ) -> TrainingJobView | None:
+        meta, status = body["metadata"], body.get("status") or {}
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        try:
+            job = self._parse(body)
+        except ValueError:
+            return None  # the reconciler reports it (InvalidSpec); it hosts nothing
+        if not isinstance(job, PipelineTrainingJob):
+            return None
+        running = status.get("phase") == "Running" and not job.spec.run_policy.suspend
+        generation = str(status.get("generation") or 0)
+        ranks: list[RankView] = []
+        for pod in pods_by_job.get((namespace, name), ()):
+            pmeta = pod["metadata"]
+            labels = pmeta.get("labels") or {}
+            if (
+                not running
+                or labels.get(GENERATION_LABEL) != generation
+                or pmeta.get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") != "Running"
+                or not any(ref.get("uid") == meta["uid"] for ref in pmeta.get("ownerReferences") or ())
+            ):
+                continue
+            rank = int(labels.get(RANK_LABEL, -1))
+            classes, step_s = bubbles.get((namespace, name, rank), ((), None))
+            ranks.append(RankView(rank, str(pmeta["name"]), str(pmeta["uid"]), classes, step_s))
+        return TrainingJobView.from_spec(
+            job, ranks=tuple(sorted(ranks, key=lambda r: r.rank)), namespace=namespace, running=running
+        )
+
+    def _reported_bubbles(self) -> dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]]:
+        """Bubble classes per (namespace, training job, rank) as executors reported them in any FillJob's status
+        (the first FillJob by name that has a report, so the choice is deterministic)."""
+        out: dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]] = {}
+        for body in self.fill_job_bodies():
+            for entry in (body.get("status") or {}).get("bubbleClasses") or ():
+                try:
+                    key = (str(body["metadata"]["namespace"]), str(entry["trainingJob"]), int(entry["rank"]))
+                    if key in out or not entry.get("classes"):
+                        continue
+                    classes = tuple(
+                        BubbleClass(float(c["durationMilliseconds"]) / 1e3, int(c["freeBytes"]), float(c["perStep"]))
+                        for c in entry["classes"]
+                    )
+                    step_ms = entry.get("stepMilliseconds")
+                    out[key] = (classes, float(step_ms) / 1e3 if step_ms else None)
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return out

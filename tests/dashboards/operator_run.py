@@ -1,0 +1,78 @@
+"""The operator as a real process on the real control plane, with work to show on its dashboard rows.
+
+It runs under a ServiceAccount bound to the committed ClusterRole (tests/operator's harness, reused), serves one
+fresh namespace and is given two PipelineTrainingJobs there: one it runs (its rank pods are bound and set Running
+by kwok) and one only it can refuse (a layer cut that does not add up: reconciled with result ``invalid``, so the
+error series exist); and the demo's FillJob, which its fill queue keeps Queued (no training job there has fill
+storage to host it). kwok runs no container, so the operator's scrapes of the rank pods for status fail (counted as
+``error``), as they would for pods whose trainer has not started.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the operator tests' harness: one way to run the operator
+
+from operator_harness import (  # noqa: E402
+    Kube,
+    OperatorProcess,
+    committed_role,
+    condition,
+    install_identity,
+    job_manifest,
+    running,
+)
+
+from pipefill.devcluster import ControlPlane  # noqa: E402
+
+__all__ = ["OPERATOR_NAMESPACE_LABEL", "OperatorRun", "operator_with_jobs"]
+
+OPERATOR_NAMESPACE_LABEL = "pipefill-system"
+"""The ``namespace`` a ServiceMonitor's scrape gives the operator's series: the operator's own, not its jobs'."""
+
+
+class OperatorRun:
+    """The operator process (its metrics port is known before it starts, for Prometheus' configuration)."""
+
+    def __init__(self, cp: ControlPlane, tmp: Path) -> None:
+        self.cp = cp
+        self.namespace = f"dash-{uuid.uuid4().hex[:8]}"
+        kubeconfig = install_identity(cp, "pipefill-operator-dashboards", committed_role())
+        self.process = OperatorProcess(kubeconfig, tmp / "operator.log", namespaces=(self.namespace,))
+        self.metrics_port = self.process.metrics_port
+
+    def start_with_jobs(self) -> None:
+        """Start the operator and give it the two jobs; returns once it has run one and refused the other."""
+        self.cp.kubectl("create", "namespace", self.namespace)
+        self.process.start()
+        kube = Kube(self.cp)
+        kube.create_job(self.namespace, job_manifest("runs"))
+        bad_cut = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}
+        kube.create_job(self.namespace, job_manifest("refused", pipeline=bad_cut))
+        fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
+        kube.custom.create_namespaced_custom_object("pipefill.io", "v1alpha1", self.namespace, "filljobs", fill)
+        kube.wait_pods(self.namespace, "runs", running(2))
+        kube.wait_job(self.namespace, "refused", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
+        name = fill["metadata"]["name"]
+        self.cp.kubectl("wait", f"filljob/{name}", "-n", self.namespace, "--for=jsonpath={.status.phase}=Queued")
+
+    def stop(self) -> None:
+        self.process.stop()
+        self.cp.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+
+
+@contextmanager
+def operator_with_jobs(cp: ControlPlane, tmp: Path) -> Iterator[OperatorRun]:
+    run = OperatorRun(cp, tmp)
+    try:
+        yield run
+    finally:
+        run.stop()
