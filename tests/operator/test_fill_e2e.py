@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ import pytest
 import torch
 from fill_e2e_helpers import RankExecutor, start_rank
 from fill_queue_helpers import Fill, fill_manifest, start_queue_operator, status
-from operator_harness import GROUP, VERSION, Kube, OperatorProcess, job_manifest, phase, running
+from operator_harness import GROUP, VERSION, Kube, job_manifest, phase, running
 
 from pipefill.devcluster import ControlPlane
-from pipefill.events import CommitEvent, SliceEvent, read_events
+from pipefill.events import CommitEvent, JobEvent, SliceEvent, read_events
 from pipefill.spec import parse
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
@@ -33,19 +34,27 @@ TOTAL = 4096  # 16 slices of 256 with maxParallelRanks 4
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16], "commitEverySamples": 64}
 
 
+@dataclass
+class World:
+    """The control plane, the test's namespace with the operator serving it, the rank processes started."""
+
+    cp: ControlPlane
+    kube: Kube
+    namespace: str
+    ranks: list[RankExecutor]
+    tmp: Path
+
+
 @pytest.fixture
-def ranks(tmp_path: Path) -> Iterator[list[RankExecutor]]:
-    started: list[RankExecutor] = []
+def world(
+    control_plane: ControlPlane, kube: Kube, namespace: str, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[World]:
+    operator = start_queue_operator(operator_kubeconfig, tmp_path / "operator.log", namespace)
+    started = World(control_plane, kube, namespace, [], tmp_path)
     yield started
-    for r in started:
+    for r in started.ranks:
         r.stop()
-
-
-@pytest.fixture
-def operator(operator_kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = start_queue_operator(operator_kubeconfig, tmp_path / "operator.log", namespace)
-    yield proc
-    proc.stop()
+    operator.stop()
 
 
 def _reference(tmp_path: Path, manifest: dict[str, Any]) -> bytes:
@@ -64,14 +73,8 @@ def _committed(obj: dict[str, Any]) -> int:
     return sum(s["committed"] - s["start"] for s in status(obj).get("slices") or ())
 
 
-def test_a_split_job_survives_a_deleted_host_with_identical_outputs(
-    control_plane: ControlPlane,
-    kube: Kube,
-    namespace: str,
-    operator: OperatorProcess,
-    ranks: list[RankExecutor],
-    tmp_path: Path,
-) -> None:
+def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World) -> None:
+    control_plane, kube, namespace, ranks, tmp_path = world.cp, world.kube, world.namespace, world.ranks, world.tmp
     hosts = {}
     for job in ("first", "second"):
         kube.create_job(namespace, job_manifest(job))
@@ -159,20 +162,14 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(
     assert "stale executor refused at commit" in stale_log or "letting go of slice" in stale_log, stale_log[-2000:]
 
 
-def test_an_unfit_report_from_a_real_executor_moves_the_job(
-    control_plane: ControlPlane,
-    kube: Kube,
-    namespace: str,
-    operator: OperatorProcess,
-    ranks: list[RankExecutor],
-    tmp_path: Path,
-) -> None:
-    """The executor of a rank whose bubbles (3 ms) are shorter than the job's shortest step (a heavier encoder,
-    several ms) profiles it, reports ``unfit`` with the numbers and lets go; the operator moves the job to a roomy
-    host, whose executor completes it."""
-    kube.create_job(namespace, job_manifest("tight"))
-    kube.wait_pods(namespace, "tight", running(2))
-    kube.wait_job(namespace, "tight", phase("Running"))
+def test_an_unfit_report_from_a_real_executor_moves_the_job(world: World) -> None:
+    """The executor of a rank whose bubbles (3 ms) are shorter than the job's shortest step (a heavier encoder, tens
+    of ms here) profiles it, reports ``unfit`` with the numbers and lets go; the operator moves the job to the other
+    rank at a higher epoch, whose executor (long bubbles) completes it."""
+    kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
+    kube.create_job(namespace, job_manifest("host"))
+    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
+    kube.wait_job(namespace, "host", phase("Running"))
     heavy = {"layers": 4, "hiddenSize": 256, "heads": 4, "seqLen": 128, "batchSizes": [1, 4]}
     manifest = fill_manifest(
         "heavy",
@@ -183,25 +180,66 @@ def test_an_unfit_report_from_a_real_executor_moves_the_job(
     fill = Fill(kube, namespace)
     fill.create(manifest)
     (placed,) = status(fill.wait("heavy", lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
-    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "tight", running(2))}
-    ranks.append(
-        start_rank(control_plane, namespace, pods[placed["podUID"]], job="tight", workdir=tmp_path, bubbles_ms="3")
-    )
-    reported = fill.wait("heavy", lambda o: bool(status(o).get("unfit")), timeout_s=240)
-    (unfit,) = status(reported)["unfit"]
-    assert (unfit["trainingJob"], unfit["rank"], unfit["reason"]) == ("tight", placed["rank"], "BubbleTooShort")
-    assert unfit["stepMilliseconds"] > unfit["longestBubbleMilliseconds"] and unfit["freeBytes"] > 0
-    assert status(reported)["profile"] and status(reported)["profile"][0]["batchSize"] == 1
-    kube.create_job(namespace, job_manifest("roomy"))
-    roomy = kube.wait_pods(namespace, "roomy", running(2))
+    tight = start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path, bubbles_ms="3")
+    world.ranks.append(tight)
     moved = fill.wait(
         "heavy",
-        lambda o: [a["trainingJob"] for a in status(o).get("assignments") or ()] == ["roomy"],
-        timeout_s=120,
+        lambda o: (
+            bool(status(o).get("unfit"))
+            and [a["rank"] for a in status(o).get("assignments") or ()] == [1 - placed["rank"]]
+        ),
+        timeout_s=240,
     )
+    (unfit,) = status(moved)["unfit"]
+    assert (unfit["trainingJob"], unfit["rank"], unfit["reason"]) == ("host", placed["rank"], "BubbleTooShort")
+    assert unfit["stepMilliseconds"] > unfit["longestBubbleMilliseconds"] and unfit["freeBytes"] > 0
+    assert "no bubble long enough" in unfit["message"]
+    assert status(moved)["profile"][0]["batchSize"] == 1  # the measured profile, for the policies
     (now,) = status(moved)["assignments"]
     assert now["epoch"] > placed["epoch"]
-    pod = next(p for p in roomy if p["metadata"]["uid"] == now["podUID"])
-    ranks.append(start_rank(control_plane, namespace, pod, job="roomy", workdir=tmp_path, bubbles_ms="60,120"))
+    roomy = start_rank(world.cp, namespace, pods[now["podUID"]], job="host", workdir=tmp_path, bubbles_ms="250")
+    world.ranks.append(roomy)
     fill.wait("heavy", lambda o: status(o).get("phase") == "Succeeded", timeout_s=300)
     assert read_outputs(tmp_path / "storage" / "heavy")["sample_id"].tolist() == list(range(64))
+
+
+def test_a_cancelled_job_stops_at_the_next_bubble_and_commits_nothing_more(world: World) -> None:
+    """``spec.cancel`` mid-run: the operator revokes the assignment and ends the job Cancelled; the executor lets go
+    at its next bubble without committing, and the job's storage keeps exactly what was committed before."""
+    kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
+    kube.create_job(namespace, job_manifest("host"))
+    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
+    kube.wait_job(namespace, "host", phase("Running"))
+    manifest = fill_manifest(
+        "long",
+        workload={"kind": "inference", "builtin": "encoder-inference", "parameters": PARAMS},
+        output={"path": str(tmp_path / "storage" / "long")},
+        totalSamples=10**6,
+    )
+    fill = Fill(kube, namespace)
+    fill.create(manifest)
+    (placed,) = status(fill.wait("long", lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
+    rank = start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path)
+    world.ranks.append(rank)
+    fill.wait("long", lambda o: _committed(o) > 0, timeout_s=180)
+    fill.patch_spec("long", {"cancel": True})
+    fill.wait("long", lambda o: status(o).get("phase") == "Cancelled", timeout_s=60)
+    events = rank.out / "fill-events.jsonl"
+
+    def stopped() -> list[tuple[int, int]]:  # (when, pointer): let go at a bubble, or refused at a commit
+        out = []
+        for e in read_events(events):
+            if isinstance(e, JobEvent) and e.phase == "Released":
+                out.append((e.mono_ns, e.committed or 0))
+            elif isinstance(e, SliceEvent) and e.phase == "superseded":
+                out.append((e.mono_ns, e.position))
+        return out
+
+    fill.wait("long", lambda o: bool(stopped()), timeout_s=60)
+    when, committed = stopped()[0]
+    pointer = json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"]
+    assert committed == pointer  # what was committed when it stopped is what the storage keeps
+    later = [e for e in read_events(events) if isinstance(e, CommitEvent) and e.mono_ns > when]
+    assert later == []
+    rank.stop()
+    assert json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"] == pointer
