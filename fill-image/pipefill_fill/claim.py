@@ -4,6 +4,7 @@ the next one tried."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -11,10 +12,13 @@ import torch
 from pipefill.events import EventWriter, SliceEvent
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import WorkSource
+from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask
 from pipefill_fill.work import Slice, TaskSpec
 
 __all__ = ["claim_slice"]
+
+log = logging.getLogger("pipefill_fill")
 
 
 def claim_slice(
@@ -28,21 +32,31 @@ def claim_slice(
 ) -> FillTask | None:
     """Claim and open an unfinished slice of ``job``; None when there is none for this executor now.
 
-        Started slices come first (:meth:`JobDir.open_slices`), so a crashed executor's slice is resumed before fresh
-        work begins. The task's store is fenced by the assignment's epoch and the source's check that it is current
-    (:class:`pipefill_fill.store.Superseded` at a commit of a slice that moved). When every slice is done but the job is not complete (its last finisher crashed before the outputs),
-        the last slice is claimed: opening it completes the job. A slice found done on opening (its owner finished it
-        since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
+    Started slices come first (:meth:`JobDir.open_slices`), so a crashed executor's slice is resumed before fresh work
+    begins. The task's store is fenced by the assignment's epoch and the source's check that it is current
+    (:class:`pipefill_fill.store.Superseded`); a slice that moved before it was opened is given back, not failed.
+    When every slice is done but the job is not complete (its last finisher died before the outputs), the job is
+    completed here, without a claim (nothing is left to assign). A slice found done on opening (its owner finished it
+    since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
     """
     for _ in range(len(job.plan()) + 1):
-        candidates = job.open_slices() or ([] if job.done() else job.plan()[-1:])
-        s = source.claim(spec, candidates) if candidates else None
+        candidates = job.open_slices()
+        if not candidates:
+            if not job.done():
+                FillTask(spec, job.plan()[-1]).complete_job(device=device, memory_budget_bytes=memory_budget_bytes)
+            return None
+        s = source.claim(spec, candidates)
         if s is None:
             return None
         try:
             epoch = source.epoch(spec.name, s)
             task = FillTask(spec, s, epoch=epoch, guard=_guard(source, spec.name, s, epoch))
             recovered = task.open(device=device, memory_budget_bytes=memory_budget_bytes)
+        except Superseded as exc:  # it moved between the poll and the opening: not this executor's any more
+            log.info("%s; given back", exc)
+            source.release(spec.name, s)
+            events.write(SliceEvent(job=spec.name, start=s.start, end=s.end, phase="superseded", position=s.start))
+            continue
         except BaseException:
             source.release(spec.name, s)
             raise

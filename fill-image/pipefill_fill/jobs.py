@@ -191,7 +191,7 @@ class Jobs:
         self.metrics.committed_items.labels(a.name).set(committed)
         self._commit_event(a, committed, written=out.committed_bytes, commit_s=out.commit_ns / 1e9)
         now = time.monotonic()
-        if now - a.reported_at >= _REPORT_EVERY_S:
+        if now - a.reported_at >= _REPORT_EVERY_S and not a.task.done():  # a finished slice reports once complete
             rate = (committed - a.rate_units) / max(1e-9, now - a.rate_since) if a.reported_at else None
             a.reported_at, a.rate_units, a.rate_since = now, committed, now
             self._report(a.spec, a.job, FillJobPhase.RUNNING, committed=committed, rate=rate, start_time=a.started)

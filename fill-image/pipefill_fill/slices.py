@@ -107,11 +107,13 @@ class JobDir:
         return self.dir if len(self.plan()) == 1 else self.dir / "slices" / s.key
 
     def states(self) -> list[SliceState]:
-        """Every slice's commit pointer, read from its progress.json (what its owner last committed)."""
+        """Every slice's commit pointer, read from its progress.json (what its owner last committed). A slice whose
+        pointer reached its end is done, marked or not: its owner may have died (or lost its assignment) between its
+        last commit and the mark, and no one else will be given a finished slice."""
         out = []
         for s in self.plan():
             committed, done = read_pointer(self.slice_dir(s), start=s.start)
-            out.append(SliceState(s, committed, done))
+            out.append(SliceState(s, committed, done or committed >= s.end))
         return out
 
     def committed(self) -> int:

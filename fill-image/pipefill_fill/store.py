@@ -213,21 +213,23 @@ class ProgressStore:
     def mark_done(self) -> None:
         """Record that the slice's work is all committed (after the last commit)."""
         if not self.done:
-            with self._fenced():
+            # the epoch fence only: the work is all committed, and a job the operator just saw complete (its
+            # assignments cleared) must still be marked done so that its outputs are assembled
+            with self._fenced(guarded=False):
                 self.done = True
                 self._write_record()
 
     @contextlib.contextmanager
-    def _fenced(self) -> Iterator[dict[str, Any]]:
+    def _fenced(self, *, guarded: bool = True) -> Iterator[dict[str, Any]]:
         """Hold the slice's commit lock and check that this writer still owns the slice: no newer epoch in the
-        pointer, and the guard agrees. Yields the pointer record as read under the lock."""
+        pointer, and (``guarded``) the guard agrees. Yields the pointer record as read under the lock."""
         with locked(self.dir / ".commit.lock"):
             record = self._read_record()
             stored = int(record.get("epoch", 0))
             if stored > self.epoch:
                 why = f"taken over by epoch {stored} (this executor holds epoch {self.epoch})"
                 raise Superseded(self.job, self.start, self.end, why)
-            why_not = self.guard() if self.guard is not None else None
+            why_not = self.guard() if self.guard is not None and guarded else None
             if why_not is not None:
                 raise Superseded(self.job, self.start, self.end, why_not)
             yield record

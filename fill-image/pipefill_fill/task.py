@@ -97,6 +97,13 @@ class FillTask:
             self.job.complete(self._finalize)
         return recovered
 
+    def complete_job(self, *, device: torch.device, memory_budget_bytes: int) -> bool:
+        """Complete a job whose slices are all committed but whose outputs were not assembled (its last finisher died
+        first): set the workload up for its ``finalize`` and assemble, without opening any slice's store. Returns
+        whether the job is complete."""
+        self.workload.setup(device, memory_budget_bytes)
+        return self.job.complete(self._finalize)
+
     @property
     def committed(self) -> int:
         """The slice's commit pointer: work committed up to here (units from the job's start)."""

@@ -19,7 +19,7 @@ from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16}
-TOTAL = 1200
+TOTAL = 4000  # the old owner (a commit per sample) cannot finish before the new one has started
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,9 @@ def test_a_stale_owner_is_refused_at_commit_and_nothing_is_lost_or_repeated(
 ) -> None:
     rng = random.Random(seed)
     manifest = write_job(tmp_path, "j", total=TOTAL, parameters=PARAMS, output=tmp_path / "out")
-    old = _owner(manifest, 1, 4)
+    old = _owner(manifest, 1, 1)
     assert old.stdout is not None and old.stdout.readline() == "READY 0\n"
-    takeover_at = rng.randrange(40, TOTAL // 2)
+    takeover_at = rng.randrange(40, 400)
     commits = []
     while not commits or commits[-1] < takeover_at:
         line = old.stdout.readline()
@@ -54,7 +54,7 @@ def test_a_stale_owner_is_refused_at_commit_and_nothing_is_lost_or_repeated(
             f"the old owner stopped early: {line!r} {old.stderr.read() if old.stderr else ''}"
         )
         commits.append(int(line.split()[1]))
-    new = _owner(manifest, 2, 16)  # the old one goes on committing meanwhile
+    new = _owner(manifest, 2, 64)  # the old one goes on committing meanwhile
     new_out, new_err = new.communicate(timeout=120)
     old_rest, old_err = old.communicate(timeout=120)
     assert new.returncode == 0 and old.returncode == 0, new_err + old_err

@@ -58,7 +58,9 @@ OWNED_FIELDS = (
     "startTime",
     "completionTime",
 )
-"""The status fields the executor writes (all others are the operator's)."""
+"""The status fields the executor writes (all others are the operator's); ``phase`` only to a final phase it
+decides (Succeeded: outputs assembled; Failed: the workload raised)."""
+_EXECUTOR_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class KubernetesSource(WorkSource):
@@ -161,6 +163,8 @@ class KubernetesSource(WorkSource):
                 if merged is None:
                     return
                 changed = {k: merged.get(k) for k in OWNED_FIELDS if merged.get(k) != old.get(k)}
+                if merged.get("phase") not in _EXECUTOR_PHASES:
+                    changed.pop("phase", None)  # Queued and Running are the operator's (assignments decide them)
                 if not changed:
                     return
                 patch = {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}}

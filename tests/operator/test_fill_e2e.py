@@ -1,0 +1,245 @@
+"""End to end on the real control plane: the operator as its own process (its fill queue) and every rank pod's fill
+executor as a real process (kwok pods run nothing, so each gets its pod's name and uid in its environment, a real
+bubble channel fed by the synthetic trainer, and its training job's own fill ServiceAccount).
+
+A FillJob split across two training jobs completes with outputs byte-identical to a single-rank run while one host
+job is deleted midway: its slices move (after its pods are gone, at higher epochs) and resume from the committed
+sample. One executor of the deleted job is frozen first (a lost node: the process outlives its pod) and thawed after
+its slice was taken over: it writes nothing more."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fill_e2e_helpers import RankExecutor, start_rank
+from fill_queue_helpers import Fill, fill_manifest, start_queue_operator, status
+from operator_harness import GROUP, VERSION, Kube, job_manifest, phase, running
+
+from pipefill.devcluster import ControlPlane
+from pipefill.events import CommitEvent, JobEvent, SliceEvent, read_events
+from pipefill.spec import parse
+from pipefill_fill.store import read_outputs
+from pipefill_fill.task import FillTask, TaskSpec
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TOTAL = 4096  # 16 slices of 256 with maxParallelRanks 4
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16], "commitEverySamples": 64}
+
+
+@dataclass
+class World:
+    """The control plane, the test's namespace with the operator serving it, the rank processes started."""
+
+    cp: ControlPlane
+    kube: Kube
+    namespace: str
+    ranks: list[RankExecutor]
+    tmp: Path
+
+
+@pytest.fixture
+def world(
+    control_plane: ControlPlane, kube: Kube, namespace: str, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[World]:
+    operator = start_queue_operator(operator_kubeconfig, tmp_path / "operator.log", namespace)
+    started = World(control_plane, kube, namespace, [], tmp_path)
+    yield started
+    for r in started.ranks:
+        r.stop()
+    operator.stop()
+
+
+def _reference(tmp_path: Path, manifest: dict[str, Any]) -> bytes:
+    ref = json.loads(json.dumps(manifest))
+    ref["spec"]["output"] = {"path": str(tmp_path / "reference")}
+    ref["spec"]["maxParallelRanks"] = 1
+    task = FillTask(TaskSpec.from_spec(parse(ref)))  # type: ignore[arg-type]
+    task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+    while not task.done():
+        task.step(64)
+    assert task.finish()
+    return (tmp_path / "reference" / "outputs.npy").read_bytes()
+
+
+def _committed(obj: dict[str, Any]) -> int:
+    return sum(s["committed"] - s["start"] for s in status(obj).get("slices") or ())
+
+
+def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World) -> None:
+    control_plane, kube, namespace, ranks, tmp_path = world.cp, world.kube, world.namespace, world.ranks, world.tmp
+    hosts = {}
+    for job in ("first", "second"):
+        kube.create_job(namespace, job_manifest(job))
+        hosts[job] = kube.wait_pods(namespace, job, running(2))
+        kube.wait_job(namespace, job, phase("Running"))
+    manifest = fill_manifest(
+        "embed",
+        workload={"kind": "inference", "builtin": "encoder-inference", "parameters": PARAMS},
+        output={"path": str(tmp_path / "storage" / "embed")},
+        totalSamples=TOTAL,
+        maxParallelRanks=4,
+    )
+    manifest["apiVersion"], manifest["kind"] = f"{GROUP}/{VERSION}", "FillJob"
+    reference = _reference(tmp_path, manifest)
+    fill = Fill(kube, namespace)
+    fill.create(manifest)
+    placed = status(fill.wait("embed", lambda o: len(status(o).get("assignments") or ()) == 4))
+    assert {a["trainingJob"] for a in placed["assignments"]} == {"first", "second"}  # split across both hosts
+    by_pod: dict[str, RankExecutor] = {}
+    for job, pods in hosts.items():
+        for pod in pods:
+            by_pod[pod["metadata"]["name"]] = start_rank(control_plane, namespace, pod, job=job, workdir=tmp_path)
+            ranks.append(by_pod[pod["metadata"]["name"]])
+
+    first = [by_pod[p["metadata"]["name"]] for p in hosts["first"]]
+    frozen, other = first
+
+    def frozen_midway(obj: dict[str, Any]) -> bool:  # the frozen one has committed part of the slice it holds
+        mine = {(a["start"], a["end"]) for a in status(obj).get("assignments") or () if a["podUID"] == frozen.uid}
+        return any(
+            s["start"] < s["committed"] < s["end"] for s in status(obj)["slices"] if (s["start"], s["end"]) in mine
+        )
+
+    fill.wait("embed", frozen_midway, timeout_s=180)
+    frozen.signal(signal.SIGSTOP)  # a lost node: the process outlives its pod and hears nothing
+    held = {(a["start"], a["end"]): a for a in status(fill.get("embed"))["assignments"] if a["podUID"] == frozen.uid}
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "pipelinetrainingjobs", "first")
+    other.signal(signal.SIGTERM)  # the kubelet's stop: it commits what it has and exits
+
+    second_uids = {p["metadata"]["uid"] for p in hosts["second"]}
+    moved = fill.wait(
+        "embed",
+        lambda o: (
+            bool(held)
+            and all(
+                any(
+                    (a["start"], a["end"]) == k and a["podUID"] in second_uids
+                    for a in status(o).get("assignments") or ()
+                )
+                or any((s["start"], s["end"]) == k and s["committed"] == s["end"] for s in status(o)["slices"])
+                for k in held
+            )
+        ),
+        timeout_s=180,
+    )
+    takeover: dict[tuple[int, int], int] = {}  # where the new owner of each frozen slice resumed
+
+    def taken_over() -> bool:
+        for r in ranks[2:]:
+            for e in read_events(r.out / "fill-events.jsonl"):
+                if isinstance(e, SliceEvent) and e.phase in ("claimed", "done") and (e.start, e.end) in held:
+                    takeover.setdefault((e.start, e.end), e.position)
+        return set(takeover) == set(held)
+
+    fill.wait("embed", lambda o: taken_over() or _committed(o) == TOTAL, timeout_s=180)
+    frozen.signal(signal.SIGCONT)  # thawed: it must write nothing more
+    done = fill.wait("embed", lambda o: status(o).get("phase") == "Succeeded", timeout_s=300)
+    stale_log = frozen.stop()
+
+    st = status(done)
+    assert all(s["committed"] == s["end"] for s in st["slices"]) and st["samplesDone"] == TOTAL
+    out = tmp_path / "storage" / "embed"
+    assert (out / "outputs.npy").read_bytes() == reference  # zero samples lost or repeated, bytes identical
+    assert read_outputs(out)["sample_id"].tolist() == list(range(TOTAL))
+    assert all(
+        a["epoch"] > held[k]["epoch"]
+        for k, a in ((k, a) for a in status(moved)["assignments"] for k in held if (a["start"], a["end"]) == k)
+    )
+    assert any(pos > start for (start, _), pos in takeover.items()), "no slice resumed mid-way from its commit"
+    commits = [e for e in read_events(frozen.out / "fill-events.jsonl") if isinstance(e, CommitEvent)]
+    for e in commits:
+        key = (e.slice[0], e.slice[1]) if e.slice else None
+        if key in takeover:
+            assert (e.position or 0) <= takeover[key], f"the frozen executor committed {e} past the takeover"
+    assert "stale executor refused at commit" in stale_log or "letting go of slice" in stale_log, stale_log[-2000:]
+
+
+def test_an_unfit_report_from_a_real_executor_moves_the_job(world: World) -> None:
+    """The executor of a rank whose bubbles (3 ms) are shorter than the job's shortest step (a heavier encoder, tens
+    of ms here) profiles it, reports ``unfit`` with the numbers and lets go; the operator moves the job to the other
+    rank at a higher epoch, whose executor (long bubbles) completes it."""
+    kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
+    kube.create_job(namespace, job_manifest("host"))
+    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
+    kube.wait_job(namespace, "host", phase("Running"))
+    heavy = {"layers": 4, "hiddenSize": 256, "heads": 4, "seqLen": 128, "batchSizes": [1, 4]}
+    manifest = fill_manifest(
+        "heavy",
+        workload={"kind": "inference", "builtin": "encoder-inference", "parameters": heavy},
+        output={"path": str(tmp_path / "storage" / "heavy")},
+        totalSamples=64,
+    )
+    fill = Fill(kube, namespace)
+    fill.create(manifest)
+    (placed,) = status(fill.wait("heavy", lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
+    tight = start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path, bubbles_ms="3")
+    world.ranks.append(tight)
+    moved = fill.wait(
+        "heavy",
+        lambda o: (
+            bool(status(o).get("unfit"))
+            and [a["rank"] for a in status(o).get("assignments") or ()] == [1 - placed["rank"]]
+        ),
+        timeout_s=240,
+    )
+    (unfit,) = status(moved)["unfit"]
+    assert (unfit["trainingJob"], unfit["rank"], unfit["reason"]) == ("host", placed["rank"], "BubbleTooShort")
+    assert unfit["stepMilliseconds"] > unfit["longestBubbleMilliseconds"] and unfit["freeBytes"] > 0
+    assert "no bubble long enough" in unfit["message"]
+    assert status(moved)["profile"][0]["batchSize"] == 1  # the measured profile, for the policies
+    (now,) = status(moved)["assignments"]
+    assert now["epoch"] > placed["epoch"]
+    roomy = start_rank(world.cp, namespace, pods[now["podUID"]], job="host", workdir=tmp_path, bubbles_ms="250")
+    world.ranks.append(roomy)
+    fill.wait("heavy", lambda o: status(o).get("phase") == "Succeeded", timeout_s=300)
+    assert read_outputs(tmp_path / "storage" / "heavy")["sample_id"].tolist() == list(range(64))
+
+
+def test_a_cancelled_job_stops_at_the_next_bubble_and_commits_nothing_more(world: World) -> None:
+    """``spec.cancel`` mid-run: the operator revokes the assignment and ends the job Cancelled; the executor lets go
+    at its next bubble without committing, and the job's storage keeps exactly what was committed before."""
+    kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
+    kube.create_job(namespace, job_manifest("host"))
+    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
+    kube.wait_job(namespace, "host", phase("Running"))
+    manifest = fill_manifest(
+        "long",
+        workload={"kind": "inference", "builtin": "encoder-inference", "parameters": PARAMS},
+        output={"path": str(tmp_path / "storage" / "long")},
+        totalSamples=10**6,
+    )
+    fill = Fill(kube, namespace)
+    fill.create(manifest)
+    (placed,) = status(fill.wait("long", lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
+    rank = start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path)
+    world.ranks.append(rank)
+    fill.wait("long", lambda o: _committed(o) > 0, timeout_s=180)
+    fill.patch_spec("long", {"cancel": True})
+    fill.wait("long", lambda o: status(o).get("phase") == "Cancelled", timeout_s=60)
+    events = rank.out / "fill-events.jsonl"
+
+    def stopped() -> list[tuple[int, int]]:  # (when, pointer): let go at a bubble, or refused at a commit
+        out = []
+        for e in read_events(events):
+            if isinstance(e, JobEvent) and e.phase == "Released":
+                out.append((e.mono_ns, e.committed or 0))
+            elif isinstance(e, SliceEvent) and e.phase == "superseded":
+                out.append((e.mono_ns, e.position))
+        return out
+
+    fill.wait("long", lambda o: bool(stopped()), timeout_s=60)
+    when, committed = stopped()[0]
+    pointer = json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"]
+    assert committed == pointer  # what was committed when it stopped is what the storage keeps
+    later = [e for e in read_events(events) if isinstance(e, CommitEvent) and e.mono_ns > when]
+    assert later == []
+    rank.stop()
+    assert json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"] == pointer
