@@ -46,6 +46,10 @@ demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an infere
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
+demo-embed: $(STAMP) ## the demo's training, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra); run again to go on
+	rm -rf runs/cpu-demo runs/fill/embed-sentences/profiles
+	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-embed.yaml --out runs/cpu-demo
+
 test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests
 	$(BIN)/pytest -q
 
@@ -106,5 +110,5 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: help venv demo demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
 .PHONY: cluster-bins cluster cluster-down chart-check

@@ -1,4 +1,5 @@
-"""Write ``corpus.txt``: deterministic English-like sentences from a small grammar (no downloads).
+"""Write ``corpus.txt``: deterministic English-like sentences from a small grammar (no downloads); and
+``sentences.txt``: its first 2048 sentences, one per line, the text corpus ``make demo-embed`` embeds.
 
 The demo trains a byte-level GPT on it; the grammar's regularities (words, agreement, punctuation) are easy enough
 that the loss falls visibly within a minute on one CPU core. Run ``python examples/data/make_corpus.py``.
@@ -7,6 +8,7 @@ that the loss falls visibly within a minute on one CPU core. Run ``python exampl
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 SUBJECTS = [
@@ -91,6 +93,8 @@ def main(size_bytes: int = 200_000) -> None:
         lines.append(paragraph)
         total += len(paragraph) + 1
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sentences = [s.strip() for line in lines for s in re.findall(r"[^.!]+[.!]", line)][:2048]
+    path.with_name("sentences.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

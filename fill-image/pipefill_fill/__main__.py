@@ -54,7 +54,12 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     try:
         device = select_device(settings.device, link.gpu_uuids)
         fraction = cap_memory(device, settings.reserved_bytes)
-        identity = Identity(settings.training_job or link.job_name, settings.rank)
+        identity = Identity(
+            settings.training_job or link.job_name,
+            settings.rank,
+            pod=os.environ.get("HOSTNAME") or None,
+            pod_uid=os.environ.get(env.POD_UID) or None,
+        )
         source = open_source(settings.work_source, identity=identity)
     except ValueError as exc:
         log.error("invalid configuration: %s", exc)

@@ -4,13 +4,15 @@ the next one tried."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from pipefill.events import EventWriter, SliceEvent
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import WorkSource
 from pipefill_fill.task import FillTask
-from pipefill_fill.work import TaskSpec
+from pipefill_fill.work import Slice, TaskSpec
 
 __all__ = ["claim_slice"]
 
@@ -26,10 +28,11 @@ def claim_slice(
 ) -> FillTask | None:
     """Claim and open an unfinished slice of ``job``; None when there is none for this executor now.
 
-    Started slices come first (:meth:`JobDir.open_slices`), so a crashed executor's slice is resumed before fresh
-    work begins. When every slice is done but the job is not complete (its last finisher crashed before the outputs),
-    the last slice is claimed: opening it completes the job. A slice found done on opening (its owner finished it
-    since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
+        Started slices come first (:meth:`JobDir.open_slices`), so a crashed executor's slice is resumed before fresh
+        work begins. The task's store is fenced by the assignment's epoch and the source's check that it is current
+    (:class:`pipefill_fill.store.Superseded` at a commit of a slice that moved). When every slice is done but the job is not complete (its last finisher crashed before the outputs),
+        the last slice is claimed: opening it completes the job. A slice found done on opening (its owner finished it
+        since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
     """
     for _ in range(len(job.plan()) + 1):
         candidates = job.open_slices() or ([] if job.done() else job.plan()[-1:])
@@ -37,7 +40,8 @@ def claim_slice(
         if s is None:
             return None
         try:
-            task = FillTask(spec, s)
+            epoch = source.epoch(spec.name, s)
+            task = FillTask(spec, s, epoch=epoch, guard=_guard(source, spec.name, s, epoch))
             recovered = task.open(device=device, memory_budget_bytes=memory_budget_bytes)
         except BaseException:
             source.release(spec.name, s)
@@ -57,3 +61,8 @@ def claim_slice(
             return task
         source.release(spec.name, s)
     return None
+
+
+def _guard(source: WorkSource, name: str, s: Slice, epoch: int) -> Callable[[], str | None]:
+    """The store's check at every commit: is this executor's assignment of ``s`` at ``epoch`` still current?"""
+    return lambda: source.revoked(name, s, epoch)

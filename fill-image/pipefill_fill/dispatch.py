@@ -19,6 +19,7 @@ from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
 from pipefill_fill.jobs import ActiveJob, Jobs
 from pipefill_fill.predict import Estimator
 from pipefill_fill.settings import Settings
+from pipefill_fill.store import Superseded
 
 __all__ = ["Dispatcher", "JobError"]
 
@@ -37,6 +38,8 @@ class JobError(Exception):
 def _guard(name: str) -> Iterator[None]:
     try:
         yield
+    except Superseded:
+        raise  # not the workload's fault: the slice moved; the runner stops it without failing the job
     except Exception as exc:
         raise JobError(name) from exc
 

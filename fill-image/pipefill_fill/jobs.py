@@ -4,15 +4,19 @@ and events of each step. The runner (:mod:`pipefill_fill.runner`) calls it betwe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from pipefill.env import fill_max_active_jobs
 from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent
+from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
+from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
 from pipefill_fill.claim import claim_slice
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.metrics import FillMetrics
@@ -21,9 +25,11 @@ from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler, Profile
 from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
-from pipefill_fill.sources import ProgressReport, WorkSource
+from pipefill_fill.sources import Identity, ProgressReport, WorkSource
 from pipefill_fill.sources.base import now_rfc3339
+from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.unfit import bubble_classes, unfit_report
 from pipefill_fill.work import Slice
 
 __all__ = ["ActiveJob", "Jobs"]
@@ -82,8 +88,12 @@ class Jobs:
         metrics: FillMetrics,
         events: EventWriter,
         max_active: int | None = None,  # None: PIPEFILL_FILL_MAX_ACTIVE_JOBS
+        recent_bubbles: Callable[[], list[ObservedBubble]] = list,
+        identity: Identity | None = None,
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
+        self.recent_bubbles = recent_bubbles  # the bubbles this rank saw lately: its classes, and the unfit check
+        self.identity = identity or getattr(source, "identity", None) or Identity("", 0)
         self.max_active = fill_max_active_jobs() if max_active is None else max_active
         self.active: dict[str, ActiveJob] = {}
         self.failed: set[str] = set()
@@ -91,13 +101,13 @@ class Jobs:
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Poll the source: let go of active jobs it no longer offers (finished, failed or cancelled elsewhere) and
-        claim a slice of new ones while there is room."""
+        """Poll the source: let go of active jobs it no longer offers (finished, failed, cancelled, suspended or moved
+        elsewhere: nothing more is committed, what was committed stays) and claim a slice of new ones while there is
+        room."""
         specs = self.source.poll()
         offered = {s.name for s in specs}
         for name in [n for n in self.active if n not in offered]:
-            log.info("job %s: no longer offered (finished, failed or cancelled elsewhere); letting go", name)
-            self._stop_job(self.active[name])
+            self.let_go(name, "no longer assigned here (finished, failed, cancelled, suspended or moved)")
         for spec in specs:
             if len(self.active) >= self.max_active:
                 break
@@ -141,15 +151,27 @@ class Jobs:
         rows = [{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points]
         self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))
         log.info("job %s: profile %s", a.name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
-        if not points:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
-            message = "no batch size fits this rank's bubbles and memory budget; left for another executor"
-            log.warning("job %s: %s", a.name, message)
+        measured = tuple(ProfileEntry(p.batch_size, p.step_s * 1e3, p.peak_bytes) for p in points if p.step_s > 0)
+        unfit = unfit_report(
+            a.profiler,
+            points,
+            self.recent_bubbles(),
+            identity=self.identity,
+            free_bytes=self.settings.reserved_bytes,
+            guard_s=self.settings.guard_s,
+        )
+        if unfit is not None:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
+            log.warning("job %s: %s; left for another executor", a.name, unfit.message)
             self._remove(a.name)
             self.failed.add(a.name)
-            self.events.write(JobEvent(job=a.name, phase="Queued", message=message))
+            self.events.write(JobEvent(job=a.name, phase="Queued", message=unfit.message))
             self.source.release(a.name)
-            self._report(a.spec, a.job, FillJobPhase.QUEUED, message=message)
+            report = self._progress(a.spec, a.job, FillJobPhase.QUEUED, message=unfit.message)
+            self.source.report(a.name, dataclasses.replace(report, unfit=unfit, profile=measured))
             return
+        if measured:
+            report = self._progress(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)
+            self.source.report(a.name, dataclasses.replace(report, profile=measured, bubbles=self.bubble_report()))
         if a.offloader is not None:
             a.offloader.to_host()
 
@@ -179,6 +201,9 @@ class Jobs:
             if a.offloader is not None:
                 a.offloader.to_device()
             complete = a.task.finish()
+        except Superseded as exc:
+            self.superseded(a.name, exc)
+            return
         except Exception as exc:
             self.fail(a.name, f"finishing slice {a.slice} failed: {exc}")
             return
@@ -225,6 +250,35 @@ class Jobs:
             committed = a.job.committed() if a is not None else 0
             self.source.report(name, ProgressReport(FillJobPhase.FAILED, committed, spec.total, message=message))
 
+    def superseded(self, name: str, exc: Superseded) -> None:
+        """A commit was refused: the slice moved (a newer epoch owns it) or the assignment is gone. Nothing was
+        written; drop the slice's uncommitted work, say so, and take what the source offers next."""
+        a = self._remove(name)
+        log.warning("job %s: stale executor refused at commit: %s", name, exc)
+        self.source.release(name)
+        if a is not None:
+            s = a.slice
+            self.events.write(
+                SliceEvent(job=name, start=s.start, end=s.end, phase="superseded", position=a.task.committed)
+            )
+            self._report(a.spec, a.job, FillJobPhase.RUNNING, message=f"{self.who()}: {exc}")
+
+    def let_go(self, name: str, why: str) -> None:
+        """Stop job ``name`` now without committing (its assignment here ended); its committed work stays."""
+        a = self._remove(name)
+        if a is None:
+            return
+        log.info("job %s: %s; letting go of slice %s at %d", name, why, a.slice, a.task.committed)
+        self.events.write(JobEvent(job=name, phase="Released", committed=a.job.committed(), total=a.spec.total))
+        self.source.release(name)
+
+    def who(self) -> str:
+        return f"executor of {self.identity.training_job} rank {self.identity.rank}"
+
+    def bubble_report(self) -> RankBubbles | None:
+        """This rank's bubble classes as measured (None before any bubble closed)."""
+        return bubble_classes(self.recent_bubbles(), identity=self.identity, free_bytes=self.settings.reserved_bytes)
+
     def shutdown(self) -> None:
         """Commit what is done, so a restart or another rank continues from there; then give the jobs back."""
         for a in list(self.active.values()):
@@ -237,6 +291,9 @@ class Jobs:
                 if a.offloader is not None:
                     a.offloader.to_device()
                 a.task.commit()
+        except Superseded as exc:
+            log.warning("job %s: at shutdown: %s", a.name, exc)
+            return
         finally:
             self.source.release(a.name)
         committed = a.job.committed()
@@ -284,6 +341,32 @@ class Jobs:
         start_time: str | None = None,
         completion_time: str | None = None,
     ) -> None:
-        done = job.committed() if committed is None else committed
-        report = ProgressReport(phase, done, spec.total, rate, message, start_time, completion_time)
+        report = self._progress(
+            spec,
+            job,
+            phase,
+            committed=committed,
+            rate=rate,
+            message=message,
+            start_time=start_time,
+            completion_time=completion_time,
+        )
         self.source.report(spec.name, report)
+
+    def _progress(
+        self,
+        spec: TaskSpec,
+        job: JobDir,
+        phase: FillJobPhase,
+        *,
+        committed: int | None = None,
+        rate: float | None = None,
+        message: str = "",
+        start_time: str | None = None,
+        completion_time: str | None = None,
+    ) -> ProgressReport:
+        """A report with every slice's commit pointer as the job's storage has it."""
+        states = job.states()
+        pointers = tuple(SliceProgress(st.slice.start, st.slice.end, st.committed) for st in states)
+        done = sum(st.units for st in states) if committed is None else committed
+        return ProgressReport(phase, done, spec.total, rate, message, start_time, completion_time, slices=pointers)

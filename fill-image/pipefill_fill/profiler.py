@@ -157,6 +157,9 @@ class BubbleProfiler:
         self._points: list[ProfilePoint] = []
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
+        self.stopped_by = ""  # why the last candidate was not kept: "memory" (over budget, out of memory), "time"
+        self.last_step_s: float | None = None  # the last candidate's step time, measured or predicted
+        self.last_peak_bytes: int | None = None  # the last candidate's peak device memory, when measured
 
     @property
     def batch_size(self) -> int:
@@ -199,6 +202,7 @@ class BubbleProfiler:
             duration_s = time.perf_counter() - t0
         except torch.OutOfMemoryError:
             log.info("profile %s: batch %d ran out of device memory", self.task.spec.name, bs)
+            self.stopped_by = "memory"
             self._finish()
             return 0.0
         self._peak = max(self._peak, _memory_peak(self.device, base))
@@ -209,6 +213,7 @@ class BubbleProfiler:
 
     def give_up_candidate(self) -> None:
         """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
+        self.stopped_by, self.last_step_s = "time", self.predict_s()
         self._finish()
 
     def _next_candidate(self) -> None:
@@ -217,7 +222,9 @@ class BubbleProfiler:
             bs, statistics.median(self._times[self.warmup :]), self._peak, None if self._items == bs else self._items
         )
         self._times, self._peak = [], 0
+        self.last_step_s, self.last_peak_bytes = point.step_s, point.peak_bytes
         if self._items <= 0 or point.peak_bytes > self.budget:
+            self.stopped_by = "memory" if point.peak_bytes > self.budget else "time"
             self._finish()
             return
         self._points.append(point)

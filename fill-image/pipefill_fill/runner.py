@@ -24,6 +24,7 @@ from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.predict import EndModel, Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
+from pipefill_fill.store import Superseded
 
 __all__ = ["HOLD_POLL_S", "Attached", "Link", "Runner"]
 
@@ -81,7 +82,13 @@ class Runner:
         self.poll_interval_s = poll_interval_s
         self.trainer_grace_s = trainer_grace_s  # a restarted trainer re-creates the channel within this; else stop
         self.jobs = Jobs(
-            source=source, device=device, settings=settings, metrics=metrics, events=events, max_active=max_active
+            source=source,
+            device=device,
+            settings=settings,
+            metrics=metrics,
+            events=events,
+            max_active=max_active,
+            recent_bubbles=link.recent_bubbles,
         )
         self.switch = Estimator(default_s=0.0005, window=64, quantile=0.9)
         self.dispatcher = Dispatcher(
@@ -105,7 +112,7 @@ class Runner:
         signal.signal(signal.SIGTERM, lambda *_: self._request_stop("SIGTERM"))
         dead_since: float | None = None
         while not self._stop:
-            if time.monotonic() >= self._next_poll or not self.jobs.active:
+            if time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
             held = self.link.hold_requested()
@@ -156,6 +163,9 @@ class Runner:
         except JobError as exc:  # the workload raised: that job fails, the executor and other jobs go on
             self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
             job, reason, out, batch = exc.job, "error", BubbleOutcome(stop="error"), None
+        except Superseded as exc:  # a commit was refused: the slice moved; stop it, nothing written
+            self.jobs.superseded(exc.job, exc)
+            job, reason, out, batch = exc.job, "superseded", BubbleOutcome(stop="superseded"), None
         yielded_ns = time.monotonic_ns()
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
         used_s = (out.busy_ns + out.commit_ns + out.transfer_ns) / 1e9

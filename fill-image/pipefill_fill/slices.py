@@ -1,13 +1,13 @@
 """Slices: a job's units of work ``[0, total)`` divided into ranges that fill executors claim one at a time.
 
-An inference job with ``spec.maxParallelRanks > 1`` is split into several slices per allowed rank, so a faster rank
-claims more of them and the tail (the last slice, while other ranks have nothing left) is short. Training jobs and
-jobs with ``maxParallelRanks: 1`` have one slice. Each slice has its own exactly-once store (:mod:`pipefill_fill.store`);
+The plan is the job's plan of record (:func:`pipefill.queue.plan_slices`, written once into ``status.slices`` by the
+operator, or by the files source in local runs; :attr:`TaskSpec.plan`): executors never plan. Each slice has its own exactly-once store (:mod:`pipefill_fill.store`);
 the job is done when every slice is, and then its outputs are assembled once. Layout of a job's output directory::
 
-    slices.json              the plan {"job", "total", "bounds": [0, b1, …, total], "done"}: fixed by the first executor
-                             that opens the job (a later edit of maxParallelRanks does not move the bounds); "done" is
-                             set after the job's outputs.npy and the workload's finalize, so it means the job is complete
+    slices.json              {"job", "total", "bounds": [0, b1, …, total], "done"}: the plan of record (FillJob
+                             status.slices) as the first executor to open the job found it; a later plan of record
+                             that differs is refused (PlanMismatch), the directory untouched. "done" is set after
+                             the job's outputs.npy and the workload's finalize, so it means the job is complete
     slices/<start>-<end>/    the store of each slice of a split job (chunks/, checkpoints/, progress.json)
     chunks/, checkpoints/, progress.json    the store of the only slice of a job that is not split
     outputs.npy              every slice's outputs in sample order (inference), byte-identical to a single-rank run
@@ -18,7 +18,6 @@ A directory written before slices existed (progress.json, no slices.json) is rea
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from collections.abc import Callable
@@ -31,9 +30,27 @@ import numpy as np
 from pipefill_fill.atomic import atomic_create, atomic_write, atomic_write_bytes
 from pipefill_fill.locks import locked
 from pipefill_fill.store import read_pointer, slice_rows
-from pipefill_fill.work import Slice, TaskSpec, plan_slices
+from pipefill_fill.work import Slice, TaskSpec
 
-__all__ = ["JobDir", "SliceState"]
+__all__ = ["JobDir", "PlanMismatch", "SliceState"]
+
+
+class PlanMismatch(ValueError):
+    """The plan of record (FillJob ``status.slices``) is not the one the job's output directory was started with."""
+
+    def __init__(self, spec: TaskSpec, *, stored: list[int], planned: list[int], where: Path) -> None:
+        self.stored, self.planned = stored, planned
+        super().__init__(
+            f"FillJob {spec.name}: status.slices plans bounds {_short(planned)} but {where} records "
+            f"{_short(stored)} (its slice stores hold work counted against those); the output directory was left "
+            "untouched. Give the job a new spec.output.path (or delete the old outputs) to start it again"
+        )
+
+
+def _short(bounds: list[int]) -> str:
+    return (
+        str(bounds) if len(bounds) <= 6 else f"[{bounds[0]}, {bounds[1]}, …, {bounds[-1]}] ({len(bounds) - 1} slices)"
+    )
 
 
 @dataclass(frozen=True)
@@ -58,32 +75,31 @@ class JobDir:
         self.dir = spec.output_dir
         self._plan: list[Slice] | None = None
 
-    def plan(self, *, split: bool = True) -> list[Slice]:
-        """The job's slices: as ``slices.json`` fixed them, or fixed now by this call (the first to open the job).
-        ``split=False``: one slice when this call fixes the plan (a runner that does not split)."""
+    def plan(self) -> list[Slice]:
+        """The job's slices: the plan of record (``spec.plan``, from the FillJob status), checked against the layout
+        its output directory already has. The first executor to open the job records the plan there
+        (``slices.json``); a later plan that differs is refused with :class:`PlanMismatch`, and nothing in the
+        directory is touched: its slice stores hold work counted against those bounds."""
         if self._plan is not None:
             return self._plan
+        plan = self.spec.slices
+        bounds = [s.start for s in plan] + [self.spec.total]
         record = self._record()
         if not record:
+            # a directory written before slices existed (progress.json, no slices.json) holds one slice
             legacy = (self.dir / "progress.json").exists()
-            ranks = self.spec.parallel_ranks if split and not legacy else 1
-            slices = plan_slices(self.spec.total, parallel_ranks=ranks)
-            fresh = {
-                "job": self.spec.name,
-                "total": self.spec.total,
-                "bounds": [s.start for s in slices] + [self.spec.total],
-                "done": legacy and read_pointer(self.dir, start=0)[1],
-            }
-            atomic_create(self.dir / "slices.json", _dump(fresh))
-            record = self._record()  # the winner's, when another executor fixed it first
-        bounds = [int(b) for b in record["bounds"]]
-        if bounds[-1] != self.spec.total:
-            raise ValueError(
-                f"spec.total{'Steps' if self.spec.counts_steps else 'Samples'}: {self.spec.total}, but "
-                f"{self.dir / 'slices.json'} plans {bounds[-1]} units (the job was started with another total); "
-                "restore the value or use a new spec.output.path"
-            )
-        self._plan = [Slice(a, b) for a, b in itertools.pairwise(bounds)]
+            stored = [0, self.spec.total] if legacy else bounds
+            if stored == bounds:
+                done = legacy and read_pointer(self.dir, start=0)[1]
+                fresh = {"job": self.spec.name, "total": self.spec.total, "bounds": bounds, "done": done}
+                atomic_create(self.dir / "slices.json", _dump(fresh))
+                record = self._record()  # the winner's, when another executor recorded it first
+            else:
+                record = {"bounds": stored}
+        stored = [int(b) for b in record["bounds"]]
+        if stored != bounds:
+            raise PlanMismatch(self.spec, stored=stored, planned=bounds, where=self.dir / "slices.json")
+        self._plan = plan
         return self._plan
 
     def slice_dir(self, s: Slice) -> Path:

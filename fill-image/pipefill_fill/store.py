@@ -7,7 +7,9 @@ is. Layout of a store's directory::
 
     chunks/chunk-<from>-<to>.npy       outputs of samples [from, to): structured array (sample_id int64, value)
     checkpoints/state-<to>.pt          the workload's state() after work up to ``to`` (torch.save)
-    progress.json                      {"start", "end", "committed", "state_file", "done", ...}: the commit pointer
+    progress.json                      {"start", "end", "committed", "epoch", "state_file", "done", ...}: the commit
+                                       pointer, and the epoch of the assignment that wrote it
+    .commit.lock                       flock held around every recovery and commit (the fence, below)
 
 A commit writes, each atomically (temp + fsync + rename): first the state file, then the chunk, then progress.json.
 Invariant after :meth:`ProgressStore.recover`: the chunks tile ``[start, committed)`` exactly, with no gap and no
@@ -17,16 +19,26 @@ and removes the rest (temporary files, a state file without its chunk, chunks be
 lost (its chunk is committed or it is redone from the state before it) and never written twice (a chunk is adopted or
 removed, and redone outputs are byte-identical because the workload is deterministic from its state). ``done`` in
 progress.json says the slice's work is all committed; the job's ``outputs.npy`` is assembled from every slice's chunks
-once all are done (:meth:`pipefill_fill.slices.JobDir.complete`). One executor at a time works on a slice (the work
-source's claim), so a store has one writer.
+once all are done (:meth:`pipefill_fill.slices.JobDir.complete`).
+
+One writer at a time, even when a slice moves while its old executor still runs (a lost node, a watch that has not
+told it yet): every store is opened with the ``epoch`` of the assignment its executor holds, and recovery and every
+commit run under the slice's ``.commit.lock`` (an exclusive ``flock``), which checks the pointer's epoch first.
+Recovery by a newer epoch (the new owner taking over) records its epoch in progress.json before anything else; a commit
+or recovery that finds a newer epoch there, or whose ``guard`` (the work source: is the assignment still current?)
+says no, raises :class:`Superseded` and writes nothing. A commit that got the lock first completes before the
+takeover's recovery reads the directory, which then resumes from it. So each sample is committed by exactly one
+owner: zero lost, zero repeated (docs/fill.md, "Guarantees").
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +47,19 @@ import numpy as np
 import torch
 
 from pipefill_fill.atomic import TMP_SUFFIX, atomic_write, atomic_write_bytes
+from pipefill_fill.locks import locked
 
-__all__ = ["Committed", "ProgressStore", "read_outputs", "read_pointer", "slice_rows"]
+__all__ = ["Committed", "ProgressStore", "Superseded", "read_outputs", "read_pointer", "slice_rows"]
+
+
+class Superseded(RuntimeError):
+    """This executor may no longer write the slice: it moved (a newer epoch took its store over, or the assignment
+    is gone, moved or cancelled). Nothing was written; the executor stops the slice without failing the job."""
+
+    def __init__(self, job: str, start: int, end: int, why: str) -> None:
+        super().__init__(f"job {job}: slice [{start}, {end}): {why}; nothing written")
+        self.job, self.why = job, why
+
 
 _CHUNK = re.compile(r"^chunk-(\d+)-(\d+)\.npy$")
 _STATE = re.compile(r"^state-(\d+)\.pt$")
@@ -58,9 +81,20 @@ class ProgressStore:
     """The commit protocol of one slice's directory (see the module docstring); ``start``: the slice's first unit."""
 
     def __init__(
-        self, output_dir: Path, *, job: str, with_outputs: bool, keep_states: int = 2, start: int = 0, end: int = -1
+        self,
+        output_dir: Path,
+        *,
+        job: str,
+        with_outputs: bool,
+        keep_states: int = 2,
+        start: int = 0,
+        end: int = -1,
+        epoch: int = 0,
+        guard: Callable[[], str | None] | None = None,
     ) -> None:
         self.dir = output_dir
+        self.epoch = epoch  # of the assignment this writer holds
+        self.guard = guard  # why this writer may no longer commit (None: it may)
         self.job = job
         self.with_outputs = with_outputs
         self.keep_states = max(1, keep_states)
@@ -78,11 +112,15 @@ class ProgressStore:
         """Reconcile the directory with the commit pointer; returns the point to resume from."""
         for d in (self.dir, self.chunks_dir, self.states_dir):
             d.mkdir(parents=True, exist_ok=True)
+        with self._fenced() as record:
+            return self._recover(record)
+
+    def _recover(self, record: dict[str, Any]) -> Committed:
         removed = sum(
             _unlink(p) for d in (self.dir, self.chunks_dir, self.states_dir) for p in d.glob(f".*{TMP_SUFFIX}")
         )
-        record = self._read_record()
         end, done = int(record.get("committed", self.start)), bool(record.get("done", False))
+        takeover = int(record.get("epoch", 0)) < self.epoch
         states = self._states()
         chunks = self._chunks()
         adopted = 0
@@ -106,7 +144,7 @@ class ProgressStore:
                 "directory was changed by hand. Restore the file or remove the directory to start the job again"
             )
         self.committed, self.done = end, done
-        if adopted or removed:
+        if adopted or removed or takeover:  # a takeover is recorded before anything else: the old owner is fenced
             self._write_record()
         self._prune_states()
         state = self._load_state(end) if end > self.start else None
@@ -149,6 +187,10 @@ class ProgressStore:
             )
         if end == self.committed:
             return 0
+        with self._fenced():
+            return self._commit(end, state)
+
+    def _commit(self, end: int, state: dict[str, Any]) -> int:
         buf = io.BytesIO()
         torch.save(state, buf)
         written = buf.tell()
@@ -171,8 +213,24 @@ class ProgressStore:
     def mark_done(self) -> None:
         """Record that the slice's work is all committed (after the last commit)."""
         if not self.done:
-            self.done = True
-            self._write_record()
+            with self._fenced():
+                self.done = True
+                self._write_record()
+
+    @contextlib.contextmanager
+    def _fenced(self) -> Iterator[dict[str, Any]]:
+        """Hold the slice's commit lock and check that this writer still owns the slice: no newer epoch in the
+        pointer, and the guard agrees. Yields the pointer record as read under the lock."""
+        with locked(self.dir / ".commit.lock"):
+            record = self._read_record()
+            stored = int(record.get("epoch", 0))
+            if stored > self.epoch:
+                why = f"taken over by epoch {stored} (this executor holds epoch {self.epoch})"
+                raise Superseded(self.job, self.start, self.end, why)
+            why_not = self.guard() if self.guard is not None else None
+            if why_not is not None:
+                raise Superseded(self.job, self.start, self.end, why_not)
+            yield record
 
     # -- helpers --------------------------------------------------------------------------------------------------
     def _read_record(self) -> dict[str, Any]:
@@ -184,6 +242,7 @@ class ProgressStore:
             "start": self.start,
             "end": self.end if self.end >= 0 else None,
             "committed": self.committed,
+            "epoch": self.epoch,
             "state_file": (
                 f"checkpoints/{self._state_path(self.committed).name}" if self.committed > self.start else None
             ),

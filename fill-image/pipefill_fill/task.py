@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,18 +25,26 @@ class FillTask:
     """Drives one slice of a job: ``open`` recovers and restores, ``step`` runs one batch, ``commit`` makes work
     durable, ``finish`` marks the slice done and completes the job when it was the last.
 
-    ``slice``: one slice of the job's plan (:class:`pipefill_fill.slices.JobDir`); None: the whole job, unsplit (for
-    runners that do not split; refused when the job's output directory holds a split plan already)."""
+    ``slice``: one slice of the job's plan of record (:attr:`TaskSpec.plan`); None: the only slice of a job whose plan
+    has one (a runner that does not split). ``epoch``/``guard``: the assignment this executor holds and the work
+    source's check that it is still current, for the store's commit fence (:class:`pipefill_fill.store.ProgressStore`)."""
 
-    def __init__(self, spec: TaskSpec, slice: Slice | None = None) -> None:
+    def __init__(
+        self,
+        spec: TaskSpec,
+        slice: Slice | None = None,
+        *,
+        epoch: int = 0,
+        guard: Callable[[], str | None] | None = None,
+    ) -> None:
         self.spec = spec
         cls = load_job_workload(spec)
         self.job = JobDir(spec)
-        plan = self.job.plan(split=slice is not None)
+        plan = self.job.plan()
         if slice is None and len(plan) > 1:
             raise ValueError(
-                f"job {spec.name}: {spec.output_dir} holds a plan of {len(plan)} slices (the job is split across "
-                "ranks); run it with the fill executor, or use a new spec.output.path"
+                f"job {spec.name}: its plan has {len(plan)} slices (the job is split across ranks); name the slice "
+                "to run, or run it with the fill executor"
             )
         self.slice = slice or plan[0]
         if self.slice not in plan:
@@ -46,6 +55,8 @@ class FillTask:
             with_outputs=spec.kind == "inference",
             start=self.slice.start,
             end=self.slice.end,
+            epoch=epoch,
+            guard=guard,
         )
         self.context = WorkloadContext(
             name=spec.name,

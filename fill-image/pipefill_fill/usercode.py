@@ -78,12 +78,14 @@ def _from_entry_point(name: str, *, kind: str) -> type:
         )
     try:
         cls = found[0].load()
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit too: a package must not end the executor
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         raise ValueError(
             f"{field}: {name!r} → {targets[0]} does not load ({type(exc).__name__}: {exc}); fix the package or its "
             "entry point"
         ) from None
-    return check_workload_class(cls, what=f"{name} ({targets[0]})", field=field, kind=kind)
+    return check_workload_class(cls, what=f"{name!r} ({targets[0]})", field=field, kind=kind)
 
 
 def _from_code(spec: TaskSpec) -> type:
@@ -113,7 +115,7 @@ def _from_code(spec: TaskSpec) -> type:
     except BaseException as exc:  # SystemExit too: user code must not end the executor
         if isinstance(exc, KeyboardInterrupt):
             raise
-        for key in [k for k in sys.modules if k.startswith(qualified)]:
+        for key in [k for k in sys.modules if k == qualified or k.startswith(qualified + ".")]:
             del sys.modules[key]
         raise ValueError(
             f"spec.workload.importPath: module {module_name!r} from {where} raised while importing "
@@ -124,7 +126,7 @@ def _from_code(spec: TaskSpec) -> type:
     if cls is None:
         raise ValueError(f"spec.workload.importPath: module {module_name!r} from {where} has no class {attr!r}")
     return check_workload_class(
-        cls, what=f"{spec.import_path} from {where}", field="spec.workload.importPath", kind=spec.kind
+        cls, what=f"{spec.import_path!r} from {where}", field="spec.workload.importPath", kind=spec.kind
     )
 
 

@@ -1,17 +1,21 @@
 """What the executor works on, torch-free: a fill job as the executor sees it (:class:`TaskSpec`, built from the typed
-FillJob spec so both work sources give the same) and the slices of its units of work (:class:`Slice`,
-:func:`plan_slices`). The work sources need only this module; the slices' stores are in :mod:`pipefill_fill.slices`."""
+FillJob spec so both work sources give the same) with its plan of record, the slices of its units of work
+(:class:`Slice`; the plan itself is :func:`pipefill.queue.plan_slices`, written into the FillJob status by the
+operator, or by the files source in local runs). The work sources need only this module; the slices' stores are in
+:mod:`pipefill_fill.slices`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipefill.queue.slices import MIN_SLICE_UNITS, SLICES_PER_RANK, Slice, plan_slices
+from pipefill.queue.slices import Slice, check_plan
 from pipefill.spec import FillJob
+from pipefill.spec.common import Location
 
-__all__ = ["MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "TaskSpec", "plan_slices"]
+__all__ = ["Slice", "TaskSpec"]
 
 
 @dataclass(frozen=True)
@@ -34,14 +38,33 @@ class TaskSpec:
     code_path: str | None = None  # spec.workload.code.path: relative to the fill storage
     code_config_map: str | None = None  # spec.workload.code.configMap
     namespace: str | None = None  # the FillJob's (where its code's ConfigMap is); None: local runs
+    plan: tuple[Slice, ...] = ()
+    """The plan of record (``status.slices``): the slices every executor runs; empty: one slice, the whole job (a
+    runner that does not split, such as the benchmark's)."""
+
+    def __post_init__(self) -> None:
+        if self.plan:
+            check_plan(self.plan, total=self.total, field=f"FillJob {self.name}: status.slices")
 
     @classmethod
-    def from_spec(cls, job: FillJob, *, base_dir: Path | None = None) -> TaskSpec:
-        """``base_dir`` resolves relative paths (the manifests' directory's working dir in local runs)."""
+    def from_spec(
+        cls,
+        job: FillJob,
+        *,
+        base_dir: Path | None = None,
+        plan: Sequence[Slice] = (),
+        storage_dir: Path | None = None,
+    ) -> TaskSpec:
+        """``base_dir`` resolves relative paths (the manifests' directory's working dir in local runs); ``plan``: the
+        plan of record from the job's status (checked: it must tile ``[0, total)``); ``storage_dir``: where the
+        training job's fill storage is mounted (``PIPEFILL_FILL_STORAGE_DIR``), under which a location with a
+        ``claimName`` is a path relative to the claim's root (docs/fill.md, "Fill storage")."""
         spec = job.spec
 
-        def resolve(path: str) -> Path:
-            p = Path(path)
+        def resolve(location: Location) -> Path:
+            if location.claim_name and storage_dir is not None:
+                return storage_dir / location.path.lstrip("/")
+            p = Path(location.path)
             return p if p.is_absolute() or base_dir is None else base_dir / p
 
         return cls(
@@ -52,8 +75,8 @@ class TaskSpec:
             parameters=dict(spec.workload.parameters),
             total=spec.total,
             counts_steps=spec.total_samples is None,
-            output_dir=resolve(spec.output.path),
-            input_path=resolve(spec.input.path) if spec.input is not None else None,
+            output_dir=resolve(spec.output),
+            input_path=resolve(spec.input) if spec.input is not None else None,
             priority=spec.priority,
             labels=tuple(sorted((str(k), str(v)) for k, v in (job.metadata.get("labels") or {}).items())),
             max_parallel_ranks=spec.max_parallel_ranks,
@@ -61,7 +84,13 @@ class TaskSpec:
             code_path=spec.workload.code.path if spec.workload.code is not None else None,
             code_config_map=spec.workload.code.config_map if spec.workload.code is not None else None,
             namespace=job.metadata.get("namespace"),
+            plan=tuple(sorted(plan)),
         )
+
+    @property
+    def slices(self) -> list[Slice]:
+        """The slices to run: the plan of record, or ``[0, total)`` whole when there is none."""
+        return list(self.plan) or [Slice(0, self.total)]
 
     @property
     def parallel_ranks(self) -> int:

@@ -1,6 +1,8 @@
 """The workload SDK: what a fill job's code implements so the executor can run it inside bubbles.
 
-A workload is a class named by import path (``package.module:Class``) or a builtin name. The executor constructs it
+A workload is a class named by a builtin name, an entry point of an installed package or an import path
+(``package.module:Class``), whose module may come from the fill storage or a ConfigMap (:mod:`pipefill_fill.usercode`
+loads it and checks this contract: :func:`check_workload_class`). The executor constructs it
 with a :class:`WorkloadContext`, then calls ``setup(device, memory_budget_bytes)`` once, ``step(batch_size)`` as long as
 a bubble has time for it, ``state()`` at every commit and ``restore(state)`` after a restart. See docs/fill.md.
 
@@ -195,17 +197,17 @@ def check_workload_class(cls: object, *, what: str, field: str, kind: str) -> ty
     executor passes, the declared ``kind``); else a ValueError naming ``field`` (``spec.workload.importPath`` …),
     ``what`` (its value) and the fix."""
     if not isinstance(cls, type):
-        raise ValueError(f"{field}: {what!r} is a {type(cls).__name__}, not a class; point it at the workload class")
+        raise ValueError(f"{field}: {what} is a {type(cls).__name__}, not a class; point it at the workload class")
     missing = [m for m in _CONTRACT if not callable(getattr(cls, m, None))]
     if missing:
-        raise ValueError(f"{field}: {what!r} lacks {missing}; see the workload SDK in docs/fill.md")
+        raise ValueError(f"{field}: {what} lacks {missing}; see the workload SDK in docs/fill.md")
     for method, args in _CONTRACT.items():
         try:
             inspect.signature(getattr(cls, method)).bind(None, *args)
         except TypeError:
             sig = inspect.signature(getattr(cls, method))
             raise ValueError(
-                f"{field}: {what!r}: {method}{sig} does not take the arguments the executor passes "
+                f"{field}: {what}: {method}{sig} does not take the arguments the executor passes "
                 f"({method}(self{''.join(', ' + type(a).__name__ for a in args)})); see the workload SDK in docs/fill.md"
             ) from None
         except ValueError:  # no signature (a builtin or C method): nothing to check
@@ -214,14 +216,14 @@ def check_workload_class(cls: object, *, what: str, field: str, kind: str) -> ty
         inspect.signature(cls).bind(WorkloadContext(name="check", parameters={}, total=1, output_dir=Path(".")))
     except TypeError:
         raise ValueError(
-            f"{field}: {what!r}: its constructor must take the WorkloadContext alone ({cls.__name__}(context)); "
+            f"{field}: {what}: its constructor must take the WorkloadContext alone ({cls.__name__}(context)); "
             "see the workload SDK in docs/fill.md"
         ) from None
     except ValueError:
         pass
     declared = getattr(cls, "kind", None)
     if str(declared) != kind:
-        raise ValueError(f"spec.workload.kind: {kind!r} but {what!r} declares kind {declared!r}; set kind: {declared}")
+        raise ValueError(f"spec.workload.kind: {kind!r} but {what} declares kind {declared!r}; set kind: {declared}")
     return cls
 
 
@@ -246,7 +248,7 @@ def load_workload_class(*, builtin: str | None, import_path: str | None, kind: s
     cls = getattr(module, attr, None)
     if cls is None:
         raise ValueError(f"spec.workload.{field_name}: {import_path!r}: module {module_name!r} has no class {attr!r}")
-    return check_workload_class(cls, what=import_path, field=f"spec.workload.{field_name}", kind=kind)
+    return check_workload_class(cls, what=repr(import_path), field=f"spec.workload.{field_name}", kind=kind)
 
 
 def split_import_path(import_path: str) -> tuple[str, str]:

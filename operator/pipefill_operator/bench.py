@@ -6,14 +6,20 @@ namespaces, under a ServiceAccount bound to operator/rbac/clusterrole.yaml), the
 p50, p95, last), how long the control plane took to schedule the pods apart from the operator's own work
 (reconcile wall time, and that time minus the waits on the API server), reconciles per second, the operator's CPU
 seconds and peak resident memory. kwok plays the kubelet: pods are bound and reported Running, never run.
+
+The control plane's directory (etcd's data, every component's log, the operator's log: 60–130 MB) is removed after
+the run unless ``--keep`` is given; a directory named with ``--dir`` is the caller's and stays.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -172,8 +178,26 @@ def _time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    workdir = Path(args.dir or tempfile.mkdtemp(prefix="pipefill-bench-operator-"))
+    """One measurement; the control plane's directory goes afterwards unless ``--keep`` (or ``--dir``) keeps it."""
+    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="pipefill-bench-operator-"))
+    try:
+        return _measure(args, workdir)
+    finally:
+        if args.dir or args.keep:
+            print(f"control plane directory kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     began = time.monotonic()
     cp = start(workdir, nodes=args.nodes, audit=False)
     result: dict[str, Any] = {
@@ -190,10 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
     operator: subprocess.Popen[bytes] | None = None
+    stack = contextlib.ExitStack()
     try:
         kubeconfig = _operator_identity(cp)
-        metrics_port = 19402
-        log = (workdir / "operator.log").open("w")
+        metrics_port = _free_port()
+        log = stack.enter_context((workdir / "operator.log").open("w"))
         operator = subprocess.Popen(
             [sys.executable, "-m", "pipefill_operator", "--kubeconfig", str(kubeconfig), "--workers", str(args.workers),
              "--metrics-address", f"127.0.0.1:{metrics_port}", "--status-interval", "30"],
@@ -248,6 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if operator is not None:
             operator.terminate()
             operator.wait(timeout=30)
+        stack.close()
         cp.stop()
     return result
 
@@ -261,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="spec.gpuSharing.mode of the jobs (default %(default)s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=8, help="the operator's reconcile workers (default %(default)s)")
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default %(default)s)")
-    p.add_argument("--dir", help="control plane directory (default: a new temporary one)")
+    p.add_argument("--dir", help="control plane directory, kept afterwards (default: a temporary one, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary control plane directory (logs, etcd data)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output, kept for symmetry)")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.jobs < 1 or args.ranks < 1 or args.ranks > 12:

@@ -132,9 +132,6 @@ class FillIndex:
             self._parsed[mark] = parse(obj, source=f"{meta.get('namespace')}/{meta.get('name')}")
         return self._parsed[mark]
 
-    def forget_parsed(self, live_uids: set[str]) -> None:
-        self._parsed = {k: v for k, v in self._parsed.items() if k[0] in live_uids}
-
     def fill_job_bodies(self) -> list[dict[str, Any]]:
         return sorted(
             self.fill_jobs.objects.values(), key=lambda b: (b["metadata"]["namespace"], b["metadata"]["name"])
@@ -143,6 +140,9 @@ class FillIndex:
     def snapshot(self, *, suspended: set[tuple[str, str]]) -> Snapshot:
         """The pass's input. FillJobs in ``suspended`` (suspended or cancelled: they hold nothing) are given a
         phase the pass treats as inactive, so their placements come back as released."""
+        live = self.fill_jobs.objects.keys() | self.training_jobs.objects.keys()
+        if len(self._parsed) > len(live):  # specs of deleted objects
+            self._parsed = {k: v for k, v in self._parsed.items() if k[0] in live}
         bubbles = self._reported_bubbles()
         views: list[FillJobView] = []
         for body in self.fill_job_bodies():
@@ -156,12 +156,17 @@ class FillIndex:
         tjs: list[TrainingJobView] = []
         listed: set[str] = set()
         for body in self.training_jobs.objects.values():
-            tj = self._training_view(body, pods_by_job, bubbles)
+            try:
+                tj = self._training_view(body, pods_by_job, bubbles)
+            except (ValueError, KeyError, TypeError) as exc:  # e.g. two Running pods claiming one rank
+                log.warning("fill queue: PipelineTrainingJob %s/%s hosts nothing this pass: %s",
+                            body["metadata"].get("namespace"), body["metadata"].get("name"), exc)  # fmt: skip
+                continue
             if tj is not None:
                 tjs.append(tj)
                 listed.update(r.pod_uid for r in tj.ranks)
-        live = frozenset(uid for uid in self.pods.objects if uid not in listed)
-        return Snapshot(tuple(views), tuple(tjs), live)
+        others = frozenset(uid for uid in self.pods.objects if uid not in listed)
+        return Snapshot(tuple(views), tuple(tjs), others)
 
     def _fill_view(self, body: dict[str, Any], suspended: set[tuple[str, str]]) -> FillJobView | None:
         meta, status = body["metadata"], body.get("status") or {}

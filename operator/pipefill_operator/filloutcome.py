@@ -15,6 +15,7 @@ from typing import Any
 
 from pipefill.queue import FINAL_PHASES, JobOutcome, Placement
 from pipefill.spec import FillJobPhase
+from pipefill.spec.fillstatus import MAX_MESSAGE_CHARS
 
 __all__ = ["SCHEDULED", "Decision", "decide"]
 
@@ -127,6 +128,8 @@ def decide(
             why = f"{len(placed)} slices on {', '.join(hosts[:8])}{more}"
             new["message"] = why
             new["conditions"] = _condition(conditions, True, "Assigned", why, now)
+    if "message" in new:  # the status schema's bound (executors' unfit messages are quoted in reasons)
+        new["message"] = new["message"][:MAX_MESSAGE_CHARS]
     unfit = list(status.get("unfit") or ())
     kept = [u for u in unfit if (namespace, u.get("trainingJob")) in running_hosts]
     if len(kept) != len(unfit):

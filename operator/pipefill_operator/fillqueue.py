@@ -67,6 +67,7 @@ class FillQueue:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self._listed_at = 0.0
         self._counted: OrderedDict[tuple[str, int], None] = OrderedDict()  # releases counted (job uid, epoch)
 
     # -- fed by the kopf handlers ----------------------------------------------------------------------------------
@@ -114,6 +115,8 @@ class FillQueue:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.config.period_s)
                 await asyncio.sleep(self.config.debounce_s)
             except TimeoutError:
+                pass
+            if time.monotonic() - self._listed_at >= self.config.period_s:  # also on a cluster never quiet
                 with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError):
                     await self._relist()
             self._wake.clear()
@@ -133,6 +136,7 @@ class FillQueue:
                 ]
                 rv = int((answer.get("metadata") or {}).get("resourceVersion") or 0)
                 index.relist(items, rv, namespace=namespace)
+        self._listed_at = time.monotonic()
 
     # -- one pass --------------------------------------------------------------------------------------------------
     async def pass_once(self) -> None:
@@ -150,7 +154,11 @@ class FillQueue:
         now = now_rfc3339()
         writes = []
         for body in bodies:
-            decision = decide(body, result.jobs.get(_key(body)), running_hosts=hosts, now=now)
+            try:
+                decision = decide(body, result.jobs.get(_key(body)), running_hosts=hosts, now=now)
+            except (ValueError, KeyError, TypeError) as exc:  # a status someone wrote out of shape: the others go on
+                log.warning("fill queue: FillJob %s/%s: status not understood: %s", *_key(body), exc)
+                continue
             if decision.patch is not None:
                 writes.append((body, decision))
         # the metrics say what the pass decided before the writes make it visible; a release is counted once

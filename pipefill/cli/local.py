@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="FILE",
-        help="manifest (repeatable): one PipelineTrainingJob, any FillJobs, and the ConfigMap of its custom schedule",
+        help="manifest (repeatable): one PipelineTrainingJob, any FillJobs, the ConfigMap of its custom schedule and those of the FillJobs' code",
     )
     parser.add_argument(
         "--out", type=Path, default=None, metavar="DIR", help="output directory (default: runs/<job name>)"
@@ -95,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     runner = LocalRun(
-        job, fills, out_dir=out_dir, device=args.device, pin=not args.no_pin, schedule_csv=manifests.schedule_csv
+        job,
+        fills,
+        out_dir=out_dir,
+        device=args.device,
+        pin=not args.no_pin,
+        schedule_csv=manifests.schedule_csv,
+        config_maps=manifests.config_maps,
     )
     endpoint = _serve_metrics(ChildrenCollector(lambda: runner.procs, outcome=runner.outcome), args.metrics_port)
     if endpoint is None:

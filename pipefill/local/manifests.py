@@ -1,7 +1,9 @@
 """What ``pipefill local -f`` accepts: the files ``kubectl apply -f`` would take for the same job.
 
 One PipelineTrainingJob, the FillJobs it may host, and the ConfigMaps it reads: for ``schedule: custom``, the
-ConfigMap named by ``spec.pipeline.customSchedule`` whose key holds the schedule's CSV. The operator copies that CSV
+ConfigMap named by ``spec.pipeline.customSchedule`` whose key holds the schedule's CSV; for a FillJob whose
+``spec.workload.code.configMap`` names one, the ConfigMap holding its module files (handed to the fill executor's
+files source, as the executor reads it through the API on a cluster). The operator copies that CSV
 from the cluster's ConfigMap into the job's spec ConfigMap (beside ``job.yaml``); locally it comes from the manifest
 given with ``-f``, through the same core function (:func:`pipefill.children.schedule_csv_of`), and is written beside
 the local ``job.yaml``.
@@ -25,11 +27,13 @@ _KEY = re.compile(r"[-._a-zA-Z0-9]+")  # what the API server allows as a ConfigM
 
 @dataclass
 class LocalManifests:
-    """The job, the fill jobs it hosts, its custom schedule's CSV (None unless ``schedule: custom``), warnings."""
+    """The job, the fill jobs it hosts, its custom schedule's CSV (None unless ``schedule: custom``), the ConfigMaps
+    the fill jobs' code is in, warnings."""
 
     job: PipelineTrainingJob
     fills: list[FillJob] = field(default_factory=list)
     schedule_csv: str | None = None
+    config_maps: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -105,10 +109,15 @@ def load_manifests(paths: list[str]) -> LocalManifests:
             f"spec.fill.enabled is false on {job.name!r}: no fill executor runs, the FillJobs stay queued"
         )
     ref = job.spec.pipeline.custom_schedule
-    used = ref.name if ref is not None and job.spec.pipeline.schedule == Schedule.CUSTOM else None
-    for name, (_, _, source) in config_maps.items():
-        if name != used:
-            out.warnings.append(f"ConfigMap {name!r} ({source}) is not used by {job.name!r}; it is ignored")
+    used = {ref.name} if ref is not None and job.spec.pipeline.schedule == Schedule.CUSTOM else set()
+    code = {f.spec.workload.code.config_map for f in out.fills if f.spec.workload.code is not None}
+    for name, (_, obj, source) in config_maps.items():
+        if name in code:
+            out.config_maps.append(obj)
+        elif name not in used:
+            out.warnings.append(
+                f"ConfigMap {name!r} ({source}) is not used by {job.name!r} or its FillJobs; it is ignored"
+            )
     return out
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -23,9 +24,12 @@ from pipefill.local.procs import LocalProcess, free_port, local_processes, sched
 from pipefill.local.report import FILL_WORK_DIR
 from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
 
-__all__ = ["LocalRun", "RunOutcome", "prepare"]
+__all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "prepare"]
 
 _POLL_S = 0.2
+# ConfigMaps given with -f (a FillJob's spec.workload.code.configMap), where the files work source reads them:
+# <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
+CONFIG_MAPS_DIR = "configmaps"
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -43,10 +47,15 @@ class RunOutcome:
 
 
 def prepare(
-    job: PipelineTrainingJob, fills: list[FillJob], out_dir: Path, *, schedule_csv: str | None = None
+    job: PipelineTrainingJob,
+    fills: list[FillJob],
+    out_dir: Path,
+    *,
+    schedule_csv: str | None = None,
+    config_maps: Sequence[dict[str, Any]] = (),
 ) -> tuple[Path, Path]:
     """Write the job and, for ``schedule: custom``, its CSV under its key beside it (as the spec ConfigMap holds
-    them), and the fill queue; returns (spec file, work dir)."""
+    them), the fill queue and the ConfigMaps its code is in; returns (spec file, work dir)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "job.yaml"
     spec_file.write_text(yaml.safe_dump(to_obj(job), sort_keys=False), encoding="utf-8")
@@ -59,6 +68,10 @@ def prepare(
         target = work_dir / f"{fill.name}.yaml"
         if not target.exists():  # keep progress of an earlier, interrupted run
             target.write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
+    for config_map in config_maps:  # always this run's: code fixed between runs is picked up
+        target = work_dir / CONFIG_MAPS_DIR / f"{config_map['metadata']['name']}.yaml"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(yaml.safe_dump(config_map, sort_keys=False), encoding="utf-8")
     return spec_file, work_dir
 
 
@@ -74,11 +87,13 @@ class LocalRun:
         device: str = "cpu",
         pin: bool = True,
         schedule_csv: str | None = None,
+        config_maps: Sequence[dict[str, Any]] = (),
         on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
     ) -> None:
         self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
         self.schedule_csv = schedule_csv  # schedule custom: the CSV from its ConfigMap (manifests.load_manifests)
         self.on_tick = on_tick
+        self.config_maps = list(config_maps)
         self.outcome = RunOutcome(code=1, reason="not started")
         self.procs: list[LocalProcess] = []
 
@@ -105,7 +120,9 @@ class LocalRun:
         self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def run(self) -> RunOutcome:
-        spec_file, work_dir = prepare(self.job, self.fills, self.out_dir, schedule_csv=self.schedule_csv)
+        spec_file, work_dir = prepare(
+            self.job, self.fills, self.out_dir, schedule_csv=self.schedule_csv, config_maps=self.config_maps
+        )
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         policy = self.job.spec.run_policy

@@ -19,7 +19,7 @@ from pipefill.queue.snapshot import (
     TrainingJobView,
     Unfit,
 )
-from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339
+from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339, plan_of_record
 from pipefill.spec import FillJobPhase
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "check_plan",
     "merged_status",
     "now_rfc3339",
+    "plan_of_record",
     "plan_slices",
     "schedule_pass",
 ]

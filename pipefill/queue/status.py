@@ -16,9 +16,9 @@ from typing import Any
 
 from pipefill.queue.slices import Slice
 from pipefill.spec import FillJobPhase, FillJobStatus, to_obj
-from pipefill.spec.filljob import Assignment
+from pipefill.spec.fillstatus import Assignment, ProfileEntry, RankBubbles, SliceProgress, UnfitReport
 
-__all__ = ["FINAL_PHASES", "Identity", "ProgressReport", "merged_status", "now_rfc3339"]
+__all__ = ["FINAL_PHASES", "Identity", "ProgressReport", "merged_status", "now_rfc3339", "plan_of_record"]
 
 FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value})
 
@@ -26,11 +26,15 @@ FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.valu
 @dataclass(frozen=True)
 class Identity:
     """Who is asking: the PipelineTrainingJob, this pod's rank, and the training job's labels for hostSelector
-    (None: not known here; the queue was filtered for this host already, as ``pipefill local`` and the operator do)."""
+    (None: not known here; the queue was filtered for this host already, as ``pipefill local`` and the operator do).
+    ``pod_uid`` (``PIPEFILL_POD_UID``, from the downward API): what the operator's assignments name; None outside a
+    pod, where assignments are matched by training job and rank."""
 
     training_job: str
     rank: int
     labels: dict[str, str] | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,10 @@ class ProgressReport:
     """What an executor reports about a job after a commit or a phase change.
 
     ``committed``: units of work committed over all the job's slices; ``throughput_per_s``: the job's committed units
-    per second as this executor saw them grow (all ranks' work)."""
+    per second as this executor saw them grow (all ranks' work). ``slices``: commit pointers as read from the job's
+    storage (each slice's ``start, end, committed``; the truth, shared by all executors). ``unfit``: this rank lets go
+    of the job, with the numbers why. ``profile``: the job's measured batch sizes. ``bubbles``: this rank's bubble
+    classes."""
 
     phase: FillJobPhase
     committed: int
@@ -47,6 +54,15 @@ class ProgressReport:
     message: str = ""
     start_time: str | None = None
     completion_time: str | None = None
+    slices: tuple[SliceProgress, ...] = ()
+    unfit: UnfitReport | None = None
+    profile: tuple[ProfileEntry, ...] = ()
+    bubbles: RankBubbles | None = None
+
+
+def plan_of_record(status: dict[str, Any]) -> tuple[Slice, ...]:
+    """The slices of a FillJob status (``status.slices``, camelCase as stored), in order; empty: not planned yet."""
+    return tuple(sorted(Slice(int(s["start"]), int(s["end"])) for s in status.get("slices") or []))
 
 
 def now_rfc3339() -> str:
@@ -54,16 +70,20 @@ def now_rfc3339() -> str:
 
 
 def merged_status(
-    old: dict[str, Any], report: ProgressReport, *, identity: Identity, held: Sequence[Slice] | None
+    old: dict[str, Any], report: ProgressReport, *, identity: Identity, held: Sequence[Assignment] | None
 ) -> dict[str, Any] | None:
     """The job's status (camelCase FillJob status fields) after this executor's ``report``, from the status as it is
-    now (``old``, written by any executor); None when the report changes nothing that may change.
+    now (``old``, written by any executor and the operator); None when the report changes nothing that may change.
 
     * A final phase (Succeeded, Failed, Cancelled) stays: a late report of another executor does not undo it.
-    * ``samplesDone`` never decreases (committed work only grows; a report read before another's commit is older).
-    * ``held``: the slices this executor holds now, which replace its assignments (by training job and rank) and any
-      other assignment of the same slices (a slice taken over from a dead executor); None leaves assignments alone
-      (the operator owns them). A final phase clears them: nothing runs any more.
+    * Each slice's ``committed`` of the plan of record only grows (never past its end); the plan itself (bounds) is
+      never changed here, and reported slices that are not in it are ignored. ``samplesDone`` is their sum when there
+      is a plan (or the report's total when larger), and never decreases.
+    * ``held``: the assignments this executor holds now (files source), which replace its assignments (by training
+      job and rank) and any other assignment of the same slices (a slice taken over from a dead executor); None
+      leaves assignments alone (the operator owns them). A final phase clears them: nothing runs any more.
+    * ``unfit`` and ``bubbleClasses``: this rank's entry (by training job and rank) is replaced, the others stay;
+      ``profile`` is replaced when the report has one.
     * Queued from this executor (no batch size fits its bubbles) while others hold slices stays Running.
     * ``startTime`` is the first one reported; ``throughput`` the latest reported while running.
     """
@@ -72,19 +92,21 @@ def merged_status(
         return None
     assignments = [Assignment(**_snake(a)) for a in old.get("assignments") or []]
     if held is not None:
-        mine = {(s.start, s.end) for s in held}
+        mine = {(a.start, a.end) for a in held}
         assignments = [
             a
             for a in assignments
             if (a.training_job, a.rank) != (identity.training_job, identity.rank) and (a.start, a.end) not in mine
         ]
-        assignments += [Assignment(identity.training_job, identity.rank, s.start, s.end) for s in sorted(held)]
+        assignments += list(held)
     phase = report.phase
     if phase == FillJobPhase.QUEUED and assignments:
         phase = FillJobPhase.RUNNING
     if phase.value in FINAL_PHASES:
         assignments = []
-    done = min(max(int(old.get("samplesDone") or 0), report.committed), report.total)
+    slices = _advanced(old.get("slices") or [], report.slices)
+    pointers = sum(s["committed"] - s["start"] for s in slices)
+    done = min(max(int(old.get("samplesDone") or 0), report.committed, pointers), report.total)
     throughput = report.throughput_per_s
     if throughput is None and phase == FillJobPhase.RUNNING:
         throughput = old.get("throughput")
@@ -104,13 +126,39 @@ def merged_status(
             completion_time=report.completion_time or old.get("completionTime"),
         )
     )
-    # What the report decides replaces the old values (an unset optional one is removed); the rest (the plan of
-    # record, epoch, conditions, unfit and profile reports, message) stays as the others wrote it.
+    # What the report decides replaces the old values (an unset optional one is removed); the rest (epoch,
+    # conditions, other ranks' reports) stays as the others wrote it.
     status = {k: v for k, v in old.items() if k not in _DECIDED}
     status.update({k: v for k, v in decided.items() if k in _DECIDED})
+    if slices:
+        status["slices"] = slices
+    here = (identity.training_job, identity.rank)
+    if report.unfit is not None:
+        status["unfit"] = _replaced(old.get("unfit") or [], here, to_obj(report.unfit))
+    if report.bubbles is not None:
+        status["bubbleClasses"] = _replaced(old.get("bubbleClasses") or [], here, to_obj(report.bubbles))
+    if report.profile:
+        status["profile"] = [to_obj(p) for p in sorted(report.profile, key=lambda p: p.batch_size)]
     if report.message:
         status["message"] = report.message
     return status
+
+
+def _advanced(plan: list[dict[str, Any]], reported: Sequence[SliceProgress]) -> list[dict[str, Any]]:
+    """The plan of record with each slice's commit pointer advanced to what was reported (never backwards)."""
+    seen = {(s.start, s.end): s.committed for s in reported}
+    out = []
+    for s in plan:
+        start, end = int(s["start"]), int(s["end"])
+        committed = max(int(s.get("committed", start)), min(end, seen.get((start, end), start)))
+        out.append({"start": start, "end": end, "committed": committed})
+    return out
+
+
+def _replaced(entries: list[dict[str, Any]], here: tuple[str, int], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """``entries`` (per training job and rank) with this rank's replaced by ``entry``."""
+    others = [e for e in entries if (e.get("trainingJob"), e.get("rank")) != here]
+    return sorted([*others, entry], key=lambda e: (e["trainingJob"], e["rank"]))
 
 
 _DECIDED = frozenset(

@@ -18,6 +18,7 @@ from pipefill.spec.common import Condition
 
 __all__ = [
     "MAX_ASSIGNMENTS",
+    "MAX_MESSAGE_CHARS",
     "MAX_SLICES",
     "Assignment",
     "BubbleClassReport",
@@ -33,6 +34,7 @@ __all__ = [
 MAX_SLICES = 4096
 """Slices in one plan of record at most (``pipefill.queue.plan_slices`` never plans more): bounds the status size."""
 MAX_ASSIGNMENTS = 4096
+MAX_MESSAGE_CHARS = 4096
 _MAX_RANK_REPORTS = 1024
 """unfit and bubbleClasses entries at most: one per (training job, rank) that worked on the job."""
 _NAME = 253  # object names
@@ -159,7 +161,7 @@ class FillJobStatus:
     reports), or by `pipefill local`."""
 
     phase: FillJobPhase = field(doc="Queued, Running, Succeeded, Failed or Cancelled.", default=FillJobPhase.QUEUED)
-    message: str = field(doc="Why the job is in its phase, in words.", max_length=4096, default="")
+    message: str = field(doc="Why the job is in its phase, in words.", max_length=MAX_MESSAGE_CHARS, default="")
     conditions: list[Condition] = field(
         doc="Standard conditions; the operator's Scheduled condition says why a job waits.",
         max_items=16,

@@ -29,7 +29,8 @@ def _boards() -> dict[str, dict[str, Any]]:
 
 
 def _exported_series_names() -> set[str]:
-    """Every sample name the trainer's, the fill executor's, the operator's and the local runner's registries produce
+    """Every sample name the trainer's, the fill executor's, the operator's (its fill queue's too) and the local
+    runner's registries produce
     on CPU."""
     registry = CollectorRegistry()
     TrainerMetrics(registry)
@@ -37,6 +38,7 @@ def _exported_series_names() -> set[str]:
     FillQueueMetrics(registry)
     operator.record(result="retry", duration_s=0.01, own_s=0.0)
     operator.api_request("GET", 0.01)
+    FillQueueMetrics(registry)
     fill = FillMetrics(registry)
     fill.job_started("j", total=2, committed=1)
     fill.items.labels("j").inc()

@@ -67,9 +67,10 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
         assert b.overrun_s < 0.1
     committed = [e.end for e in events if isinstance(e, CommitEvent)]
     assert committed and committed[-1] > 0
-    recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
-    assert recovered.end == committed[-1] and recovered.adopted == 0 and recovered.removed == 0
     status = json.loads((jobs / "enc.status.json").read_text())
+    epoch = status["epoch"]  # the files source's last placement; a store opened with an older one is refused
+    recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True, epoch=epoch).recover()
+    assert recovered.end == committed[-1] and recovered.adopted == 0 and recovered.removed == 0
     assert status["phase"] == "Running" and status["samplesDone"] == recovered.end
 
 
@@ -95,7 +96,9 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     assert isinstance(events[-1], ExitEvent) and events[-1].reason == "trainer gone"
     last_commit = [e for e in events if isinstance(e, CommitEvent)][-1]
     assert last_commit.at == "shutdown" and last_commit.end > 0
-    recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True).recover()
+    out = tmp_path / "out" / "enc"
+    epoch = json.loads((out / "progress.json").read_text())["epoch"]  # the executor's: an older one is refused
+    recovered = ProgressStore(out, job="enc", with_outputs=True, epoch=epoch).recover()
     assert recovered.end == last_commit.end
     assert "stopping: trainer gone" in err
 

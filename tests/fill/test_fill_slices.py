@@ -13,19 +13,22 @@ import pytest
 import torch
 from fill_helpers import write_job
 
+from pipefill.queue import plan_slices
 from pipefill.spec import SpecError, load_file
-from pipefill_fill.slices import JobDir
+from pipefill_fill.slices import JobDir, PlanMismatch
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
-from pipefill_fill.work import Slice, plan_slices
+from pipefill_fill.work import Slice
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16}
 CPU = torch.device("cpu")
 
 
-def _spec(manifest: Path) -> TaskSpec:
+def _spec(manifest: Path, plan: list[Slice] | None = None) -> TaskSpec:
+    """The job with its plan of record: ``plan``, else plan_slices as the operator (or the files source) writes it."""
     (job,) = load_file(manifest)
-    return TaskSpec.from_spec(job)  # type: ignore[arg-type]
+    spec = TaskSpec.from_spec(job)  # type: ignore[arg-type]
+    return TaskSpec.from_spec(job, plan=plan or plan_slices(spec.total, parallel_ranks=spec.parallel_ranks))  # type: ignore[arg-type]
 
 
 def _open(spec: TaskSpec, s: Slice | None = None) -> FillTask:
@@ -56,16 +59,26 @@ def test_plan_tiles_the_job(total: int, ranks: int, count: int) -> None:
     assert max(s.end - s.start for s in slices) - min(s.end - s.start for s in slices) <= 1
 
 
-def test_plan_is_fixed_by_the_first_opener(jobs_dir: Path) -> None:
+def test_a_plan_of_record_that_differs_from_storage_is_refused(jobs_dir: Path) -> None:
     out = jobs_dir / "out" / "j"
     spec = _spec(write_job(jobs_dir, "j", total=1000, max_parallel_ranks=2, output=out))
-    assert len(JobDir(spec).plan()) == 8
-    edited = _spec(write_job(jobs_dir, "j", total=1000, max_parallel_ranks=4, output=out))
-    assert JobDir(edited).plan() == JobDir(spec).plan()  # an edit of maxParallelRanks does not move slices
-    resized = _spec(write_job(jobs_dir, "j", total=2000, max_parallel_ranks=2, output=out))
-    with pytest.raises(ValueError, match=r"spec\.totalSamples: 2000, but .*slices\.json plans 1000 units"):
-        JobDir(resized).plan()
-    with pytest.raises(ValueError, match="holds a plan of 8 slices"):
+    assert len(JobDir(spec).plan()) == 8  # the first opener records the plan of record in slices.json
+    recorded = (out / "slices.json").read_bytes()
+    other = _spec(write_job(jobs_dir, "j", total=1000, max_parallel_ranks=4, output=out))
+    with pytest.raises(
+        PlanMismatch,
+        match=r"FillJob j: status\.slices plans bounds .*15 slices.* but .*slices\.json "
+        r"records .*8 slices.*untouched\. Give the job a new spec\.output\.path",
+    ):
+        JobDir(other).plan()
+    with pytest.raises(PlanMismatch):
+        FillTask(other, other.plan[0])
+    assert (out / "slices.json").read_bytes() == recorded and sorted(p.name for p in out.iterdir()) == ["slices.json"]
+    with pytest.raises(
+        ValueError, match=r"FillJob j: status\.slices: the plan covers \[0, 1000\) but the job has 2000"
+    ):
+        _spec(write_job(jobs_dir, "j", total=2000, max_parallel_ranks=2, output=out), plan=spec.slices)
+    with pytest.raises(ValueError, match="its plan has 8 slices"):
         FillTask(spec)
     with pytest.raises(ValueError, match=r"\[0, 10\) is not one of its slices"):
         FillTask(spec, Slice(0, 10))
@@ -73,14 +86,16 @@ def test_plan_is_fixed_by_the_first_opener(jobs_dir: Path) -> None:
 
 def test_a_directory_from_before_slices_stays_one_slice(jobs_dir: Path) -> None:
     out = jobs_dir / "out" / "old"
-    unsplit = _spec(write_job(jobs_dir, "old", total=100, parameters=PARAMS, output=out))
+    unsplit = _spec(write_job(jobs_dir, "old", total=200, parameters=PARAMS, output=out))
     task = _open(unsplit)
     task.step(30)
     task.commit()
     (out / "slices.json").unlink()  # as an older executor left it
-    split = _spec(write_job(jobs_dir, "old", total=100, parameters=PARAMS, output=out, max_parallel_ranks=2))
-    assert JobDir(split).plan() == [Slice(0, 100)]
-    assert _open(split, Slice(0, 100)).committed == 30
+    split = _spec(write_job(jobs_dir, "old", total=200, parameters=PARAMS, output=out, max_parallel_ranks=2))
+    with pytest.raises(PlanMismatch, match=r"records \[0, 200\]"):
+        JobDir(split).plan()
+    assert not (out / "slices.json").exists()
+    assert _open(unsplit, Slice(0, 200)).committed == 30
 
 
 def test_split_run_is_byte_identical_and_assembled_once(jobs_dir: Path) -> None:

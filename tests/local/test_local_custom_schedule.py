@@ -117,5 +117,5 @@ def test_a_configmap_with_a_bad_key_or_an_unused_one(tmp_path: Path) -> None:
     loaded = load_manifests([_write(tmp_path / "extra.yaml", config_map, other, _tiny(job, tmp_path, steps=3))])
     assert loaded.schedule_csv == config_map["data"]["schedule.csv"]
     assert loaded.warnings == [
-        f"ConfigMap 'unrelated' ({tmp_path / 'extra.yaml'}) is not used by 'custom-demo'; it is ignored"
+        f"ConfigMap 'unrelated' ({tmp_path / 'extra.yaml'}) is not used by 'custom-demo' or its FillJobs; it is ignored"
     ]

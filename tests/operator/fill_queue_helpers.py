@@ -4,12 +4,15 @@ resourceVersion precondition, as the executor's merge does), and waits on FillJo
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 from operator_harness import GROUP, VERSION, Kube, OperatorProcess
+from urllib3.exceptions import ProtocolError
 
 FILL_PLURAL = "filljobs"
 
@@ -112,3 +115,47 @@ def start_queue_operator(
     proc = OperatorProcess(kubeconfig, log, namespaces=(namespace,), args=args, env=env)
     proc.start()
     return proc
+
+
+class Recorder:
+    """Every watch event of a list call from now on, as (type, resourceVersion, object), in a thread: what the API
+    server's history was, to compare the order of changes to different objects (one etcd: one revision order)."""
+
+    def __init__(self, list_call: Callable[..., Any], *args: Any, **selectors: str) -> None:
+        self.events: list[tuple[str, int, dict[str, Any]]] = []
+        self._stopping = False
+        self._changed = threading.Condition()
+        listed = list_call(*args, **selectors)
+        version = (
+            listed["metadata"]["resourceVersion"] if isinstance(listed, dict) else listed.metadata.resource_version
+        )
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(
+            target=self._run, args=(list_call, args, version, selectors), daemon=True, name="recorder"
+        )
+        self._thread.start()
+
+    def _run(
+        self, list_call: Callable[..., Any], args: tuple[Any, ...], version: str, selectors: dict[str, str]
+    ) -> None:
+        stream = self._watch.stream(list_call, *args, resource_version=version, timeout_seconds=120, **selectors)
+        try:
+            for event in stream:
+                obj = event["raw_object"]
+                with self._changed:
+                    self.events.append((event["type"], int(obj["metadata"]["resourceVersion"]), obj))
+                    self._changed.notify_all()
+        except ProtocolError:
+            if not self._stopping:  # stop() closes the stream under the reader; anything else is a failure
+                raise
+
+    def wait(self, predicate: Callable[[list[tuple[str, int, dict[str, Any]]]], bool], timeout_s: float = 60) -> None:
+        """Until the events recorded so far satisfy ``predicate`` (woken by each event, no polling)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: predicate(self.events), timeout=timeout_s), "recorder: timed out"
+
+    def stop(self) -> list[tuple[str, int, dict[str, Any]]]:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(timeout=130)
+        return list(self.events)

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
+import pipefill_fill.slices as fill_slices
 import pipefill_fill.sources.base as fill_sources
+import pipefill_fill.sources.files as files_source
 import pipefill_fill.work as fill_work
 from pipefill import queue
 from pipefill.plan import BubbleClass, ProfilePoint, plan_class, samples_per_bubble
@@ -14,7 +16,8 @@ from pipefill.queue import Slice, check_plan, plan_slices
 
 
 def test_the_fill_image_uses_the_cores_plan_and_status_merge() -> None:
-    assert fill_work.Slice is queue.Slice and fill_work.plan_slices is queue.plan_slices
+    assert fill_work.Slice is queue.Slice and files_source.plan_slices is queue.plan_slices  # the local "operator"
+    assert not hasattr(fill_slices, "plan_slices") and not hasattr(fill_work, "plan_slices")  # executors never plan
     assert fill_sources.merged_status is queue.merged_status and fill_sources.ProgressReport is queue.ProgressReport
 
 

@@ -111,7 +111,12 @@ def test_examples_cover_the_promised_cases() -> None:
     assert jobs["cpu-demo"].spec.pipeline.stages == 2 and jobs["cpu-demo"].spec.resources.gpus == 0
     big = jobs["gpt-1-3b"].spec.pipeline
     assert (big.stages, big.schedule.value, big.virtual_stages) == (8, "interleaved-1f1b", 2)
-    assert sorted(f.spec.workload.kind.value for f in fills) == ["inference", "training"]
+    assert sorted(f.spec.workload.kind.value for f in fills) == ["inference", "inference", "training"]
+    assert sorted(f.spec.workload.builtin or "" for f in fills) == [
+        "encoder-inference",
+        "sentence-embedding",
+        "train-classifier",
+    ]
 
 
 def test_crd_yaml_files_parse_as_yaml() -> None:

@@ -244,6 +244,24 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "exactly one of builtin, entryPoint and importPath",
     ),
     (
+        "code-without-import-path",
+        _with(FJ, spec__workload__code={"configMap": "my-code"}),
+        "spec.workload.code",
+        "set importPath (package.module:Class) or remove code",
+    ),
+    (
+        "code-path-escapes-storage",
+        _with(FJ, spec__workload={"kind": "inference", "importPath": "m:C", "code": {"path": "code/../../etc"}}),
+        "spec.workload.code.path",
+        "must be relative to the fill storage and must not contain '..'",
+    ),
+    (
+        "code-path-and-config-map",
+        _with(FJ, spec__workload={"kind": "inference", "importPath": "m:C", "code": {"path": "c", "configMap": "c"}}),
+        "spec.workload.code",
+        "set exactly one of path and configMap",
+    ),
+    (
         "bad-import-path",
         _with(FJ, spec__workload={"kind": "training", "importPath": "not a path"}),
         "spec.workload.importPath",

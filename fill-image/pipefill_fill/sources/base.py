@@ -9,6 +9,10 @@ next. The source decides who may hold what: at most ``spec.maxParallelRanks`` ex
 and a slice has one holder; a holder that dies loses its claim (files: the kernel drops its locks; Kubernetes: the
 operator moves the assignment), and the next holder recovers the slice's store and goes on from its last commit.
 
+The source also says which epoch of a slice's assignment this executor holds and whether it is still current
+(:meth:`WorkSource.epoch`, :meth:`WorkSource.revoked`): the slice's store checks both at every commit, so an executor
+whose slice moved writes nothing more (:mod:`pipefill_fill.store`).
+
 Each executor reports the job's progress as it reads it from the job's output directory (every slice's commit
 pointer: the truth, shared by all), so a report from any executor is right for the whole job; the source merges it
 into the status others write too (:func:`merged_status`), under a lock (files) or a resourceVersion precondition
@@ -46,6 +50,22 @@ class WorkSource(abc.ABC):
     @abc.abstractmethod
     def report(self, name: str, report: ProgressReport) -> None:
         """Record the job's progress and phase where its owner sees it (status file or FillJob status)."""
+
+    def epoch(self, name: str, slice: Slice) -> int:
+        """The epoch of this executor's assignment of ``slice`` (held: :meth:`claim` returned it); the store records
+        it and refuses commits of an older one (:class:`pipefill_fill.store.Superseded`)."""
+        return 0
+
+    def revoked(self, name: str, slice: Slice, epoch: int) -> str | None:
+        """Why this executor may no longer commit ``slice`` of job ``name`` at ``epoch`` (the assignment moved, was
+        removed, or the job was cancelled), as the source knows now without a request; None: it may. Called under
+        the slice's commit lock at every commit."""
+        return None
+
+    def changed(self) -> bool:
+        """Whether the jobs or their assignments may have changed since :meth:`poll` (cheap; checked after every
+        bubble, so a cancelled job stops at the next one)."""
+        return False
 
     def acquire(self, name: str) -> bool:
         """Take job ``name`` whole, as one slice ``[0, total)``: for runners that do not split a job."""

@@ -2,8 +2,10 @@
 
 * ``<dir>/*.yaml`` (or ``.yml``): FillJob manifests, validated as admission would; other kinds are ignored.
   Relative ``output``/``input`` paths are taken relative to the executor's working directory, as in a container.
-* ``<dir>/<job>.status.json``: the job's status (the FillJob status fields, camelCase): one assignment per executor
-  working on the job (training job, rank, slice), ``samplesDone`` over all slices. Every executor that works on the
+* ``<dir>/<job>.status.json``: the job's status (the FillJob status fields, camelCase). This source plays the
+  operator's part here: it writes the plan of record (``slices``, :func:`pipefill.queue.plan_slices`) when it first
+  sees the job, and one assignment per executor working on the job (training job, rank, slice, epoch: a claim takes
+  the next ``epoch``); the executors advance each slice's ``committed``, ``samplesDone`` is their sum. Every executor that works on the
   job writes it: read, merge (:func:`merged_status`), write atomically, all under ``<job>.locks/status.lock``, so
   concurrent writers lose no update. A job whose status says Succeeded, Failed or Cancelled is not offered again.
 * ``<dir>/<job>.locks/``: ownership, by exclusive ``flock``s. ``seat-<i>.lock`` (i < maxParallelRanks; one for a job
@@ -15,6 +17,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -23,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from pipefill import env
+from pipefill.queue.slices import plan_slices
+from pipefill.queue.status import plan_of_record
 from pipefill.spec import FillJob, SpecError, load_file
+from pipefill.spec.fillstatus import Assignment
 from pipefill_fill.atomic import atomic_write_bytes
 from pipefill_fill.locks import locked, try_lock, unlock
 from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
@@ -43,6 +50,7 @@ class FilesSource(WorkSource):
         self.base_dir = base_dir or Path.cwd()
         self._seats: dict[str, int] = {}  # job -> descriptor of the seat lock this executor holds
         self._slices: dict[str, dict[Slice, int]] = {}  # job -> slice -> descriptor of its lock
+        self._epochs: dict[tuple[str, Slice], int] = {}  # the epoch each held slice was claimed at
         self._holder = f"{identity.training_job} rank {identity.rank} pid {os.getpid()}"
         self._bad: set[tuple[str, float]] = set()
 
@@ -55,8 +63,28 @@ class FilesSource(WorkSource):
                     continue
                 if self._status(job.name).get("phase") in FINAL_PHASES:
                     continue
-                specs.append(TaskSpec.from_spec(job, base_dir=self.base_dir))
+                spec = TaskSpec.from_spec(job, base_dir=self.base_dir)
+                try:
+                    specs.append(dataclasses.replace(spec, plan=self._plan_of_record(spec)))
+                except ValueError as exc:
+                    log.error("work source: %s", exc)
         return sorted(specs, key=lambda s: (-s.priority, s.name))
+
+    def _plan_of_record(self, spec: TaskSpec) -> tuple[Slice, ...]:
+        """The job's ``status.slices``, written here once when the job is first seen (this source plays the
+        operator's part): :func:`pipefill.queue.plan_slices`, or the bounds its output directory already records
+        (a status file removed by hand, a directory from before slices)."""
+        recorded = plan_of_record(self._status(spec.name))
+        if recorded:
+            return recorded
+        with locked(self._lock_dir(spec.name) / "status.lock"):
+            status = self._status(spec.name)
+            recorded = plan_of_record(status)
+            if not recorded:
+                recorded = tuple(_stored_plan(spec) or plan_slices(spec.total, parallel_ranks=spec.parallel_ranks))
+                status["slices"] = [{"start": s.start, "end": s.end, "committed": s.start} for s in recorded]
+                self._write_status(spec.name, status)
+        return recorded
 
     def claim(self, spec: TaskSpec, slices: Sequence[Slice]) -> Slice | None:
         held = self._slices.setdefault(spec.name, {})
@@ -75,27 +103,51 @@ class FilesSource(WorkSource):
             fd = try_lock(self._lock_dir(spec.name) / f"slice-{s.key}.lock", holder=self._holder)
             if fd is not None:
                 held[s] = fd
+                self._epochs[(spec.name, s)] = self._next_epoch(spec.name)
                 return s
         if not held:
             unlock(self._seats.pop(spec.name))
         return None
 
+    def epoch(self, name: str, slice: Slice) -> int:
+        return self._epochs.get((name, slice), 0)
+
+    def revoked(self, name: str, slice: Slice, epoch: int) -> str | None:
+        # The slice's flock is the assignment here: held by this process until it releases it or dies.
+        if slice not in self._slices.get(name, {}) or self._epochs.get((name, slice)) != epoch:
+            return f"this executor no longer holds the slice at epoch {epoch}"
+        return None
+
+    def _next_epoch(self, name: str) -> int:
+        """A new placement of one of the job's slices: ``status.epoch`` + 1, recorded (the operator's part)."""
+        with locked(self._lock_dir(name) / "status.lock"):
+            status = self._status(name)
+            status["epoch"] = int(status.get("epoch") or 0) + 1
+            self._write_status(name, status)
+        return int(status["epoch"])
+
     def release(self, name: str, slice: Slice | None = None) -> None:
         held = self._slices.get(name, {})
         for s in [s for s in held if slice is None or s == slice]:
+            self._epochs.pop((name, s), None)
             unlock(held.pop(s))
         if not held and name in self._seats:
             unlock(self._seats.pop(name))
 
     def report(self, name: str, report: ProgressReport) -> None:
         with locked(self._lock_dir(name) / "status.lock"):
-            status = merged_status(
-                self._status(name), report, identity=self.identity, held=list(self._slices.get(name, {}))
-            )
+            me = self.identity
+            held = [
+                Assignment(me.training_job, me.rank, s.start, s.end, me.pod, me.pod_uid, self._epochs.get((name, s)))
+                for s in sorted(self._slices.get(name, {}))
+            ]
+            status = merged_status(self._status(name), report, identity=me, held=held)
             if status is not None:
-                atomic_write_bytes(
-                    self.dir / f"{name}.status.json", (json.dumps(status, indent=2) + "\n").encode(), durable=False
-                )
+                self._write_status(name, status)
+
+    def _write_status(self, name: str, status: dict[str, Any]) -> None:
+        data = (json.dumps(status, indent=2) + "\n").encode()
+        atomic_write_bytes(self.dir / f"{name}.status.json", data, durable=False)
 
     def close(self) -> None:
         for name in list(self._slices):
@@ -126,3 +178,15 @@ class FilesSource(WorkSource):
             self._bad.add(key)  # log once per version of the file
             log.error("work source: %s is not a valid manifest, skipped: %s", path, exc)
             return []
+
+
+def _stored_plan(spec: TaskSpec) -> list[Slice]:
+    """The slices the job's output directory records (``slices.json``; one slice for a directory from before slices
+    existed); empty when it records none."""
+    try:
+        bounds = [int(b) for b in json.loads((spec.output_dir / "slices.json").read_text())["bounds"]]
+    except FileNotFoundError:
+        return [Slice(0, spec.total)] if (spec.output_dir / "progress.json").exists() else []
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"FillJob {spec.name}: {spec.output_dir / 'slices.json'} is not readable ({exc})") from exc
+    return [Slice(a, b) for a, b in itertools.pairwise(bounds)]

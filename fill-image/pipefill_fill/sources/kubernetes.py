@@ -1,21 +1,23 @@
-"""``kubernetes``: the FillJob objects the operator assigned to this pod (the only module that imports the client).
+"""``kubernetes``: the FillJob objects the operator assigned to this pod (the only module, with watch.py, that imports
+the client).
 
-Slices are the operator's to hand out. A FillJob is assigned to this executor when its ``status.assignments`` lists
-this pod's PipelineTrainingJob and rank (``PIPEFILL_JOB_NAME``, ``PIPEFILL_RANK``); each such assignment's
-``[start, end)`` is a slice this executor may run, and :meth:`KubernetesSource.claim` returns it when it is one of the
-job's unfinished slices. The slice bounds are the job's plan, fixed in ``slices.json`` of its output directory
-(:func:`pipefill_fill.slices.plan_slices` of totalSamples and maxParallelRanks; the operator must assign those very
-ranges, from the same function), and a job split across pods needs that directory on storage they share. The operator
-keeps at most ``maxParallelRanks`` assignments of a job, moves a slice whose pod died to another (its new executor
-recovers the slice's store) and assigns the next slice when one is done; a faster rank thus gets more slices. Which
-slices are done it learns from the executors' status (per-assignment progress is the operator issue's to add), not
-implemented here, like watching instead of polling, conditions and events.
+Slices are the operator's to hand out, from the plan of record it writes once into ``status.slices``
+(:func:`pipefill.queue.plan_slices`); a job without one is not scheduled yet and not offered. A slice ``[start, end)``
+is assigned to this executor while ``status.assignments`` has an entry for it with this pod's uid
+(``PIPEFILL_POD_UID``, from the downward API; outside a pod, this training job and rank) and an ``epoch``. The
+executor opens the slice's store with that epoch, and at every commit the store asks :meth:`KubernetesSource.revoked`
+whether that very assignment (uid, bounds, epoch) is still in the status and the job not cancelled; the answer comes
+from the watch cache (:mod:`pipefill_fill.sources.watch`), and the store's own epoch fence covers the moments the
+cache is behind (docs/fill.md, "Guarantees"). A job that is cancelled, suspended (the operator removed the
+assignments), final or deleted is no longer offered: the executor stops it at the next bubble without committing.
 
-The executor reports by a merge patch of the status subresource (phase, samplesDone, progress, throughput,
-estimatedCompletionTime, startTime, completionTime; assignments and conditions stay the operator's). Several pods
-report one job, so each patch is merged with the status just read (:func:`merged_status`: final phases stay,
-samplesDone never decreases) and carries its ``metadata.resourceVersion``: a patch that raced another one is refused
-with 409 Conflict and merged again.
+The executor reports by a merge patch of the status subresource, merged with the status just read
+(:func:`merged_status`: final phases stay, commit pointers and samplesDone never go backwards, this rank's unfit and
+bubble-class entries replaced) and carrying its ``metadata.resourceVersion``: a patch that raced another writer (an
+executor, the operator) is refused with 409 Conflict, read again and merged again. It writes only its own fields
+(:data:`OWNED_FIELDS`); the plan's bounds, assignments, epoch and conditions are the operator's.
+
+Requests: one list and one long watch per ``watch_timeout_s`` while idle; a GET and a PATCH per status report.
 """
 
 from __future__ import annotations
@@ -30,19 +32,25 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from pipefill import env
+from pipefill.queue.status import plan_of_record
 from pipefill.spec import GROUP, VERSION, FillJob, SpecError, parse
 from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
+from pipefill_fill.sources.watch import PLURAL, FillJobCache
 from pipefill_fill.work import Slice, TaskSpec
 
-__all__ = ["KubernetesSource"]
+__all__ = ["OWNED_FIELDS", "KubernetesSource"]
 
 log = logging.getLogger("pipefill_fill")
 
-PLURAL = "filljobs"
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-_CONFLICT_RETRIES = 5
-_OWNED_FIELDS = (
+_CONFLICT_RETRIES = 8
+OWNED_FIELDS = (
     "phase",
+    "message",
+    "slices",
+    "unfit",
+    "profile",
+    "bubbleClasses",
     "samplesDone",
     "progress",
     "throughput",
@@ -50,6 +58,7 @@ _OWNED_FIELDS = (
     "startTime",
     "completionTime",
 )
+"""The status fields the executor writes (all others are the operator's)."""
 
 
 class KubernetesSource(WorkSource):
@@ -60,9 +69,9 @@ class KubernetesSource(WorkSource):
         namespace: str | None = None,
         api: client.CustomObjectsApi | None = None,
         label_selector: str | None = None,
+        watch_timeout_s: int = 300,
     ) -> None:
         self.identity = identity
-        self.label_selector = label_selector
         if api is None:
             try:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -71,40 +80,41 @@ class KubernetesSource(WorkSource):
             api = client.CustomObjectsApi()
         self.api = api
         self.namespace = namespace or _own_namespace()
-        self._assigned: dict[str, list[Slice]] = {}  # job -> slices assigned to this pod, as of the last poll
-        self._last: list[TaskSpec] = []
+        storage = os.environ.get(env.FILL_STORAGE_DIR)
+        self.storage_dir = Path(storage) if storage else None  # where the training job's fill storage is mounted
+        if identity.pod_uid is None:
+            log.warning("work source: %s is not set; matching assignments by training job and rank", env.POD_UID)
+        self.cache = FillJobCache(
+            api, self.namespace, label_selector=label_selector or "", watch_timeout_s=watch_timeout_s
+        )
+        self._assigned: dict[str, dict[Slice, int]] = {}  # job -> slice -> epoch assigned to this pod, as last polled
+        self._held: dict[tuple[str, Slice], int] = {}  # slices claimed, with the epoch they were claimed at
 
     def poll(self) -> list[TaskSpec]:
-        try:
-            listing = cast(
-                dict[str, Any],
-                self.api.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, label_selector=self.label_selector or ""
-                ),
-            )
-        except ApiException as exc:
-            log.warning(
-                "work source: listing FillJobs in %s failed (%s %s); keeping the last list, retrying later",
-                self.namespace,
-                exc.status,
-                exc.reason,
-            )
-            return list(self._last)
         specs, assigned = [], {}
-        for obj in listing.get("items", []):
-            status = obj.get("status") or {}
+        for obj in self.cache.objects():
+            status, spec = obj.get("status") or {}, obj.get("spec") or {}
             mine = self._assigned_here(status)
-            if status.get("phase") in FINAL_PHASES or not mine:
+            if status.get("phase") in FINAL_PHASES or spec.get("cancel") or spec.get("suspend") or not mine:
                 continue
             job = self._parse(obj)
-            if job is not None:
-                specs.append(TaskSpec.from_spec(job))
-                assigned[job.name] = mine
-        self._assigned, self._last = assigned, sorted(specs, key=lambda s: (-s.priority, s.name))
-        return list(self._last)
+            plan = plan_of_record(status)
+            if job is None or not plan:  # no plan yet: the operator has not scheduled the job
+                continue
+            try:
+                specs.append(TaskSpec.from_spec(job, plan=plan, storage_dir=self.storage_dir))
+            except ValueError as exc:
+                log.error("work source: %s", exc)
+                continue
+            assigned[job.name] = mine
+        self._assigned = assigned
+        return sorted(specs, key=lambda s: (-s.priority, s.name))
+
+    def changed(self) -> bool:
+        return self.cache.changed()
 
     def claim(self, spec: TaskSpec, slices: Sequence[Slice]) -> Slice | None:
-        mine = self._assigned.get(spec.name, [])
+        mine = self._assigned.get(spec.name, {})
         found = next((s for s in slices if s in mine), None)
         if found is None and mine:
             log.info(
@@ -113,10 +123,31 @@ class KubernetesSource(WorkSource):
                 ", ".join(map(str, mine)),
                 ", ".join(map(str, slices)),
             )
+        if found is not None:
+            self._held[(spec.name, found)] = mine[found]
         return found
 
+    def epoch(self, name: str, slice: Slice) -> int:
+        return self._held.get((name, slice), 0)
+
+    def revoked(self, name: str, slice: Slice, epoch: int) -> str | None:
+        obj = self.cache.get(name)
+        if obj is None:
+            return "the FillJob was deleted"
+        status, spec = obj.get("status") or {}, obj.get("spec") or {}
+        if spec.get("cancel"):
+            return "the FillJob was cancelled (spec.cancel)"
+        if status.get("phase") in FINAL_PHASES:
+            return f"the FillJob is {status['phase']}"
+        if self._assigned_here(status).get(slice) == epoch:
+            return None
+        now = [a for a in status.get("assignments") or [] if (a.get("start"), a.get("end")) == (slice.start, slice.end)]
+        where = ", ".join(f"epoch {a.get('epoch')} on pod {a.get('pod') or a.get('podUID')}" for a in now)
+        return f"its assignment at epoch {epoch} is gone ({'now ' + where if where else 'unassigned'})"
+
     def release(self, name: str, slice: Slice | None = None) -> None:
-        return None  # the operator moves assignments
+        for key in [k for k in self._held if k[0] == name and (slice is None or k[1] == slice)]:
+            del self._held[key]  # the operator moves assignments; this only forgets the claim
 
     def report(self, name: str, report: ProgressReport) -> None:
         try:
@@ -125,13 +156,15 @@ class KubernetesSource(WorkSource):
                     dict[str, Any],
                     self.api.get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name),
                 )
-                merged = merged_status(obj.get("status") or {}, report, identity=self.identity, held=None)
+                old = obj.get("status") or {}
+                merged = merged_status(old, report, identity=self.identity, held=None)
                 if merged is None:
                     return
-                patch = {
-                    "metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
-                    "status": {k: merged[k] for k in _OWNED_FIELDS if k in merged},
-                }
+                changed = {k: merged.get(k) for k in OWNED_FIELDS if merged.get(k) != old.get(k)}
+                if not changed:
+                    return
+                patch = {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}}
+                patch["status"] = changed  # None removes a field (merge patch)
                 try:
                     self.api.patch_namespaced_custom_object_status(
                         GROUP,
@@ -151,14 +184,22 @@ class KubernetesSource(WorkSource):
             # Progress is durable in the output directory; a lost status update is repaired by the next one.
             log.warning("work source: status of FillJob %s not updated (%s %s)", name, exc.status, exc.reason)
 
-    def _assigned_here(self, status: dict[str, Any]) -> list[Slice]:
-        out = []
+    def close(self) -> None:
+        self.cache.close()
+
+    def _assigned_here(self, status: dict[str, Any]) -> dict[Slice, int]:
+        me = self.identity
+        out = {}
         for a in status.get("assignments") or []:
-            if a.get("trainingJob") == self.identity.training_job and a.get("rank") == self.identity.rank:
-                try:
-                    out.append(Slice(int(a.get("start", 0)), int(a.get("end", 0))))
-                except ValueError as exc:
-                    log.error("work source: assignment %s: %s", a, exc)
+            if me.pod_uid is not None:
+                if a.get("podUID") != me.pod_uid:
+                    continue
+            elif (a.get("trainingJob"), a.get("rank")) != (me.training_job, me.rank):
+                continue
+            try:
+                out[Slice(int(a.get("start", 0)), int(a.get("end", 0)))] = int(a.get("epoch") or 0)
+            except ValueError as exc:
+                log.error("work source: assignment %s: %s", a, exc)
         return out
 
     def _parse(self, obj: dict[str, Any]) -> FillJob | None:

@@ -1,0 +1,110 @@
+"""What an executor tells the queue about its rank: the bubble classes it measured, and whether a job fits none of
+them (``status.unfit``: no bubble long enough, or not enough device memory, with the numbers), so the operator's next
+pass places the job elsewhere. Torch-free: it reads the profiler's results, never runs anything."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pipefill.plan import ObservedBubble, classes_from_bubbles
+from pipefill.queue.status import Identity
+from pipefill.spec.fillstatus import BubbleClassReport, RankBubbles, UnfitReason, UnfitReport
+
+__all__ = ["bubble_classes", "unfit_report"]
+
+
+class _Point(Protocol):
+    @property
+    def step_s(self) -> float: ...
+
+    @property
+    def peak_bytes(self) -> int: ...
+
+
+class _Profiler(Protocol):
+    stopped_by: str
+    last_step_s: float | None
+    last_peak_bytes: int | None
+
+
+def bubble_classes(bubbles: Sequence[ObservedBubble], *, identity: Identity, free_bytes: int) -> RankBubbles | None:
+    """This rank's bubble classes from the bubbles it saw lately (None before any closed). ``perStep`` counts the
+    class's bubbles against the most frequent kind's, the one every training step has once per microbatch; a rank
+    whose kinds differ only in length reports each class once per step."""
+    if not bubbles:
+        return None
+    per_kind: dict[str, int] = {}
+    for b in bubbles:
+        per_kind[b.kind] = per_kind.get(b.kind, 0) + 1
+    steps = max(1, max(per_kind.values()))
+    classes = classes_from_bubbles(bubbles, training_steps=steps, default_free_bytes=free_bytes)
+    return RankBubbles(
+        identity.training_job,
+        identity.rank,
+        [
+            BubbleClassReport(round(c.duration_s * 1e3, 3), round(c.count_per_step, 3), min(c.free_bytes, free_bytes))
+            for c in classes[:32]
+            if c.count_per_step > 0
+        ],
+    )
+
+
+def unfit_report(
+    profiler: _Profiler,
+    points: Sequence[_Point],
+    bubbles: Sequence[ObservedBubble],
+    *,
+    identity: Identity,
+    free_bytes: int,
+    guard_s: float,
+) -> UnfitReport | None:
+    """Why the job fits none of this rank's bubbles, with the numbers; None when it fits one.
+
+    Not enough memory: no batch size was kept and the last one tried went over ``free_bytes`` (or ran out of device
+    memory). No bubble long enough: the job's shortest measured step is longer than the longest bubble seen, less
+    the guard (or the profile stopped on time before a batch size was kept)."""
+    longest_s = max((b.duration_s for b in bubbles), default=None)
+    longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
+    if not points:
+        if profiler.stopped_by == "memory" or profiler.last_step_s is None:
+            peak = profiler.last_peak_bytes
+            return UnfitReport(
+                identity.training_job,
+                identity.rank,
+                UnfitReason.NOT_ENOUGH_MEMORY,
+                f"not enough device memory: the smallest batch needs {_size(peak)}, this rank's fill may use "
+                f"{_size(free_bytes)}",
+                longest_bubble_milliseconds=longest_ms,
+                free_bytes=free_bytes,
+                peak_memory_bytes=peak,
+            )
+        return _too_short(identity, round(profiler.last_step_s * 1e3, 3), longest_ms, free_bytes)
+    if longest_ms is None:
+        return None
+    shortest = min(points, key=lambda p: p.step_s)
+    step_ms = round(shortest.step_s * 1e3, 3)
+    if step_ms <= longest_ms:
+        return None
+    return _too_short(identity, step_ms, longest_ms, free_bytes, peak=shortest.peak_bytes)
+
+
+def _too_short(
+    identity: Identity, step_ms: float, longest_ms: float | None, free_bytes: int, *, peak: int | None = None
+) -> UnfitReport:
+    longest = "none seen yet" if longest_ms is None else f"{longest_ms:.3f} ms"
+    return UnfitReport(
+        identity.training_job,
+        identity.rank,
+        UnfitReason.BUBBLE_TOO_SHORT,
+        f"no bubble long enough: the shortest step takes {step_ms:.3f} ms, this rank's longest usable bubble is "
+        f"{longest}",
+        longest_bubble_milliseconds=longest_ms,
+        step_milliseconds=step_ms,
+        free_bytes=free_bytes,
+        peak_memory_bytes=peak,
+    )
+
+
+def _size(n: int | None) -> str:
+    return "an unknown amount" if n is None else f"{n} bytes ({n / 2**20:.1f} MiB)"

@@ -1,0 +1,129 @@
+"""Helpers of the fill executor's cluster tests: FillJobs on the real API server, their status written as the operator
+writes it, and a ServiceAccount with exactly the fill executor's RBAC (pipefill.children.FILL_RULES)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from kubernetes import client, config
+
+from pipefill.children import FILL_RULES
+from pipefill.devcluster import ControlPlane
+from pipefill.queue import plan_slices
+from pipefill.spec import GROUP, VERSION
+
+T = TypeVar("T")
+PLURAL = "filljobs"
+
+
+def admin(cp: ControlPlane) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(config.new_client_from_config(str(cp.kubeconfig)))
+
+
+def executor_account(cp: ControlPlane, namespace: str, name: str = "fill") -> Path:
+    """A ServiceAccount bound to the fill executor's Role; returns a kubeconfig authenticating as it."""
+    meta = {"name": name, "namespace": namespace}
+    cp.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": FILL_RULES},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        ]
+    )
+    return cp.kubeconfig_for(namespace, name)
+
+
+def api_as(kubeconfig: Path) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
+
+
+def create_filljob(
+    api: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    *,
+    output: str,
+    total: int = 256,
+    ranks: int = 2,
+    parameters: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FillJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workload": {
+                "kind": "inference",
+                "builtin": "encoder-inference",
+                "parameters": parameters or {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
+            },
+            "output": {"path": output},
+            "totalSamples": total,
+            "maxParallelRanks": ranks,
+            **spec,
+        },
+    }
+    return cast(dict[str, Any], api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body))
+
+
+def write_status(
+    api: client.CustomObjectsApi, namespace: str, name: str, edit: Callable[[dict[str, Any]], None]
+) -> None:
+    """Read the status, let ``edit`` change it, write it back with the resourceVersion precondition (409: again),
+    as the operator does."""
+    for _ in range(20):
+        obj = cast(dict[str, Any], api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name))
+        status = obj.get("status") or {}
+        edit(status)
+        obj["status"] = status  # obj carries the resourceVersion read: a replace that raced another write gets 409
+        try:
+            api.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, obj)
+            return
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError(f"FillJob {name}: 20 conflicts in a row")
+
+
+def plan(status: dict[str, Any], total: int, ranks: int) -> None:
+    """The operator's plan of record (written once)."""
+    status.setdefault(
+        "slices",
+        [{"start": s.start, "end": s.end, "committed": s.start} for s in plan_slices(total, parallel_ranks=ranks)],
+    )
+
+
+def assign(status: dict[str, Any], *, start: int, end: int, pod: str, uid: str, job: str = "gpt", rank: int = 0) -> int:
+    """Assign [start, end) to a pod at the next epoch (replacing the slice's previous assignment); returns the epoch."""
+    epoch = int(status.get("epoch") or 0) + 1
+    kept = [a for a in status.get("assignments") or [] if (a["start"], a["end"]) != (start, end)]
+    entry = {"trainingJob": job, "rank": rank, "start": start, "end": end, "pod": pod, "podUID": uid, "epoch": epoch}
+    status["assignments"] = [*kept, entry]
+    status["epoch"] = epoch
+    status.setdefault("phase", "Running")
+    return epoch
+
+
+def get_status(api: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
+    obj = cast(dict[str, Any], api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name))
+    return cast(dict[str, Any], obj.get("status") or {})
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

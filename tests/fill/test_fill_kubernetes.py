@@ -1,0 +1,167 @@
+"""The Kubernetes work source against the real API server, as the fill executor's ServiceAccount (its exact RBAC):
+what it offers (planned, assigned to its pod uid, not cancelled, suspended or final), the epoch check of an
+assignment that moved, status reports merged with the resourceVersion precondition under real conflicts, and the
+request rate of an idle executor counted in the API server's audit log."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from kube_helpers import admin, api_as, assign, create_filljob, executor_account, get_status, plan, write_status
+
+from pipefill.devcluster import ControlPlane
+from pipefill.spec import FillJobPhase
+from pipefill.spec.fillstatus import SliceProgress
+from pipefill_fill.sources import Identity, ProgressReport
+from pipefill_fill.sources.kubernetes import KubernetesSource
+from pipefill_fill.work import Slice
+
+pytestmark = pytest.mark.cluster
+
+ME = Identity("gpt", 0, pod="gpt-0-0", pod_uid="uid-0")
+
+
+def _source(cp: ControlPlane, namespace: str, identity: Identity = ME, **kw: Any) -> KubernetesSource:
+    source = KubernetesSource(identity=identity, namespace=namespace, api=api_as(executor_account(cp, namespace)), **kw)
+    assert source.cache.wait_synced(30)
+    return source
+
+
+def _settle(source: KubernetesSource, check: Any, what: str) -> None:
+    """Wait (on the watch's own change events) until ``check()`` holds."""
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"the watch never showed {what}"
+        source.cache.wait_changed(1.0)
+        source.poll()
+
+
+def test_offers_planned_jobs_assigned_to_its_pod(control_plane: ControlPlane, namespace: str) -> None:
+    api = admin(control_plane)
+    for name in ("mine", "unplanned", "other-pod", "finished", "cancelled", "suspended"):
+        create_filljob(api, namespace, name, output=f"/data/{name}", total=256, ranks=2)
+    control_plane.kubectl(
+        "patch", "filljob", "cancelled", "-n", namespace, "--type=merge", "-p", '{"spec":{"cancel":true}}'
+    )
+    control_plane.kubectl(
+        "patch", "filljob", "suspended", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+
+    def scheduled(status: dict[str, Any], uid: str = "uid-0", phase: str = "Running") -> None:
+        plan(status, 256, 2)
+        assign(status, start=64, end=128, pod="p", uid=uid)
+        status["phase"] = phase
+
+    write_status(api, namespace, "mine", scheduled)
+    write_status(api, namespace, "unplanned", lambda s: assign(s, start=0, end=64, pod="p", uid="uid-0"))
+    write_status(api, namespace, "other-pod", lambda s: scheduled(s, uid="uid-1"))
+    write_status(api, namespace, "finished", lambda s: scheduled(s, phase="Succeeded"))
+    write_status(api, namespace, "cancelled", scheduled)
+    write_status(api, namespace, "suspended", scheduled)
+    source = _source(control_plane, namespace)
+    try:
+        _settle(source, lambda: [s.name for s in source.poll()] == ["mine"], "only the job assigned here")
+        (spec,) = source.poll()
+        assert spec.plan == tuple(Slice(64 * i, 64 * i + 64) for i in range(4))  # the plan of record, as written
+        assert source.claim(spec, [Slice(0, 64), Slice(64, 128)]) == Slice(64, 128)
+        assert source.epoch("mine", Slice(64, 128)) == 1 and source.revoked("mine", Slice(64, 128), 1) is None
+    finally:
+        source.close()
+
+
+def test_a_moved_slice_is_revoked_and_cancel_stops_offering(control_plane: ControlPlane, namespace: str) -> None:
+    api = admin(control_plane)
+    create_filljob(api, namespace, "j", output="/data/j", total=256, ranks=2)
+    write_status(api, namespace, "j", lambda s: (plan(s, 256, 2), assign(s, start=0, end=64, pod="p0", uid="uid-0")))
+    source = _source(control_plane, namespace)
+    try:
+        _settle(source, lambda: bool(source.poll()), "the assigned job")
+        (spec,) = source.poll()
+        assert source.claim(spec, [Slice(0, 64)]) == Slice(0, 64)
+        write_status(api, namespace, "j", lambda s: assign(s, start=0, end=64, pod="p1", uid="uid-1"))  # moved
+        _settle(source, lambda: source.revoked("j", Slice(0, 64), 1) is not None, "the move")
+        assert source.revoked("j", Slice(0, 64), 1) == "its assignment at epoch 1 is gone (now epoch 2 on pod p1)"
+        assert source.poll() == []
+        write_status(api, namespace, "j", lambda s: assign(s, start=0, end=64, pod="p0", uid="uid-0"))  # back, epoch 3
+        _settle(source, lambda: source.revoked("j", Slice(0, 64), 3) is None, "the new assignment")
+        assert source.revoked("j", Slice(0, 64), 1) is not None  # the old epoch stays refused
+        control_plane.kubectl(
+            "patch", "filljob", "j", "-n", namespace, "--type=merge", "-p", '{"spec":{"cancel":true}}'
+        )
+        _settle(source, lambda: source.revoked("j", Slice(0, 64), 3) is not None, "the cancel")
+        assert source.revoked("j", Slice(0, 64), 3) == "the FillJob was cancelled (spec.cancel)" and source.poll() == []
+    finally:
+        source.close()
+
+
+def test_reports_merge_under_conflicts(control_plane: ControlPlane, namespace: str) -> None:
+    """Four executors report the same job at once (each its own client and slice); every pointer ends at the highest
+    value reported, nothing the operator wrote is lost, and the PATCHes that raced were refused and merged again."""
+    api = admin(control_plane)
+    create_filljob(api, namespace, "j", output="/data/j", total=256, ranks=4)
+    write_status(api, namespace, "j", lambda s: (plan(s, 256, 4), assign(s, start=0, end=64, pod="p", uid="u")))
+    before = get_status(api, namespace, "j")
+    sources = [_source(control_plane, namespace, Identity("gpt", r, pod_uid=f"uid-{r}")) for r in range(4)]
+    go = threading.Barrier(4)
+
+    def report(r: int) -> None:
+        go.wait()
+        for i in range(1, 17):
+            pointer = SliceProgress(64 * r, 64 * r + 64, 64 * r + i)
+            sources[r].report("j", ProgressReport(FillJobPhase.RUNNING, 0, 256, slices=(pointer,)))
+
+    threads = [threading.Thread(target=report, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in sources:
+        s.close()
+    status = get_status(api, namespace, "j")
+    assert [s["committed"] - s["start"] for s in status["slices"]] == [16] * 4
+    assert status["samplesDone"] == 64 and status["progress"] == 25.0
+    assert status["assignments"] == before["assignments"] and status["epoch"] == before["epoch"]
+    conflicts = [
+        e
+        for e in control_plane.audit_events()
+        if e.get("verb") == "patch"
+        and f"/namespaces/{namespace}/filljobs/j/status" in str(e.get("requestURI"))
+        and (e.get("responseStatus") or {}).get("code") == 409  # type: ignore[union-attr]
+    ]
+    assert conflicts, "four concurrent writers never raced: the test proves nothing"
+
+
+def test_an_idle_executor_makes_at_most_one_request_per_30_s(control_plane: ControlPlane, namespace: str) -> None:
+    """Target ≤ 2 requests per idle executor per minute: after start-up (one list, one watch), 30 s of idling cost
+    at most one request, while a change made meanwhile is still seen at once (the watch is live, not asleep)."""
+    api = admin(control_plane)
+    create_filljob(api, namespace, "j", output="/data/j", total=256, ranks=2)
+    source = _source(control_plane, namespace)
+    user = f"system:serviceaccount:{namespace}:fill"
+
+    def requests() -> set[str]:
+        return {
+            str(e["auditID"])
+            for e in control_plane.audit_events()
+            if (e.get("user") or {}).get("username") == user  # type: ignore[union-attr]
+        }
+
+    try:
+        source.poll()
+        start = requests()
+        assert 1 <= len(start) <= 3  # the list and the watch (a token review is not the executor's)
+        t0 = time.monotonic()
+        write_status(api, namespace, "j", lambda s: (plan(s, 256, 2), assign(s, start=0, end=64, pod="p", uid="uid-0")))
+        _settle(source, lambda: bool(source.poll()), "the assignment made while idle")
+        remaining_s = 30.0 - (time.monotonic() - t0)
+        source.cache.wait_changed(max(0.0, remaining_s))  # nothing else changes: idles out the 30 s window
+        while time.monotonic() - t0 < 30.0:
+            source.poll()
+            source.cache.wait_changed(30.0 - (time.monotonic() - t0))
+        during = requests() - start
+        assert len(during) <= 1, f"{len(during)} API requests in 30 s of idling"
+    finally:
+        source.close()
