@@ -6,6 +6,7 @@ from their commit pointers. The result is byte-identical to the job run whole in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from pipefill.devcluster import ControlPlane
 from pipefill.spec import FillJob, parse
 from pipefill_fill.task import FillTask, TaskSpec
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
 # ~1 ms a step of 4 on one core; a commit every 64 samples leaves slices half done when the host goes
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4], "commitEverySamples": 64}
@@ -125,6 +126,29 @@ def test_a_split_job_survives_its_host_being_deleted_and_matches_a_single_rank_r
 ) -> None:
     reference = _reference(tmp_path)
     operator: OperatorProcess = start_queue_operator(operator_kubeconfig, tmp_path / "operator.log", namespace)
+    with _explained(tmp_path):
+        _run(control_plane, kube, namespace, tmp_path, ranks, reference, operator)
+
+
+@contextlib.contextmanager
+def _explained(tmp: Path) -> Iterator[None]:
+    """A failure carries the end of every process's log (the test's tmp directory does not outlive a few runs)."""
+    try:
+        yield
+    except AssertionError as exc:
+        tails = [f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:]) for p in sorted(tmp.glob("*.log"))]
+        raise AssertionError(f"{exc}\n" + "\n".join(tails)) from exc
+
+
+def _run(
+    control_plane: ControlPlane,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    ranks: list[Rank],
+    reference: bytes,
+    operator: OperatorProcess,
+) -> None:
     try:
         by_job: dict[str, list[Rank]] = {}
         for name in ("first", "second"):
@@ -144,11 +168,11 @@ def test_a_split_job_survives_its_host_being_deleted_and_matches_a_single_rank_r
         def started(o: dict[str, Any]) -> bool:
             return 300 <= int(status(o).get("samplesDone") or 0) < TOTAL - 512
 
-        fill.wait("embed", started, timeout_s=120)
+        fill.wait("embed", started, timeout_s=240)
         kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "pipelinetrainingjobs", host)
         for rank in by_job[host]:
             rank.kill()
-        obj = fill.wait("embed", phase("Succeeded"), timeout_s=180)
+        obj = fill.wait("embed", phase("Succeeded"), timeout_s=240)
         assert {a["trainingJob"] for a in status(obj).get("assignments") or ()} <= {other}
         assert status(obj)["samplesDone"] == TOTAL and status(obj)["epoch"] > 2
         for rank in by_job[other]:
