@@ -31,20 +31,21 @@ BUBBLES = [
     ObservedBubble(0.012, 1 << 30, "B"),
     ObservedBubble(0.004, 1 << 30, "F"),
 ]
+SEEN = BUBBLES * 6  # more than MIN_BUBBLES_SEEN
 
 
 def test_no_bubble_long_enough_names_the_step_and_the_bubble() -> None:
-    report = unfit_report(
-        _Profiled(), [_Point(0.020, 1 << 20)], BUBBLES, identity=ME, free_bytes=1 << 30, guard_s=0.001
-    )
+    report = unfit_report(_Profiled(), [_Point(0.020, 1 << 20)], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001)
     assert report is not None and report.reason == UnfitReason.BUBBLE_TOO_SHORT
     assert (report.training_job, report.rank) == ("gpt", 1)
     assert report.step_milliseconds == 20.0 and report.longest_bubble_milliseconds == 11.0
     assert report.message == (
         "no bubble long enough: the shortest step takes 20.000 ms, this rank's longest usable bubble is 11.000 ms"
     )
-    fits = unfit_report(_Profiled(), [_Point(0.010, 1 << 20)], BUBBLES, identity=ME, free_bytes=1 << 30, guard_s=0.001)
+    fits = unfit_report(_Profiled(), [_Point(0.010, 1 << 20)], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001)
     assert fits is None
+    early = unfit_report(_Profiled(), [_Point(0.020, 1)], BUBBLES, identity=ME, free_bytes=1 << 30, guard_s=0.001)
+    assert early is None  # three bubbles seen: too few to send the job away
     assert unfit_report(_Profiled(), [_Point(0.5, 1)], [], identity=ME, free_bytes=1, guard_s=0.0) is None  # no data
 
 
