@@ -17,7 +17,6 @@ import time
 import uuid
 from typing import Any
 
-import aiohttp
 import kopf
 
 from pipefill.children import Owner, desired_children
@@ -181,5 +180,5 @@ async def post_event(kube: Kube, body: dict[str, Any], kind: str, reason: str, m
     }
     try:
         await kube.create(event)
-    except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+    except (ApiError, TimeoutError) as exc:
         log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)

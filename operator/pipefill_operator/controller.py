@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import kopf
 
 from pipefill.spec import JobPhase
@@ -145,7 +144,7 @@ class Controller:
         except kopf.TemporaryError as exc:
             result = "retry"
             self.queue.add_after(key, exc.delay if exc.delay is not None else 1.0)
-        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+        except (ApiError, TimeoutError) as exc:
             result = "retry"
             log.warning("reconcile of %s/%s: %s", *key, exc)
             self.queue.add_after(key, self.backoff.next_delay_s(key))
@@ -200,7 +199,7 @@ class Controller:
             await self.kube.merge_patch(
                 PTJ, name, {"status": {k: v for k, v in patch.items() if v is not None}}, namespace, sub="status"
             )
-        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+        except (ApiError, TimeoutError) as exc:
             log.warning("status of %s/%s from its ranks: %s", namespace, name, exc)
             return
         self._figures[key] = figures

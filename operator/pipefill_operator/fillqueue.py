@@ -17,8 +17,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from pipefill import env
 from pipefill.children import JOB_LABEL
 from pipefill.queue import POLICIES, now_rfc3339, schedule_pass
@@ -100,14 +98,14 @@ class FillQueue:
             try:
                 await self._relist()
                 self.index.seeded = True
-            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            except (ApiError, TimeoutError) as exc:
                 log.warning("fill queue: listing the cluster failed (%s); again in %.1fs", exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 30.0)
         while True:
             try:
                 await self.pass_once()
-            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            except (ApiError, TimeoutError) as exc:
                 log.warning("fill queue: pass failed (%s); again at the next event or period", exc)
             except Exception:
                 log.exception("fill queue: pass failed")
@@ -117,7 +115,7 @@ class FillQueue:
             except TimeoutError:
                 pass
             if time.monotonic() - self._listed_at >= self.config.period_s:  # also on a cluster never quiet
-                with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError):
+                with contextlib.suppress(ApiError, TimeoutError):
                     await self._relist()
             self._wake.clear()
 

@@ -188,9 +188,10 @@ class FillJobSpec:
     )
     max_parallel_ranks: int = field(
         doc="Ranks that may work on this job at once: an inference job is split into slices of samples that up to this "
-        "many fill executors claim, a faster one taking more; a training job runs on one rank (must be 1).",
+        "many fill executors claim, a faster one taking more; a training job runs on one rank (must be 1). At most "
+        "1024: the status keeps one report per rank and four slices per rank.",
         minimum=1,
-        maximum=65536,
+        maximum=1024,
         default=1,
     )
     suspend: bool = field(

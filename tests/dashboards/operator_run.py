@@ -40,7 +40,8 @@ OPERATOR_NAMESPACE_LABEL = "pipefill-system"
 
 
 class OperatorRun:
-    """The operator process (its metrics port is known before it starts, for Prometheus' configuration)."""
+    """The operator process: started first (its metrics port is bound right after it was found free, so nothing on
+    this shared machine takes it while Prometheus starts), given its jobs once Prometheus scrapes it."""
 
     def __init__(self, cp: ControlPlane, tmp: Path) -> None:
         self.cp = cp
@@ -49,10 +50,17 @@ class OperatorRun:
         self.process = OperatorProcess(kubeconfig, tmp / "operator.log", namespaces=(self.namespace,))
         self.metrics_port = self.process.metrics_port
 
-    def start_with_jobs(self) -> None:
-        """Start the operator and give it the two jobs; returns once it has run one and refused the other."""
+    def start(self) -> None:
         self.cp.kubectl("create", "namespace", self.namespace)
-        self.process.start()
+        try:
+            self.process.start()
+        except AssertionError as exc:  # say why: the log is in a temporary directory that may be gone by then
+            tail = "\n".join(self.process.log_text().splitlines()[-20:])
+            raise AssertionError(f"{exc}\n{tail}") from None
+
+    def create_jobs(self) -> None:
+        """The two training jobs and the FillJob; returns once the operator has run one job, refused the other and
+        queued the FillJob."""
         kube = Kube(self.cp)
         kube.create_job(self.namespace, job_manifest("runs"))
         bad_cut = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}
@@ -71,8 +79,10 @@ class OperatorRun:
 
 @contextmanager
 def operator_with_jobs(cp: ControlPlane, tmp: Path) -> Iterator[OperatorRun]:
+    """The operator started; its jobs come with :meth:`OperatorRun.create_jobs`."""
     run = OperatorRun(cp, tmp)
     try:
+        run.start()
         yield run
     finally:
         run.stop()

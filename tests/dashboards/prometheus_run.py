@@ -129,8 +129,8 @@ def _scrape(job_name: str, port: int, labels: dict[str, str]) -> dict[str, Any]:
 
 @contextmanager
 def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
-    """Start Prometheus, then the operator with its jobs, run the short local job, all under its scrape; yield the
-    API and the window; Prometheus is stopped on exit (the operator by its own context)."""
+    """Start Prometheus (the operator is running already), give the operator its jobs, run the short local job, all
+    under its scrape; yield the API and the window; Prometheus is stopped on exit (the operator by its own context)."""
     binary = prometheus_binary()
     metrics_port, web_port = free_port(), free_port()
     config = {
@@ -161,7 +161,7 @@ def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
             files = [arg for path in _manifests(tmp) for arg in ("-f", str(path))]
             local = [sys.executable, "-m", "pipefill", "local", *files, "--out", str(tmp / "out")]
             start_s = time.time()
-            operator.start_with_jobs()
+            operator.create_jobs()
             done = subprocess.run(
                 [*local, "--metrics-port", str(metrics_port), "--plain"],
                 capture_output=True,

@@ -30,15 +30,13 @@ def _boards() -> dict[str, dict[str, Any]]:
 
 def _exported_series_names() -> set[str]:
     """Every sample name the trainer's, the fill executor's, the operator's (its fill queue's too) and the local
-    runner's registries produce
-    on CPU."""
+    runner's registries produce on CPU."""
     registry = CollectorRegistry()
     TrainerMetrics(registry)
     operator = OperatorMetrics(registry)
     FillQueueMetrics(registry)
     operator.record(result="retry", duration_s=0.01, own_s=0.0)
     operator.api_request("GET", 0.01)
-    FillQueueMetrics(registry)
     fill = FillMetrics(registry)
     fill.job_started("j", total=2, committed=1)
     fill.items.labels("j").inc()

@@ -1,11 +1,15 @@
 """``sentence-embedding``: the pretrained all-MiniLM-L6-v2 (the ``embeddings`` extra, loaded offline) embeds a text
-corpus; outputs do not depend on batching, and the executor's outputs, computed in bubbles, match the model run alone
-(sentence-transformers' own ``encode``) on the same texts."""
+corpus with transformers' BertModel and this model's pooling; outputs do not depend on batching, and the executor's
+outputs, computed in bubbles, match the model run alone (sentence-transformers' own ``encode``) on the same texts;
+transformers is imported when a job starts, not when the builtin is loaded."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from fill_helpers import start_producer
+from fill_helpers import start_producer, subprocess_env
 from usercode_helpers import start_fill
 
 from pipefill.spec import FillJob, load_file
+from pipefill_fill.builtins.minilm import check_pipeline, model_dir
 from pipefill_fill.builtins.sentences import EMBEDDING_DIM
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask
@@ -98,6 +103,34 @@ def test_bad_parameters_and_input_are_explained(tmp_path: Path) -> None:
         ValueError, match=r"spec\.input\.path: '.*short\.txt' has 2 lines; sentence-embedding needs one"
     ):
         _task(_job(tmp_path, "short", total=4, parameters={}, corpus=short))
+
+
+def test_loading_the_builtin_and_constructing_a_job_does_not_import_transformers(tmp_path: Path) -> None:
+    """The executor loads a job's class and constructs its workload when it claims a slice; transformers (seconds to
+    import) waits for ``setup``, so an executor that never runs this builtin never pays for it."""
+    manifest = _job(tmp_path, "lazy", total=4, parameters={}, corpus=None)
+    code = (
+        "import sys; from pipefill.spec import load_file; from pipefill_fill.task import FillTask; "
+        "from pipefill_fill.work import TaskSpec; "
+        f"(job,) = load_file({str(manifest)!r}); task = FillTask(TaskSpec.from_spec(job)); "
+        "print(type(task.workload).__name__, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('transformers', 'sentence_transformers')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["SentenceEmbedding", "[]"]
+
+
+def test_a_model_directory_with_another_pooling_is_refused(tmp_path: Path) -> None:
+    shutil.copytree(model_dir(), tmp_path / "model", ignore=shutil.ignore_patterns("*.safetensors"))
+    check_pipeline(tmp_path / "model")
+    config = tmp_path / "model" / "1_Pooling" / "config.json"
+    pooling = json.loads(config.read_text())
+    config.write_text(json.dumps(pooling | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
+    with pytest.raises(ValueError, match=r"prescribes modules .* with pooling \['pooling_mode_cls_token'\]"):
+        check_pipeline(tmp_path / "model")
 
 
 @pytest.mark.slow

@@ -276,6 +276,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "required for inference",
     ),
     ("missing-output", _with(FJ, spec__output=DELETE), "spec.output", "Required value"),
+    ("too-many-ranks", _with(FJ, spec__maxParallelRanks=1025), "spec.maxParallelRanks", "less than or equal to 1024"),
     ("bad-deadline", _with(FJ, spec__deadline="tomorrow"), "spec.deadline", "RFC 3339"),
     (
         "selector-in-without-values",

