@@ -11,7 +11,11 @@ from pipefill.plan import ObservedBubble, classes_from_bubbles
 from pipefill.queue.status import Identity
 from pipefill.spec.fillstatus import BubbleClassReport, RankBubbles, UnfitReason, UnfitReport
 
-__all__ = ["bubble_classes", "unfit_report"]
+__all__ = ["MIN_BUBBLES_SEEN", "bubble_classes", "unfit_report"]
+
+MIN_BUBBLES_SEEN = 16
+"""A job with a measured profile is called too long for the rank's bubbles only after this many bubbles were seen:
+a few early ones (a warming trainer, a loaded machine) must not send a job away for good."""
 
 
 class _Point(Protocol):
@@ -62,8 +66,9 @@ def unfit_report(
     """Why the job fits none of this rank's bubbles, with the numbers; None when it fits one.
 
     Not enough memory: no batch size was kept and the last one tried went over ``free_bytes`` (or ran out of device
-    memory). No bubble long enough: the job's shortest measured step is longer than the longest bubble seen, less
-    the guard (or the profile stopped on time before a batch size was kept)."""
+    memory). No bubble long enough: the job's shortest measured step is longer than the longest of at least
+    :data:`MIN_BUBBLES_SEEN` bubbles seen, less the guard (or the profile stopped on time before a batch size was
+    kept)."""
     longest_s = max((b.duration_s for b in bubbles), default=None)
     longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
     if not points:
@@ -80,7 +85,7 @@ def unfit_report(
                 peak_memory_bytes=peak,
             )
         return _too_short(identity, round(profiler.last_step_s * 1e3, 3), longest_ms, free_bytes)
-    if longest_ms is None:
+    if longest_ms is None or len(bubbles) < MIN_BUBBLES_SEEN:
         return None
     shortest = min(points, key=lambda p: p.step_s)
     step_ms = round(shortest.step_s * 1e3, 3)

@@ -30,7 +30,7 @@ from pipefill_fill.task import FillTask, TaskSpec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-TOTAL = 4096  # 16 slices of 256 with maxParallelRanks 4
+TOTAL = 16384  # 16 slices of 1024 with maxParallelRanks 4: long enough to be caught midway
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16], "commitEverySamples": 64}
 
 
@@ -145,14 +145,17 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
     stale_log = frozen.stop()
 
     st = status(done)
-    assert all(s["committed"] == s["end"] for s in st["slices"]) and st["samplesDone"] == TOTAL
+    assert [s["committed"] for s in st["slices"]] == [s["end"] for s in st["slices"]] and st["samplesDone"] == TOTAL
     out = tmp_path / "storage" / "embed"
     assert (out / "outputs.npy").read_bytes() == reference  # zero samples lost or repeated, bytes identical
     assert read_outputs(out)["sample_id"].tolist() == list(range(TOTAL))
-    assert all(
-        a["epoch"] > held[k]["epoch"]
-        for k, a in ((k, a) for a in status(moved)["assignments"] for k in held if (a["start"], a["end"]) == k)
-    )
+    epochs = [
+        (k, held[k]["epoch"], a["epoch"])
+        for a in status(moved)["assignments"]
+        for k in held
+        if (a["start"], a["end"]) == k
+    ]
+    assert all(new > old for _, old, new in epochs), epochs
     assert any(pos > start for (start, _), pos in takeover.items()), "no slice resumed mid-way from its commit"
     commits = [e for e in read_events(frozen.out / "fill-events.jsonl") if isinstance(e, CommitEvent)]
     for e in commits:
@@ -203,43 +206,75 @@ def test_an_unfit_report_from_a_real_executor_moves_the_job(world: World) -> Non
     assert read_outputs(tmp_path / "storage" / "heavy")["sample_id"].tolist() == list(range(64))
 
 
-def test_a_cancelled_job_stops_at_the_next_bubble_and_commits_nothing_more(world: World) -> None:
-    """``spec.cancel`` mid-run: the operator revokes the assignment and ends the job Cancelled; the executor lets go
-    at its next bubble without committing, and the job's storage keeps exactly what was committed before."""
+def _stopped(events: Path) -> list[tuple[int, int]]:
+    """(when, pointer) of each stop of the executor's job: let go at a bubble, or refused at a commit."""
+    out = []
+    for e in read_events(events):
+        if isinstance(e, JobEvent) and e.phase == "Released":
+            out.append((e.mono_ns, e.committed or 0))
+        elif isinstance(e, SliceEvent) and e.phase == "superseded":
+            out.append((e.mono_ns, e.position))
+    return out
+
+
+def _running_long_job(world: World, name: str) -> tuple[Fill, RankExecutor, dict[str, RankExecutor]]:
+    """A long FillJob on a 2-rank host, both executors started; once it has committed something: the FillJob, the
+    executor working on it, every executor by pod uid."""
     kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
     kube.create_job(namespace, job_manifest("host"))
     pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
     kube.wait_job(namespace, "host", phase("Running"))
     manifest = fill_manifest(
-        "long",
+        name,
         workload={"kind": "inference", "builtin": "encoder-inference", "parameters": PARAMS},
-        output={"path": str(tmp_path / "storage" / "long")},
+        output={"path": str(tmp_path / "storage" / name)},
         totalSamples=10**6,
     )
     fill = Fill(kube, namespace)
     fill.create(manifest)
-    (placed,) = status(fill.wait("long", lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
-    rank = start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path)
-    world.ranks.append(rank)
-    fill.wait("long", lambda o: _committed(o) > 0, timeout_s=180)
+    (placed,) = status(fill.wait(name, lambda o: len(status(o).get("assignments") or ()) == 1))["assignments"]
+    by_uid = {uid: start_rank(world.cp, namespace, pod, job="host", workdir=tmp_path) for uid, pod in pods.items()}
+    world.ranks.extend(by_uid.values())
+    fill.wait(name, lambda o: _committed(o) > 0, timeout_s=180)
+    return fill, by_uid[placed["podUID"]], by_uid
+
+
+def test_a_cancelled_job_stops_at_the_next_bubble_and_commits_nothing_more(world: World) -> None:
+    """``spec.cancel`` mid-run: the operator revokes the assignment and ends the job Cancelled; the executor lets go
+    at its next bubble (or its commit due there is refused) and the job's storage keeps exactly what was committed
+    before."""
+    fill, rank, _ = _running_long_job(world, "long")
     fill.patch_spec("long", {"cancel": True})
     fill.wait("long", lambda o: status(o).get("phase") == "Cancelled", timeout_s=60)
-    events = rank.out / "fill-events.jsonl"
-
-    def stopped() -> list[tuple[int, int]]:  # (when, pointer): let go at a bubble, or refused at a commit
-        out = []
-        for e in read_events(events):
-            if isinstance(e, JobEvent) and e.phase == "Released":
-                out.append((e.mono_ns, e.committed or 0))
-            elif isinstance(e, SliceEvent) and e.phase == "superseded":
-                out.append((e.mono_ns, e.position))
-        return out
-
-    fill.wait("long", lambda o: bool(stopped()), timeout_s=60)
-    when, committed = stopped()[0]
-    pointer = json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"]
+    events, progress = rank.out / "fill-events.jsonl", world.tmp / "storage" / "long" / "progress.json"
+    fill.wait("long", lambda o: bool(_stopped(events)), timeout_s=60)
+    when, committed = _stopped(events)[0]
+    pointer = json.loads(progress.read_text())["committed"]
     assert committed == pointer  # what was committed when it stopped is what the storage keeps
-    later = [e for e in read_events(events) if isinstance(e, CommitEvent) and e.mono_ns > when]
-    assert later == []
+    assert [e for e in read_events(events) if isinstance(e, CommitEvent) and e.mono_ns > when] == []
     rank.stop()
-    assert json.loads((tmp_path / "storage" / "long" / "progress.json").read_text())["committed"] == pointer
+    assert json.loads(progress.read_text())["committed"] == pointer
+
+
+def test_a_suspended_job_stops_keeps_its_progress_and_resumes_there(world: World) -> None:
+    """``spec.suspend`` mid-run: the operator removes the assignment, the executor stops without committing and the
+    pointer stays; unsuspended, the slice is placed again at a higher epoch and resumes from that pointer."""
+    fill, rank, by_uid = _running_long_job(world, "paused")
+    epoch = status(fill.get("paused"))["epoch"]
+    fill.patch_spec("paused", {"suspend": True})
+    fill.wait("paused", lambda o: not status(o).get("assignments"), timeout_s=60)
+    events, progress = rank.out / "fill-events.jsonl", world.tmp / "storage" / "paused" / "progress.json"
+    fill.wait("paused", lambda o: bool(_stopped(events)), timeout_s=60)
+    _, committed = _stopped(events)[0]
+    assert json.loads(progress.read_text())["committed"] == committed
+    fill.patch_spec("paused", {"suspend": False})
+    again = fill.wait("paused", lambda o: len(status(o).get("assignments") or ()) == 1, timeout_s=60)
+    (placed,) = status(again)["assignments"]
+    assert placed["epoch"] > epoch
+    now = by_uid[placed["podUID"]].out / "fill-events.jsonl"  # either rank may host it now
+
+    def resumed() -> list[SliceEvent]:
+        return [e for e in read_events(now) if isinstance(e, SliceEvent) and e.phase == "claimed"]
+
+    fill.wait("paused", lambda o: len(resumed()) >= (2 if now == events else 1), timeout_s=60)
+    assert resumed()[-1].position == committed  # resumed exactly from the committed sample

@@ -1,0 +1,68 @@
+"""What an executor reports about its rank (pipefill_fill.unfit): the unfit reasons with their numbers, and the bubble
+classes, from profiler results and observed bubbles (plain values: the functions are pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipefill.plan import ObservedBubble
+from pipefill.queue import Identity
+from pipefill.spec.fillstatus import UnfitReason
+from pipefill_fill.unfit import bubble_classes, unfit_report
+
+ME = Identity("gpt", 1)
+
+
+@dataclass
+class _Profiled:  # what the profiler leaves behind (stopped_by, the last candidate's measurements)
+    stopped_by: str = ""
+    last_step_s: float | None = None
+    last_peak_bytes: int | None = None
+
+
+@dataclass
+class _Point:
+    step_s: float
+    peak_bytes: int
+
+
+BUBBLES = [
+    ObservedBubble(0.004, 1 << 30, "F"),
+    ObservedBubble(0.012, 1 << 30, "B"),
+    ObservedBubble(0.004, 1 << 30, "F"),
+]
+SEEN = BUBBLES * 6  # more than MIN_BUBBLES_SEEN
+
+
+def test_no_bubble_long_enough_names_the_step_and_the_bubble() -> None:
+    report = unfit_report(_Profiled(), [_Point(0.020, 1 << 20)], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001)
+    assert report is not None and report.reason == UnfitReason.BUBBLE_TOO_SHORT
+    assert (report.training_job, report.rank) == ("gpt", 1)
+    assert report.step_milliseconds == 20.0 and report.longest_bubble_milliseconds == 11.0
+    assert report.message == (
+        "no bubble long enough: the shortest step takes 20.000 ms, this rank's longest usable bubble is 11.000 ms"
+    )
+    fits = unfit_report(_Profiled(), [_Point(0.010, 1 << 20)], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001)
+    assert fits is None
+    early = unfit_report(_Profiled(), [_Point(0.020, 1)], BUBBLES, identity=ME, free_bytes=1 << 30, guard_s=0.001)
+    assert early is None  # three bubbles seen: too few to send the job away
+    assert unfit_report(_Profiled(), [_Point(0.5, 1)], [], identity=ME, free_bytes=1, guard_s=0.0) is None  # no data
+
+
+def test_not_enough_memory_names_both_sizes() -> None:
+    over = _Profiled(stopped_by="memory", last_step_s=0.001, last_peak_bytes=3 << 30)
+    report = unfit_report(over, [], BUBBLES, identity=ME, free_bytes=2 << 30, guard_s=0.001)
+    assert report is not None and report.reason == UnfitReason.NOT_ENOUGH_MEMORY
+    assert report.peak_memory_bytes == 3 << 30 and report.free_bytes == 2 << 30
+    assert "the smallest batch needs 3221225472 bytes (3072.0 MiB)" in report.message
+    assert "may use 2147483648 bytes (2048.0 MiB)" in report.message
+
+
+def test_bubble_classes_per_step() -> None:
+    got = bubble_classes(BUBBLES * 5, identity=ME, free_bytes=1 << 29)
+    assert got is not None and (got.training_job, got.rank) == ("gpt", 1)
+    assert [(c.duration_milliseconds, c.per_step, c.free_bytes) for c in got.classes] == [
+        (12.0, 0.5, 1 << 29),  # one B bubble for every two F bubbles: half a class per step of the most frequent kind
+        (4.0, 1.0, 1 << 29),
+    ]
+    assert bubble_classes([], identity=ME, free_bytes=1) is None
