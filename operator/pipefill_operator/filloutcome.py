@@ -13,7 +13,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
-from pipefill.queue import FINAL_PHASES, JobOutcome, Placement
+from pipefill.queue import FINAL_PHASES, JobOutcome, Placement, output_report
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import MAX_MESSAGE_CHARS
 
@@ -87,6 +87,12 @@ def decide(
     if outcome is not None and outcome.planned and not slices:
         slices = [{"start": s.start, "end": s.end, "committed": s.committed} for s in outcome.slices]
         new["slices"] = slices
+        output = spec.get("output") or {}
+        new["output"] = output_report(
+            path=str(output.get("path", "")),
+            claim_name=output.get("claimName"),
+            kind=str((spec.get("workload") or {}).get("kind", "")),
+        )
     total = int(slices[-1]["end"]) if slices else 0
     done = _done(slices)
     if slices and done > int(status.get("samplesDone") or 0):

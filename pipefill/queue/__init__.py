@@ -19,13 +19,23 @@ from pipefill.queue.snapshot import (
     TrainingJobView,
     Unfit,
 )
-from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339, plan_of_record
+from pipefill.queue.status import (
+    FINAL_PHASES,
+    OUTPUTS_FILE,
+    Identity,
+    ProgressReport,
+    merged_status,
+    now_rfc3339,
+    output_report,
+    plan_of_record,
+)
 from pipefill.spec import FillJobPhase
 
 __all__ = [
     "FINAL_PHASES",
     "MAX_SLICES",
     "MIN_SLICE_UNITS",
+    "OUTPUTS_FILE",
     "POLICIES",
     "SLICES_PER_RANK",
     "FillJobPhase",
@@ -45,6 +55,7 @@ __all__ = [
     "check_plan",
     "merged_status",
     "now_rfc3339",
+    "output_report",
     "plan_of_record",
     "plan_slices",
     "schedule_pass",

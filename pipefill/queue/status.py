@@ -16,9 +16,18 @@ from typing import Any
 
 from pipefill.queue.slices import Slice
 from pipefill.spec import FillJobPhase, FillJobStatus, to_obj
-from pipefill.spec.fillstatus import Assignment, ProfileEntry, RankBubbles, SliceProgress, UnfitReport
+from pipefill.spec.fillstatus import Assignment, OutputReport, ProfileEntry, RankBubbles, SliceProgress, UnfitReport
 
-__all__ = ["FINAL_PHASES", "Identity", "ProgressReport", "merged_status", "now_rfc3339", "plan_of_record"]
+__all__ = [
+    "FINAL_PHASES",
+    "OUTPUTS_FILE",
+    "Identity",
+    "ProgressReport",
+    "merged_status",
+    "now_rfc3339",
+    "output_report",
+    "plan_of_record",
+]
 
 FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value})
 
@@ -58,6 +67,17 @@ class ProgressReport:
     unfit: UnfitReport | None = None
     profile: tuple[ProfileEntry, ...] = ()
     bubbles: RankBubbles | None = None
+
+
+OUTPUTS_FILE = "outputs.npy"
+"""An inference job's results in its output directory, assembled once every slice is committed"""
+
+
+def output_report(*, path: str, claim_name: str | None, kind: str) -> dict[str, Any]:
+    """``status.output`` (camelCase, as stored): where a job's results are, written with the plan of record by
+    whoever writes the plan (the operator; ``pipefill local``'s files source)."""
+    files = [OUTPUTS_FILE] if kind == "inference" else []
+    return to_obj(OutputReport(path=path, claim_name=claim_name, files=files))
 
 
 def plan_of_record(status: dict[str, Any]) -> tuple[Slice, ...]:

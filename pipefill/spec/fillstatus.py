@@ -24,6 +24,7 @@ __all__ = [
     "BubbleClassReport",
     "FillJobPhase",
     "FillJobStatus",
+    "OutputReport",
     "ProfileEntry",
     "RankBubbles",
     "SliceProgress",
@@ -156,6 +157,26 @@ class RankBubbles:
 
 
 @dataclass
+class OutputReport:
+    """Where the job's results are: its output directory, on which claim, and what to read there once Succeeded."""
+
+    path: str = field(
+        doc="The job's output directory (spec.output.path; on the claim, relative to its root).", max_length=4096
+    )
+    claim_name: str | None = field(
+        doc="The PersistentVolumeClaim (the training jobs' fill storage) it is on; absent in local runs.",
+        max_length=_NAME,
+        default=None,
+    )
+    files: list[str] = field(
+        doc="What to read in it once the job Succeeded: outputs.npy (inference: one row per sample, in sample "
+        "order); empty for training, whose workload writes its checkpoints and final model there.",
+        max_items=8,
+        default_factory=list,
+    )
+
+
+@dataclass
 class FillJobStatus:
     """Observed state, written by the operator (plan, assignments, phase) and the executors (commit pointers,
     reports), or by `pipefill local`."""
@@ -177,6 +198,9 @@ class FillJobStatus:
         doc="Where the work runs now.", max_items=MAX_ASSIGNMENTS, default_factory=list
     )
     epoch: int = field(doc="The highest placement epoch handed out so far.", minimum=0, default=0)
+    output: OutputReport | None = field(
+        doc="Where the results are (written with the plan; docs/fill.md says how to read them).", default=None
+    )
     unfit: list[UnfitReport] = field(
         doc="Ranks whose bubbles the job does not fit.", max_items=_MAX_RANK_REPORTS, default_factory=list
     )

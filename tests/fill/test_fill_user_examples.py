@@ -68,6 +68,7 @@ def test_user_code_from_a_config_map_and_an_installed_package_in_pipefill_local(
     for name in ("word-stats-cm", "word-stats"):
         status = json.loads((tmp_path / "run" / "filljobs" / f"{name}.status.json").read_text())
         assert status["phase"] == "Succeeded", (name, status, done.stdout[-3000:])
+        assert status["output"] == {"path": str(tmp_path / "out" / name), "files": ["outputs.npy"]}
         rows = np.load(tmp_path / "out" / name / "outputs.npy")
         assert rows["sample_id"].tolist() == list(range(TOTAL))
         assert np.array_equal(rows["value"], expected)

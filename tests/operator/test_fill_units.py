@@ -115,6 +115,7 @@ def test_the_plan_is_written_once_with_the_assignments_and_the_condition() -> No
     )
     patch = out.patch
     assert patch is not None and patch["slices"] == SLICES and patch["epoch"] == 1 and patch["phase"] == "Running"
+    assert patch["output"] == {"path": "out", "files": ["outputs.npy"]}  # where to read the results, with the plan
     assert patch["assignments"] == [
         {"trainingJob": "train", "rank": 0, "start": 0, "end": 512, "pod": "train-0-0", "podUID": "u0", "epoch": 1}
     ]

@@ -28,7 +28,7 @@ from typing import Any
 
 from pipefill import env
 from pipefill.queue.slices import plan_slices
-from pipefill.queue.status import plan_of_record
+from pipefill.queue.status import output_report, plan_of_record
 from pipefill.spec import FillJob, SpecError, load_file
 from pipefill.spec.fillstatus import Assignment
 from pipefill_fill.atomic import atomic_write_bytes
@@ -83,6 +83,7 @@ class FilesSource(WorkSource):
             if not recorded:
                 recorded = tuple(_stored_plan(spec) or plan_slices(spec.total, parallel_ranks=spec.parallel_ranks))
                 status["slices"] = [{"start": s.start, "end": s.end, "committed": s.start} for s in recorded]
+                status["output"] = output_report(path=str(spec.output_dir), claim_name=None, kind=spec.kind)
                 self._write_status(spec.name, status)
         return recorded
 
