@@ -128,10 +128,12 @@ class FillMetrics:
         self.memory_used_bytes.set_function(read)
 
     def job_started(self, job: str, *, total: int, committed: int) -> None:
-        """The executor took the job on: its size, where it stands, and its failure count from 0."""
+        """The executor took the job on: its size, where it stands, and its counters from 0 (a series that appears
+        only at its first increment hides the increment from ``rate()``, and a short job may commit only at its end)."""
         self.job_total_items.labels(job).set(total)
         self.committed_items.labels(job).set(committed)
-        self.job_failures.labels(job)
+        for counter in (self.job_failures, self.items, self.commits):
+            counter.labels(job)
 
     def profile(self, job: str, points: list[tuple[int, float, int]]) -> None:
         for batch_size, step_s, peak_bytes in points:

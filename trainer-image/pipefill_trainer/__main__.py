@@ -61,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         return env.EXIT_INVALID_CONFIG
     except (RuntimeError, dist.DistError, ConnectionError, TimeoutError) as exc:
         where = "starting up (rendezvous)"
+        peers: list[int] = []
         if trainer is not None:
             where = trainer.waiting_what or ""
-            if not where and not isinstance(exc, dist.DistError | ConnectionError | TimeoutError):
-                raise  # not a communication failure: a bug, reported as such (exit 1)
-        peers = trainer.parts.peers.dead_peers() if trainer is not None else []
+            peers = trainer.parts.peers.dead_peers()
+            if not where and not peers and not isinstance(exc, dist.DistError | ConnectionError | TimeoutError):
+                # not in a wait, no peer gone, not a distributed error: a bug, reported as such (exit 1); a
+                # RuntimeError while a peer died (gloo's "Connection reset" in a collective such as the profile's
+                # all_gather) is the peer's failure
+                raise
         message = peer_failure_message(rank=cfg.rank, peers=peers, where=where or "communicating", error=exc)
         print(message, file=sys.stderr, flush=True)
         return env.EXIT_RETRYABLE
