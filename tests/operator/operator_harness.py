@@ -257,6 +257,22 @@ class Kube:
         )  # fmt: skip
         return result
 
+    def wait_events(
+        self, namespace: str, reasons: set[str], kind: str = "PipelineTrainingJob", timeout_s: float = 60
+    ) -> list[dict[str, Any]]:
+        """Until an Event of each of ``reasons`` is on an object of ``kind``; returns those Events. The operator
+        posts an Event after the status it tells of, so a test that saw the status waits for the Event too."""
+
+        def check(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+            found = [e for e in items if e.get("reason") in reasons]
+            return (found,) if reasons <= {e["reason"] for e in found} else None
+
+        (result,) = self._watch(
+            self.core.list_namespaced_event, (namespace,), check, timeout_s, f"events {sorted(reasons)}",
+            field_selector=f"involvedObject.kind={kind}",
+        )  # fmt: skip
+        return result
+
     def wait_gone(
         self, list_call: Callable[..., Any], namespace: str, what: str, timeout_s: float = 60, **sel: str
     ) -> None:

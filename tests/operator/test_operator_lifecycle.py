@@ -50,13 +50,6 @@ def _pod_creates(cp: ControlPlane, namespace: str) -> list[str]:
     ]
 
 
-def _events(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _get(
-        cp, namespace, "events", "--field-selector", "involvedObject.kind=PipelineTrainingJob"
-    )["items"]
-    return items
-
-
 def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
@@ -84,9 +77,7 @@ def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
     )
     assert status["startTime"] and (condition(job, "Created") or {}).get("status") == "True"
     assert "finalizers" not in job["metadata"]
-    assert {"PodsCreated", "Running", "CheckpointsNotShared"} <= {
-        e["reason"] for e in _events(control_plane, namespace)
-    }
+    kube.wait_events(namespace, {"PodsCreated", "Running", "CheckpointsNotShared"})
 
 
 def test_the_tainted_gpu_node_takes_only_pods_that_tolerate_it(
@@ -134,7 +125,7 @@ def test_a_retryable_trainer_exit_restarts_the_whole_gang_once(
     new = kube.wait_pods(namespace, "train", running(2, generation=1))
     assert {p["metadata"]["uid"] for p in new}.isdisjoint({p["metadata"]["uid"] for p in pods})
     assert sorted(_pod_creates(control_plane, namespace)) == ["train-0", "train-0", "train-1", "train-1"]
-    (restart,) = [e for e in _events(control_plane, namespace) if e["reason"] == "TrainerFailed"]
+    (restart,) = kube.wait_events(namespace, {"TrainerFailed"})
     assert "rank 1 (pod train-1): trainer exited with code 75: rendezvous with rank 0 timed out" in restart["message"]
 
 
@@ -258,7 +249,7 @@ def test_fill_sidecar_restarts_are_reported_and_the_job_keeps_running(
     kube.restart_fill(namespace, "train-1", 2)
     job = kube.wait_job(namespace, "train", lambda j: _status(j).get("fillRestarts") == 2)
     assert _status(job)["phase"] == "Running" and _status(job)["restarts"] == 0
-    (event,) = [e for e in _events(control_plane, namespace) if e["reason"] == "FillExecutorRestarted"]
+    (event,) = kube.wait_events(namespace, {"FillExecutorRestarted"})
     assert "rank 1: 2" in event["message"] and event["type"] == "Warning"
 
 
@@ -352,5 +343,5 @@ def test_an_evicted_rank_restarts_the_gang_without_counting_against_the_backoff_
     )
     assert (_status(job)["restarts"], _status(job)["disruptions"]) == (0, 1)
     assert (condition(job, "Restarting") or {}).get("status") == "False"
-    (event,) = [e for e in _events(control_plane, namespace) if e["reason"] == "Disrupted"]
+    (event,) = kube.wait_events(namespace, {"Disrupted"})
     assert "not counted against backoffLimit" in event["message"]
