@@ -8,6 +8,7 @@ or a failed start fails the run (it must never skip there); elsewhere those test
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,12 @@ import pytest
 from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
 _IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# A shell that starts the tests in the background without job control (`make test &` in a script, nohup) leaves SIGINT
+# ignored, and every child inherits that: the tests' Ctrl-C to `pipefill local` would then be lost and its processes
+# left running. Handled here, the children start with the default action again (exec resets a handled signal).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
 
 

@@ -3,7 +3,7 @@
 Reads PIPEFILL_CHANNEL_DIR, PIPEFILL_WORK_SOURCE, PIPEFILL_JOB_NAME, PIPEFILL_RANK, PIPEFILL_FILL_RESERVED_BYTES,
 PIPEFILL_FILL_MIN_BUBBLE_MS, PIPEFILL_FILL_GUARD_MS, PIPEFILL_FILL_END_QUANTILE, PIPEFILL_FILL_OVERRUN_BUDGET_US,
 PIPEFILL_FILL_OFFLOAD,
-PIPEFILL_FILL_SPIN_US, PIPEFILL_DEVICE, PIPEFILL_CPU_AFFINITY, PIPEFILL_METRICS_PORT and PIPEFILL_OUT_DIR (docs/fill.md). Exits 0 when the trainer is gone or on SIGTERM, after
+PIPEFILL_FILL_SPIN_US, PIPEFILL_FILL_CPU_PRIORITY, PIPEFILL_DEVICE, PIPEFILL_CPU_AFFINITY, PIPEFILL_METRICS_PORT and PIPEFILL_OUT_DIR (docs/fill.md). Exits 0 when the trainer is gone or on SIGTERM, after
 committing what is done; 2 when the configuration can never work.
 """
 
@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pipefill import env
 from pipefill.events import FILL_EVENTS, EventWriter, StartEvent
 from pipefill_fill.attach import attach
-from pipefill_fill.device import cap_memory, memory_in_use, pin_cpus, select_device
+from pipefill_fill.device import cap_memory, idle_priority, memory_in_use, pin_cpus, select_device
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.runner import Attached, Runner
 from pipefill_fill.settings import Settings
@@ -44,6 +44,7 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
     try:
         settings = Settings.from_env()
         cpus = pin_cpus(settings.cpu_affinity)
+        idle = settings.cpu_idle and idle_priority()
         if cpus is None:
             torch.set_num_threads(max(1, min(torch.get_num_threads(), env.env_int("OMP_NUM_THREADS", 1))))
     except ValueError as exc:
@@ -79,6 +80,7 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
         StartEvent(
             device=str(device),
             cpus=sorted(cpus) if cpus else None,
+            cpu_priority="idle" if idle else "normal",
             memory_budget_bytes=settings.reserved_bytes,
             memory_fraction=fraction,
             guard_s=settings.guard_s,

@@ -12,7 +12,15 @@ import torch
 
 from pipefill import env
 
-__all__ = ["cap_memory", "memory_in_use", "parse_cpu_list", "pin_cpus", "proc_status_kb", "select_device"]
+__all__ = [
+    "cap_memory",
+    "idle_priority",
+    "memory_in_use",
+    "parse_cpu_list",
+    "pin_cpus",
+    "proc_status_kb",
+    "select_device",
+]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -30,6 +38,18 @@ def pin_cpus(text: str | None) -> set[int] | None:
     os.sched_setaffinity(0, cpus)
     torch.set_num_threads(len(cpus))
     return cpus
+
+
+def idle_priority() -> bool:
+    """Put this process at the kernel's idle scheduling policy (SCHED_IDLE; threads started later inherit it): it
+    runs only when nothing of normal priority wants the core, and a waking trainer preempts it at once. False, with
+    a warning, where the kernel refuses (the fill then competes with its trainer for the core)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot take the idle CPU priority (%s): the fill competes with its trainer for the core", exc)
+        return False
+    return True
 
 
 def select_device(requested: str | None, trainer_gpu_uuids: Sequence[str] = ()) -> torch.device:

@@ -57,6 +57,11 @@ class Settings:
     spin_s: float = 0.0
     """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
     on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
+    cpu_idle: bool = False
+    """run at the kernel's idle scheduling priority (SCHED_IDLE; PIPEFILL_FILL_CPU_PRIORITY=idle, the default when
+    PIPEFILL_CPU_AFFINITY pins the executor to its trainer's core): the fill gets the CPU only when the trainer does not
+    want it, so a job's start (imports, weights) or a step past the bubble's end never delays a training step there.
+    ``normal`` keeps the default policy (a fill on cores of its own)"""
     margin_bytes: int = 64 * 2**20
     """device memory left unused below a bubble's free memory (allocator fragmentation, CUDA context growth)"""
 
@@ -88,6 +93,13 @@ class Settings:
                 "a few hundred µs covers the wake-up it replaces"
             )
         out = e.get(env.OUT_DIR)
+        affinity = e.get(env.CPU_AFFINITY) or None
+        priority = e.get(env.FILL_CPU_PRIORITY, "") or ("idle" if affinity else "normal")
+        if priority not in ("idle", "normal"):
+            raise ValueError(
+                f"{env.FILL_CPU_PRIORITY}={priority!r}: expected idle (the fill takes only CPU time its trainer "
+                "leaves; the default when pinned to the trainer's core) or normal"
+            )
         return cls(
             channel_dir=Path(e.get(env.CHANNEL_DIR) or env.DEFAULT_CHANNEL_DIR),
             work_source=source,
@@ -97,11 +109,12 @@ class Settings:
             min_bubble_s=min_ms / 1e3,
             guard_s=guard_ms / 1e3,
             device=e.get(env.DEVICE) or None,
-            cpu_affinity=e.get(env.CPU_AFFINITY) or None,
+            cpu_affinity=affinity,
             metrics_port=env.env_int(env.METRICS_PORT, 0),
             out_dir=Path(out) if out else None,
             offload=e.get(env.FILL_OFFLOAD, "") in ("1", "true", "True"),
             spin_s=spin_us / 1e6,
             end_quantile=end_quantile,
             overrun_budget_s=budget_us / 1e6,
+            cpu_idle=priority == "idle",
         )

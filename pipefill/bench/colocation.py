@@ -75,6 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     # unannounced and a 0.5 ms guard 9 % unused in 2.5 ms average waits, at no measurable gain in slowdown
     p.add_argument("--min-bubble-ms", type=float, default=1.0, help="spec.fill.minBubbleMilliseconds (default 1)")
     p.add_argument("--guard-ms", type=float, default=0.1, help="spec.fill.guardMilliseconds (default 0.1)")
+    p.add_argument(
+        "--fill-cpu-priority",
+        choices=["normal", "idle"],
+        default="normal",
+        help="the executor's CPU policy on its trainer's core: normal (default: the stand-in for a GPU, which cannot "
+        "preempt a fill step, so an overrun costs the trainer) or idle (SCHED_IDLE, what pipefill local runs: the "
+        "trainer preempts the fill); the naive runner is always normal",
+    )
     p.add_argument("--cores", help="cores to pin the stages to, one each (default: the first usable ones)")
     p.add_argument("--replay", action="store_true", help="replay stages of a deeper pipeline, one per core or GPU")
     p.add_argument("--pipeline-stages", type=int, default=8, help="replay: stages of the emulated pipeline")

@@ -116,6 +116,7 @@ def processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJ
             queue.mkdir(parents=True, exist_ok=True)
             (queue / f"{fill.name}.yaml").write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
             p.env[env.WORK_SOURCE] = f"files:{queue}"
+            p.env[env.FILL_CPU_PRIORITY] = "normal" if mode == "naive" else a.fill_cpu_priority
             if mode == "naive":
                 p.argv = [sys.executable, "-m", "pipefill_fill.bench_worker"]  # the naive runner
     return chosen

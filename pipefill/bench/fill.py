@@ -93,6 +93,7 @@ def _run_one(
         env.OUT_DIR: str(work / "fill"),
         env.DEVICE: "cpu",
         env.CPU_AFFINITY: str(a.cpu),
+        env.FILL_CPU_PRIORITY: "normal",  # a GPU cannot preempt a fill step: an overrun is measured, not hidden
         env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
     }

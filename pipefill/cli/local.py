@@ -36,6 +36,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 10**9:
+        raise argparse.ArgumentTypeError(f"{text}: must be a whole number of steps within 1..1000000000")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-f",
@@ -47,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out", type=Path, default=None, metavar="DIR", help="output directory (default: runs/<job name>)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=_steps,
+        default=None,
+        metavar="N",
+        help="train N optimizer steps instead of the manifest's spec.steps (the file is not changed)",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--no-pin", action="store_true", help="do not pin each rank's processes to one core")
@@ -76,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print(describe_error(exc), file=sys.stderr)
         return 2
     job, fills = manifests.job, manifests.fills
+    if args.steps is not None:
+        job.spec.steps = args.steps
     for warning in manifests.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     out_dir = args.out or Path("runs") / job.name

@@ -116,6 +116,7 @@ class StartEvent(Event):
     EVENT = "start"
     device: str
     cpus: Sequence[int] | None = None
+    cpu_priority: str | None = None  # "idle" (SCHED_IDLE: only CPU time its trainer leaves) or "normal"
     memory_budget_bytes: int
     memory_fraction: float | None = None
     guard_s: float

@@ -14,7 +14,7 @@ import pytest
 from fill_helpers import start_executor, start_producer, write_job
 
 from pipefill.channel import hold_fill
-from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, read_events
+from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, StartEvent, read_events
 from pipefill_fill.store import ProgressStore
 
 pytestmark = pytest.mark.slow
@@ -86,6 +86,10 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
         time.sleep(0.2)
     else:
         pytest.fail("the executor never did work")
+    # pinned to its trainer's core, the executor takes only the CPU time the trainer leaves
+    assert os.sched_getscheduler(fill.pid) == os.SCHED_IDLE
+    (start,) = [e for e in read_events(log) if isinstance(e, StartEvent)]
+    assert start.cpu_priority == "idle" and start.cpus == [_cpu()]
     producer.send_signal(signal.SIGKILL)
     producer.communicate(timeout=10)
     t0 = time.monotonic()

@@ -21,12 +21,27 @@ def test_defaults_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.end_quantile, s.spin_s) == (0.5, 0.0003)
 
 
+def test_the_cpu_priority_is_idle_where_the_fill_shares_its_trainers_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env.WORK_SOURCE, "files:/tmp/x")
+    monkeypatch.delenv(env.FILL_CPU_PRIORITY, raising=False)
+    monkeypatch.delenv(env.CPU_AFFINITY, raising=False)
+    assert not Settings.from_env().cpu_idle  # cores of its own (a pod's CPU request): the default policy
+    monkeypatch.setenv(env.CPU_AFFINITY, "0")
+    assert Settings.from_env().cpu_idle
+    monkeypatch.setenv(env.FILL_CPU_PRIORITY, "normal")
+    assert not Settings.from_env().cpu_idle
+    monkeypatch.delenv(env.CPU_AFFINITY)
+    monkeypatch.setenv(env.FILL_CPU_PRIORITY, "idle")
+    assert Settings.from_env().cpu_idle
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
         (env.FILL_END_QUANTILE, "1.2", "PIPEFILL_FILL_END_QUANTILE=1.2: the quantile must be within 0..1"),
         (env.FILL_SPIN_US, "-5", "PIPEFILL_FILL_SPIN_US=-5: the spin window must be within 0..10000 µs"),
         (env.FILL_SPIN_US, "fast", "PIPEFILL_FILL_SPIN_US='fast' must be a number"),
+        (env.FILL_CPU_PRIORITY, "low", "PIPEFILL_FILL_CPU_PRIORITY='low': expected idle"),
         (env.FILL_OVERRUN_BUDGET_US, "-1", "PIPEFILL_FILL_OVERRUN_BUDGET_US=-1: the expected overrun per step"),
     ],
 )

@@ -41,7 +41,7 @@ def _local(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
 
 def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = _local("-f", str(_job(tmp_path, steps=8, fill=False)), "--out", str(out))
+    done = _local("-f", str(_job(tmp_path, steps=100, fill=False)), "--out", str(out), "--steps", "8")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "training finished" in done.stdout
     report = json.loads((out / "report.json").read_text())
