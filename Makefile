@@ -46,9 +46,9 @@ demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an infere
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
-demo-embed: $(STAMP) ## the demo's training, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra); run again to go on
-	rm -rf runs/cpu-demo runs/fill/embed-sentences/profiles
-	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-embed.yaml --out runs/cpu-demo
+demo-embed: $(STAMP) ## the demo's training made wider, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra)
+	rm -rf runs/embed-demo runs/fill/embed-sentences
+	$(BIN)/pipefill local -f examples/embed-demo.yaml -f examples/fill-embed.yaml --out runs/embed-demo
 
 test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests
 	$(BIN)/pytest -q

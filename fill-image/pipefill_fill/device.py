@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,6 +21,7 @@ __all__ = [
     "pin_cpus",
     "proc_status_kb",
     "select_device",
+    "step_clock",
 ]
 
 log = logging.getLogger("pipefill_fill")
@@ -50,6 +52,16 @@ def idle_priority() -> bool:
         log.warning("cannot take the idle CPU priority (%s): the fill competes with its trainer for the core", exc)
         return False
     return True
+
+
+def step_clock(device: torch.device, *, idle: bool) -> Callable[[], int]:
+    """The clock (ns) a fill step's cost is measured with, for its profile and its time model: wall time, except on
+    the CPU at idle priority, where a step that the trainer preempted (its bubble ended early) or other work on the
+    core delayed took longer in wall time than it costs; there this thread's CPU time (one torch thread: the step's
+    work is on it) is what the step needs of an idle core."""
+    if device.type == "cpu" and idle:
+        return time.thread_time_ns
+    return time.monotonic_ns
 
 
 def select_device(requested: str | None, trainer_gpu_uuids: Sequence[str] = ()) -> torch.device:

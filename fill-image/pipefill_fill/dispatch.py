@@ -109,6 +109,7 @@ class Dispatcher:
                 budget_s=self.settings.overrun_budget_s,
                 offloader=a.offloader if self.settings.offload else None,
                 transfer_estimate=a.transfer_estimate,
+                cost_clock=self.jobs.step_clock,
             )
         return name, "", out, max_batch
 

@@ -84,6 +84,7 @@ def run_steps(
     offloader: Offloader | None = None,
     transfer_estimate: Estimator | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
+    cost_clock: Callable[[], int] | None = None,  # what a step costs, for the model (None: ``clock``)
 ) -> BubbleOutcome:
     """Steps of ``task`` until the next would not finish by ``deadline_ns`` (expected end − guard).
 
@@ -117,10 +118,11 @@ def run_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
+        cost0 = cost_clock() if cost_clock is not None else start
         items = task.step(batch_size)
         _sync(device)
         end = clock()
-        model.record(batch_size, (end - start) / 1e9, kind)
+        model.record(batch_size, ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9, kind)
         out.spans_ns.append((start, end))
         out.batch_sizes.append(batch_size)
         out.steps += 1

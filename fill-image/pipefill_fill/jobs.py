@@ -18,6 +18,7 @@ from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
 from pipefill_fill.claim import claim_slice
+from pipefill_fill.device import step_clock
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
@@ -98,6 +99,7 @@ class Jobs:
         self.active: dict[str, ActiveJob] = {}
         self.failed: set[str] = set()
         self.generation = 0
+        self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -137,7 +139,9 @@ class Jobs:
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
         """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
         modules = list(getattr(task.workload, "modules", lambda: [])())
-        profiler = BubbleProfiler(task, self.device, memory_budget_bytes=self.settings.reserved_bytes)
+        profiler = BubbleProfiler(
+            task, self.device, memory_budget_bytes=self.settings.reserved_bytes, clock=self.step_clock
+        )
         return profiler, Offloader(modules, self.device) if self.settings.offload else None
 
     # -- progress -------------------------------------------------------------------------------------------------

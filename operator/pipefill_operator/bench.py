@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipefill.devcluster import ControlPlane, start
 from pipefill.devcluster.cluster import repo_root
+from pipefill.ports import free_port
 
 __all__ = ["main"]
 
@@ -178,13 +178,6 @@ def _time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement; the control plane's directory goes afterwards unless ``--keep`` (or ``--dir``) keeps it."""
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="pipefill-bench-operator-"))
@@ -217,7 +210,7 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     stack = contextlib.ExitStack()
     try:
         kubeconfig = _operator_identity(cp)
-        metrics_port = _free_port()
+        metrics_port = free_port()
         log = stack.enter_context((workdir / "operator.log").open("w"))
         operator = subprocess.Popen(
             [sys.executable, "-m", "pipefill_operator", "--kubeconfig", str(kubeconfig), "--workers", str(args.workers),

@@ -12,7 +12,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -22,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipefill.ports import free_port
+
 __all__ = ["Proc", "StartFailed", "alive", "free_port", "wait_http", "wait_until"]
 
 _PR_SET_PDEATHSIG = 1
@@ -29,14 +30,6 @@ _PR_SET_PDEATHSIG = 1
 
 class StartFailed(RuntimeError):
     """A component did not become healthy; the message names it and quotes the end of its log."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _start_time(pid: int) -> str | None:

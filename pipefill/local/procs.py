@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,10 @@ from typing import IO
 
 from pipefill import env
 from pipefill.pods import rank_containers
+from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
 
 __all__ = ["LocalProcess", "free_port", "local_processes", "schedule_file", "stop_all"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -3,6 +3,7 @@ clock, plus one real workload for the profiler's slow first step."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from fill_helpers import write_job
 
 from pipefill.spec import load_file
+from pipefill_fill.device import step_clock
 from pipefill_fill.predict import EndModel, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask, TaskSpec
@@ -145,3 +147,15 @@ def test_the_end_is_planned_where_the_positions_own_record_puts_it() -> None:
     assert EndModel(quantile=0.0, warm=1).end_ns(steady, 7) == 7
     with pytest.raises(ValueError, match=r"quantile 1\.5 must be within 0\.\.1"):
         EndModel(quantile=1.5)
+
+
+def test_on_an_idle_priority_cpu_a_step_costs_its_cpu_time_not_its_wall_time() -> None:
+    """At SCHED_IDLE the trainer preempts a fill step whose bubble ended early: the wall time then includes the
+    trainer's work, which the profile and the step model must not take as the step's cost."""
+    cpu = torch.device("cpu")
+    wall, cost = step_clock(cpu, idle=False), step_clock(cpu, idle=True)
+    w0, c0 = wall(), cost()
+    time.sleep(0.05)  # the step's thread off the core: what a preemption looks like to it
+    waited_ns, cost_ns = wall() - w0, cost() - c0
+    assert waited_ns >= 50 * MS and cost_ns < 5 * MS
+    assert step_clock(torch.device("cuda"), idle=True) is time.monotonic_ns  # a GPU step's time is wall time

@@ -3,11 +3,13 @@ machine differs (channel directory, spec file, rendezvous, ports, work source, o
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pipefill import env
 from pipefill.local.procs import local_processes
 from pipefill.pods import rank_containers
+from pipefill.ports import free_port
 from pipefill.spec import load_training_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +59,13 @@ def test_local_env_equals_pod_env_except_the_remapped_keys(tmp_path: Path) -> No
         pair = {p.env.get(env.CPU_AFFINITY) for p in procs if p.rank == rank}
         assert len(pair) == 1
     assert len({p.metrics_port for p in procs}) == len(procs)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_can_be_listened_on() -> None:
+    """A port from the ephemeral range can be taken by another process's outgoing connection before the listener
+    binds it (a fill executor's metrics port was, and the executor restarted on it forever)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(p < low for p in ports) and len(ports) > 1
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))

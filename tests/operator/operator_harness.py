@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipefill.devcluster import ControlPlane
+from pipefill.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE_FILE = ROOT / "operator" / "rbac" / "clusterrole.yaml"
@@ -84,13 +84,6 @@ def committed_role() -> dict[str, Any]:
     return role
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class OperatorProcess:
     """``python -m pipefill_operator`` as a child process; ``start`` returns once it serves."""
 
@@ -107,7 +100,7 @@ class OperatorProcess:
         self.kubeconfig, self.log_path = kubeconfig, log_path
         self.namespaces, self.status_interval_s = namespaces, status_interval_s
         self.args, self.extra_env = args, env or {}
-        self.metrics_port = _free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, timeout_s: float = 60) -> None:
