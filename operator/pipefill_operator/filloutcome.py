@@ -21,7 +21,7 @@ __all__ = ["SCHEDULED", "Decision", "decide"]
 
 SCHEDULED = "Scheduled"
 _QUEUED, _RUNNING = FillJobPhase.QUEUED.value, FillJobPhase.RUNNING.value
-_SUCCEEDED, _CANCELLED = FillJobPhase.SUCCEEDED.value, FillJobPhase.CANCELLED.value
+_CANCELLED = FillJobPhase.CANCELLED.value
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ def decide(
     if phase in FINAL_PHASES:
         if status.get("assignments"):
             new["assignments"] = []  # nothing runs any more
+        if phase == FillJobPhase.SUCCEEDED.value:  # an executor completed it (outputs assembled, finalize run)
+            why = "every slice committed and the job completed"
+            new["conditions"] = _condition(conditions, False, "Completed", why, now)
         return Decision(_changed(status, new))
     if outcome is not None and outcome.planned and not slices:
         slices = [{"start": s.start, "end": s.end, "committed": s.committed} for s in outcome.slices]
@@ -103,10 +106,6 @@ def decide(
         released += [(p, "cancelled") for p in (outcome.released if outcome else ()) if not _slice_done(slices, p)]
         new.update(phase=_CANCELLED, assignments=[], completionTime=now, message=f"{why}; {done} of {total} committed")
         new["conditions"] = _condition(conditions, False, "Cancelled", why, now)
-    elif slices and done == total:
-        new.update(phase=_SUCCEEDED, assignments=[], samplesDone=total, progress=100.0, message="every slice committed")
-        new["completionTime"] = status.get("completionTime") or now
-        new["conditions"] = _condition(conditions, False, "Completed", "every slice committed", now)
     elif outcome is None:
         return Decision(_changed(status, new))
     elif spec.get("suspend"):
@@ -128,6 +127,14 @@ def decide(
         if outcome.code:
             new["message"] = outcome.reason
             new["conditions"] = _condition(conditions, False, outcome.code, outcome.reason, now)
+        elif placed and slices and done == total:  # Succeeded comes from the executor that completes it
+            p = outcome.assignments[0]
+            why = (
+                f"every slice committed; the executor of {p.training_job}/{p.rank} completes the job (assembles the "
+                "outputs, runs the workload's finalize) and reports Succeeded"
+            )
+            new["message"] = why
+            new["conditions"] = _condition(conditions, True, "Completing", why, now)
         elif placed:
             hosts = sorted({f"{p.training_job}/{p.rank}" for p in outcome.assignments})
             more = f" and {len(hosts) - 8} more" if len(hosts) > 8 else ""

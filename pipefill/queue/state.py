@@ -142,13 +142,18 @@ class State:
             frozenset((u.training_job, u.rank) for u in view.unfit),
             epoch=view.epoch,
         )
+        # Every slice committed, the job not final: an executor still has to complete it (assemble the outputs, call
+        # the workload's finalize) and report Succeeded. One placement of a done slice stays (or the last slice is
+        # placed) so that some executor does, also when the one that committed last died before completing.
+        completing = bool(slices) and all(s.done for s in slices)
         held: set[tuple[int, int]] = set()
         if view.assignments:
             by_bounds = {(s.start, s.end): s for s in slices}
             for a in sorted(view.assignments, key=lambda a: (a.start, a.epoch)):
                 bounds = (a.start, a.end)
                 gone = a.pod_uid not in self.live or (a.training_job, a.rank) in job.unfit
-                if gone or by_bounds[bounds].done or bounds in held or a.pod_uid in job.pods:
+                finished = by_bounds[bounds].done and not (completing and not job.kept)
+                if gone or finished or bounds in held or a.pod_uid in job.pods:
                     job.released.append(a)
                     continue
                 job.kept.append(a)
@@ -163,6 +168,8 @@ class State:
             if s.committed < s.end and (s.start, s.end) not in held:
                 (fresh if s.committed == s.start else started).append(s)
         job.open = deque(started + fresh)
+        if completing and not job.kept:
+            job.open.append(slices[-1])
         return job
 
     def group(self, view: FillJobView) -> Group:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from fill_e2e_helpers import RankExecutor, start_rank
-from fill_queue_helpers import Fill, fill_manifest, start_queue_operator, status
+from fill_queue_helpers import Fill, fill_manifest, scheduled, start_queue_operator, status
 from operator_harness import GROUP, VERSION, Kube, job_manifest, phase, running
 
 from pipefill.devcluster import ControlPlane
@@ -27,6 +27,7 @@ from pipefill.events import CommitEvent, JobEvent, SliceEvent, read_events
 from pipefill.spec import parse
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.work import Slice
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -278,3 +279,48 @@ def test_a_suspended_job_stops_keeps_its_progress_and_resumes_there(world: World
 
     fill.wait("paused", lambda o: len(resumed()) >= (2 if now == events else 1), timeout_s=60)
     assert resumed()[-1].position == committed  # resumed exactly from the committed sample
+
+
+def test_a_job_committed_but_not_completed_is_completed_by_the_executor_the_operator_keeps_placed(
+    world: World,
+) -> None:
+    """Every sample committed, the outputs not assembled: the executors that held the slices died between their last
+    commit and the completion. That is not Succeeded: the operator keeps one placement (Completing), the executor
+    started for that pod assembles ``outputs.npy``, byte-identical to a single-rank run, and only its report makes
+    the job Succeeded."""
+    kube, namespace, tmp_path = world.kube, world.namespace, world.tmp
+    kube.create_job(namespace, job_manifest("host"))
+    pods = {p["metadata"]["uid"]: p for p in kube.wait_pods(namespace, "host", running(2))}
+    kube.wait_job(namespace, "host", phase("Running"))
+    out = tmp_path / "storage" / "late"
+    manifest = fill_manifest(
+        "late",
+        workload={"kind": "inference", "builtin": "encoder-inference", "parameters": PARAMS},
+        output={"path": str(out)},
+        totalSamples=1024,
+        maxParallelRanks=2,
+    )
+    manifest["apiVersion"], manifest["kind"] = f"{GROUP}/{VERSION}", "FillJob"
+    reference = _reference(tmp_path, manifest)
+    fill = Fill(kube, namespace)
+    fill.create(manifest)
+    slices = status(fill.wait("late", lambda o: len(status(o).get("assignments") or ()) == 2))["slices"]
+    plan = [Slice(s["start"], s["end"]) for s in slices]
+    spec = TaskSpec.from_spec(parse(manifest), plan=plan)  # type: ignore[arg-type]
+    for s in plan:  # what the dead executors left: every slice committed and marked done, nothing assembled
+        task = FillTask(spec, s)
+        task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+        while not task.done():
+            task.step(64)
+        task.commit()
+        task.store.mark_done()
+    for s in slices:  # and their last reports
+        fill.commit("late", s["start"], s["end"])
+    completing = fill.wait("late", lambda o: scheduled(o).get("reason") == "Completing")
+    assert status(completing)["phase"] == "Running" and status(completing)["samplesDone"] == 1024
+    assert not (out / "outputs.npy").exists()
+    (placed,) = status(completing)["assignments"]
+    world.ranks.append(start_rank(world.cp, namespace, pods[placed["podUID"]], job="host", workdir=tmp_path))
+    done = fill.wait("late", lambda o: scheduled(o).get("reason") == "Completed", timeout_s=120)
+    assert status(done)["phase"] == "Succeeded" and status(done)["assignments"] == []
+    assert (out / "outputs.npy").read_bytes() == reference

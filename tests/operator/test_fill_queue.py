@@ -86,11 +86,18 @@ def test_slices_planned_once_assigned_with_epochs_and_done_from_the_commit_point
     assert sorted(a["epoch"] for a in st["assignments"]) == [3, 4] and st["epoch"] == 4
     assert st["samplesDone"] == 256
 
-    # every slice committed: Succeeded, nothing assigned
+    # every slice committed: one placement stays, for the executor that completes the job (outputs, finalize)
     for s in plan:
         fill.commit("embed", s["start"], s["end"])
-    obj = fill.wait("embed", phase("Succeeded"))
-    assert status(obj)["assignments"] == [] and status(obj)["samplesDone"] == 1024
+    obj = fill.wait("embed", lambda o: scheduled(o).get("reason") == "Completing")
+    st = status(obj)
+    assert st["phase"] == "Running" and st["samplesDone"] == 1024 and len(st["assignments"]) == 1
+
+    # its executor reports Succeeded: nothing assigned any more
+    fill.executor_patch("embed", lambda s: s.update(phase="Succeeded"))
+    obj = fill.wait("embed", lambda o: scheduled(o).get("reason") == "Completed")
+    assert status(obj)["assignments"] == [] and status(obj)["phase"] == "Succeeded"
+    assert operator.metric("pipefill_operator_fill_jobs", {"phase": "Succeeded"}) == 1.0
     assert operator.metric("pipefill_operator_fill_jobs", {"phase": "Succeeded"}) == 1.0
 
 

@@ -136,10 +136,19 @@ def test_waiting_done_suspended_cancelled_and_final() -> None:
     )
     assert waiting["message"].startswith("hostSelector")
 
+    # every slice committed is not Succeeded: the placement that completes the job stays until an executor reports
     done = [dict(s, committed=s["end"]) for s in SLICES]
-    finished = decide(_fill({"slices": done, "assignments": [{"x": 1}]}), _outcome(), running_hosts=set(), now=NOW)
-    assert finished.patch is not None and finished.patch["phase"] == "Succeeded"
-    assert finished.patch["assignments"] == [] and finished.patch["samplesDone"] == 1024
+    completer = _placement(512, 1024, 4)
+    committed = decide(_fill({"slices": done, "phase": "Running"}), _outcome(assignments=(completer,), epoch=4), running_hosts=set(), now=NOW).patch  # fmt: skip
+    assert committed is not None and "phase" not in committed and committed["samplesDone"] == 1024
+    assert [a["start"] for a in committed["assignments"]] == [512]
+    (cond,) = committed["conditions"]
+    assert (cond["status"], cond["reason"]) == ("True", "Completing") and "train/0 completes the job" in cond["message"]
+    reported = {"slices": done, "phase": "Succeeded", "assignments": committed["assignments"], "conditions": [cond]}
+    finished = decide(_fill(reported), _outcome(), running_hosts=set(), now=NOW).patch
+    assert finished is not None and finished["assignments"] == []
+    (cond,) = finished["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "Completed")
 
     held = _placement(0, 512, 3)
     suspended = decide(_fill({"slices": SLICES, "phase": "Running"}, suspend=True), _outcome(released=(held,)), running_hosts=set(), now=NOW)  # fmt: skip

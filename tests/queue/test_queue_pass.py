@@ -146,12 +146,38 @@ def test_unfit_reports_steer_away_and_release() -> None:
 
 def test_done_slices_are_released_and_final_jobs_hold_nothing() -> None:
     t = training_job("t", LONG, 2)
-    done = _running_on(t, 0, committed=10_000)
-    o = schedule_pass(Snapshot((done,), (t,))).jobs["default", "moving"]
-    assert not o.assignments and o.released == done.assignments and not o.reason
+    plan = plan_slices(10_000, parallel_ranks=2)
+    pod = t.ranks[0]
+    first_done = _job(
+        "split",
+        max_parallel_ranks=2,
+        slices=tuple(SliceStatus(s.start, s.end, s.end if i == 0 else s.start) for i, s in enumerate(plan)),
+        assignments=(Placement("split", plan[0].start, plan[0].end, "t", 0, pod.pod, pod.pod_uid, 3),),
+        epoch=3,
+        phase="Running",
+    )
+    o = schedule_pass(Snapshot((first_done,), (t,))).jobs["default", "split"]
+    assert o.released == first_done.assignments and (plan[0].start, plan[0].end) not in {
+        (p.start, p.end) for p in o.assignments
+    }
     final = replace(_running_on(t, 0, committed=500), phase="Cancelled")
     o = schedule_pass(Snapshot((final,), (t,))).jobs["default", "moving"]
     assert not o.assignments and not o.new and o.released == final.assignments
+
+
+def test_a_job_with_every_slice_committed_stays_placed_until_an_executor_completes_it() -> None:
+    """Committed is not complete: an executor assembles the outputs and calls finalize, then reports Succeeded. The
+    placement that committed last stays for that; when its pod is gone (the executor died before completing), the
+    last slice is placed again, with a new epoch, so another executor completes the job."""
+    t = training_job("t", LONG, 2)
+    done = _running_on(t, 0, committed=10_000)
+    o = schedule_pass(Snapshot((done,), (t,))).jobs["default", "moving"]
+    assert o.assignments == done.assignments and not o.released and not o.new and not o.reason
+    replaced = replace(t, ranks=(replace(t.ranks[0], pod_uid="uid-t-0-new"), t.ranks[1]))  # the old pod is gone
+    out = schedule_pass(Snapshot((done,), (replaced,))).jobs["default", "moving"]
+    assert out.released == done.assignments
+    (placed,) = out.new
+    assert (placed.start, placed.end, placed.epoch) == (0, 10_000, 4) and placed.pod_uid != "uid-t-0"
 
 
 def test_started_slices_resume_first() -> None:
