@@ -155,8 +155,11 @@ class LocalRun:
                     self.outcome.code, self.outcome.reason = 0, "training finished"
                     self._note("all trainers finished")
                     return self.outcome
+                finished = {p.rank for p in self.procs if p.container == "trainer" and p.poll() == 0}
                 for i, proc in enumerate(self.procs):
                     if proc.container != "fill-executor" or proc.poll() is None:
+                        continue
+                    if proc.rank in finished:  # its trainer is done, so is its pod's sidecar: nothing to restart
                         continue
                     due = fill_restart_at.setdefault(
                         i, time.monotonic() + _FILL_RESTART_BACKOFF_S[min(proc.restarts, 4)]

@@ -94,6 +94,8 @@ def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
     assert f"fill embed-tiny {status_file['samplesDone']}/{FILL_TOTAL} {status_file['phase']}" in final
     last_loss = [e for e in read_events(rank_log_paths(out, 0)[0]) if isinstance(e, StepEvent)][-1].loss
     assert f"loss {last_loss:.3f}" in final
+    # an executor that stops because its own trainer finished is not restarted (its pod's sidecar would not be)
+    assert "restarted" not in done.stdout and json.loads((out / "report.json").read_text())["outcome"]["fill_restarts"] == 0
 
 
 @pytest.mark.slow
