@@ -22,16 +22,16 @@ from pipefill.children import JOB_LABEL
 from pipefill.queue import POLICIES, now_rfc3339, schedule_pass
 from pipefill_operator.fillindex import FillIndex, ObjectIndex
 from pipefill_operator.filloutcome import decide
-from pipefill_operator.kube import ApiError, Kube, Resource
+from pipefill_operator.kube import ApiError, Kube, resource_of
 from pipefill_operator.metrics import FillQueueMetrics
 
 __all__ = ["FILLJOB", "FillQueue", "QueueConfig"]
 
 log = logging.getLogger("pipefill_operator.fill")
 
-FILLJOB = Resource("pipefill.io/v1alpha1", "FillJob", "filljobs")
-_PTJ = Resource("pipefill.io/v1alpha1", "PipelineTrainingJob", "pipelinetrainingjobs")
-_POD = Resource("v1", "Pod", "pods")
+FILLJOB = resource_of("pipefill.io/v1alpha1", "FillJob")
+_PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
+_POD = resource_of("v1", "Pod")
 _WRITES_AT_ONCE = 16
 _COUNTED = 65536
 

@@ -54,6 +54,7 @@ class Resource:
 
 RESOURCES: tuple[Resource, ...] = (
     Resource("pipefill.io/v1alpha1", "PipelineTrainingJob", "pipelinetrainingjobs"),
+    Resource("pipefill.io/v1alpha1", "FillJob", "filljobs"),
     Resource("v1", "Pod", "pods"),
     Resource("v1", "Service", "services"),
     Resource("v1", "ConfigMap", "configmaps"),

@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     report = json.loads(Path(files["report.json"]).read_text(encoding="utf-8"))
     print(f"{outcome.reason}; outputs in {out_dir}")
     print(_summary(report))
+    already = _already_trained(out_dir, job.spec.steps) if outcome.code == 0 else None
+    if already:
+        print(already)
     for name, path in files.items():
         print(f"  {name}: {path}")
     return outcome.code
@@ -168,6 +171,27 @@ def _serve_metrics(collector: ChildrenCollector, port: int | None) -> MetricsEnd
             return None
     print(f"note: metrics port {_METRICS_PORT} is taken; using a free one", flush=True)
     return MetricsEndpoint(collector, port=0)
+
+
+def _already_trained(out_dir: Path, steps: int) -> str | None:
+    """Why a finished run trained no step: it resumed from checkpoints at ``spec.steps`` already (a second run of the
+    same manifests); None when it trained. The report's figures are then the earlier runs' (the logs are appended)."""
+    from pipefill.events import RestartEvent, StepEvent, read_events
+    from pipefill.local.report import rank_log_paths
+
+    events = read_events(rank_log_paths(out_dir, 0)[0])
+    last = max((i for i, e in enumerate(events) if isinstance(e, RestartEvent)), default=None)
+    if last is None or any(isinstance(e, StepEvent) for e in events[last:]):
+        return None
+    at = events[last]
+    assert isinstance(at, RestartEvent)
+    if at.step < steps:
+        return None
+    return (
+        f"nothing to train: the checkpoints in {at.checkpoint} are at step {at.step} of spec.steps {steps} already; "
+        "the figures above are the earlier runs' (remove the checkpoints to train afresh, or pass --steps N above "
+        f"{at.step} to train on from there)"
+    )
 
 
 def _summary(report: dict[str, Any]) -> str:

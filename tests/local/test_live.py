@@ -95,7 +95,10 @@ def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
     last_loss = [e for e in read_events(rank_log_paths(out, 0)[0]) if isinstance(e, StepEvent)][-1].loss
     assert f"loss {last_loss:.3f}" in final
     # an executor that stops because its own trainer finished is not restarted (its pod's sidecar would not be)
-    assert "restarted" not in done.stdout and json.loads((out / "report.json").read_text())["outcome"]["fill_restarts"] == 0
+    assert (
+        "restarted" not in done.stdout
+        and json.loads((out / "report.json").read_text())["outcome"]["fill_restarts"] == 0
+    )
 
 
 @pytest.mark.slow

@@ -65,6 +65,18 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
     assert (out / "timeline.png").stat().st_size > 1000
 
 
+def test_a_second_run_of_a_finished_job_says_why_it_trained_nothing_and_steps_trains_on(tmp_path: Path) -> None:
+    job, out = _job(tmp_path, steps=3, fill=False), tmp_path / "out"
+    assert _local("-f", str(job), "--out", str(out)).returncode == 0
+    again = _local("-f", str(job), "--out", str(out))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"nothing to train: the checkpoints in {tmp_path / 'ckpt'} are at step 3 of spec.steps 3" in again.stdout
+    more = _local("-f", str(job), "--out", str(out), "--steps", "5")
+    assert more.returncode == 0 and "nothing to train" not in more.stdout, more.stdout + more.stderr
+    steps = [e.step for e in read_events(out / "ranks" / "0" / "trainer" / "events.jsonl") if isinstance(e, StepEvent)]
+    assert steps == [0, 1, 2, 3, 4]  # three steps, none, then two more from the checkpoint (steps count from 0)
+
+
 def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) -> None:
     bad = yaml.safe_load((ROOT / "examples" / "cpu-demo.yaml").read_text())
     bad["spec"]["pipeline"]["globalBatch"] = 10

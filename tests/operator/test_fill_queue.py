@@ -98,7 +98,6 @@ def test_slices_planned_once_assigned_with_epochs_and_done_from_the_commit_point
     obj = fill.wait("embed", lambda o: scheduled(o).get("reason") == "Completed")
     assert status(obj)["assignments"] == [] and status(obj)["phase"] == "Succeeded"
     assert operator.metric("pipefill_operator_fill_jobs", {"phase": "Succeeded"}) == 1.0
-    assert operator.metric("pipefill_operator_fill_jobs", {"phase": "Succeeded"}) == 1.0
 
 
 def test_a_selector_matching_nothing_stays_queued_with_the_reason(
