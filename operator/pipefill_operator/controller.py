@@ -61,7 +61,9 @@ class Controller:
         self.queue = WorkQueue()
         self.backoff = Backoff()
         self.nodes = NodeIndex() if config.clusterwide else None
-        self.reconciler = Reconciler(kube, nodes=self.nodes)
+        self.reconciler = Reconciler(
+            kube, nodes=self.nodes, on_schedule_csv=fill.schedule_csv if fill is not None else None
+        )
         self.reader = StatusReader(timeout_s=config.status_timeout_s, concurrency=config.status_concurrency)
         self.running: dict[Key, list[dict[str, Any]]] = {}  # running jobs -> their pods, for the status reader
         self.waiting: set[Key] = set()  # jobs in phase Waiting (a node offering a resource wakes them)

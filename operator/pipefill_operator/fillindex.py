@@ -121,6 +121,7 @@ class FillIndex:
         self.pods = ObjectIndex()
         self._parsed: dict[tuple[str, int], Any] = {}
         self.invalid: dict[tuple[str, str], str] = {}  # FillJobs whose spec does not parse -> why (logged once)
+        self.schedule_csvs: dict[tuple[str, str], str] = {}  # custom schedules of training jobs (their reconciles')
         self.seeded = False  # every kind listed once: only then is an absent pod a gone pod
 
     def _parse(self, body: dict[str, Any]) -> Any:
@@ -143,6 +144,11 @@ class FillIndex:
         live = self.fill_jobs.objects.keys() | self.training_jobs.objects.keys()
         if len(self._parsed) > len(live):  # specs of deleted objects
             self._parsed = {k: v for k, v in self._parsed.items() if k[0] in live}
+        jobs = {
+            (str(b["metadata"]["namespace"]), str(b["metadata"]["name"])) for b in self.training_jobs.objects.values()
+        }
+        for gone in [k for k in self.schedule_csvs if k not in jobs]:
+            del self.schedule_csvs[gone]
         bubbles = self._reported_bubbles()
         views: list[FillJobView] = []
         for body in self.fill_job_bodies():
@@ -225,7 +231,11 @@ class FillIndex:
             classes, step_s = bubbles.get((namespace, name, rank), ((), None))
             ranks.append(RankView(rank, str(pmeta["name"]), str(pmeta["uid"]), classes, step_s))
         return TrainingJobView.from_spec(
-            job, ranks=tuple(sorted(ranks, key=lambda r: r.rank)), namespace=namespace, running=running
+            job,
+            ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+            namespace=namespace,
+            running=running,
+            schedule_csv=self.schedule_csvs.get((namespace, name)),
         )
 
     def _reported_bubbles(self) -> dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]]:

@@ -78,6 +78,16 @@ class FillQueue:
     def pod_event(self, body: dict[str, Any], *, deleted: bool) -> None:
         self._event(self.index.pods, body, deleted)
 
+    def schedule_csv(self, key: tuple[str, str], csv: str | None) -> None:
+        """The custom schedule of training job ``key`` as its reconcile read it from the user's ConfigMap (None: not
+        found yet): the prediction of the bubbles of its ranks that have reported none needs it."""
+        if self.index.schedule_csvs.get(key) != csv:
+            if csv is None:
+                self.index.schedule_csvs.pop(key, None)
+            else:
+                self.index.schedule_csvs[key] = csv
+            self._wake.set()
+
     def _event(self, index: ObjectIndex, body: dict[str, Any], deleted: bool) -> None:
         if index.event(body, deleted=deleted):
             self._wake.set()

@@ -58,9 +58,15 @@ def _status_of(body: dict[str, Any]) -> PipelineTrainingJobStatus:
 
 class Reconciler:
     def __init__(
-        self, kube: Kube, *, nodes: NodeIndex | None = None, now: Callable[[], datetime.datetime] | None = None
+        self,
+        kube: Kube,
+        *,
+        nodes: NodeIndex | None = None,
+        now: Callable[[], datetime.datetime] | None = None,
+        on_schedule_csv: Callable[[Key, str | None], None] | None = None,
     ) -> None:
         self.kube = kube
+        self.on_schedule_csv = on_schedule_csv  # told each custom schedule's CSV (the fill queue predicts with it)
         self.prereqs = Prerequisites(kube, nodes)
         self.apply = Applier(kube)
         self.now = now or (lambda: datetime.datetime.now(datetime.UTC))
@@ -152,6 +158,8 @@ class Reconciler:
         pods = [p for p in await self.kube.list(POD, namespace, label_selector=f"{JOB_LABEL}={name}") if _owned(p, uid)]
         csv, waiting = await self.prereqs.schedule_csv(job, namespace)
         ref = job.spec.pipeline.custom_schedule
+        if ref is not None and self.on_schedule_csv is not None:
+            self.on_schedule_csv(key, csv)
         if waiting is not None and ref is not None:
             self.waiting_for.setdefault(("ConfigMap", namespace, ref.name), set()).add(key)
         tick = time.perf_counter()

@@ -291,3 +291,27 @@ def test_the_policy_flag_reaches_the_pass(
     count = operator.metric("pipefill_operator_schedule_pass_seconds_count", {"policy": "priority"})
     assert count is not None and count > 0
     assert operator.metric("pipefill_operator_schedule_pass_seconds_count", {"policy": "fifo"}) == 0.0
+
+
+def test_a_custom_schedules_ranks_are_predicted_from_its_configmap(
+    kube: Kube, namespace: str, operators: Callable[..., OperatorProcess]
+) -> None:
+    """Before its executors report bubbles, a rank is planned with the simulator's prediction; for schedule custom
+    from the CSV in the user's ConfigMap, which the job's reconcile reads. A FillJob whose estimated step (10 s)
+    outlasts every predicted bubble then waits NoFittingBubble (without a prediction it would be placed, to learn)."""
+    operators()
+    csv = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n"
+    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "sched"}, "data": {"schedule.csv": csv}})
+    pipeline = {
+        "stages": 2,
+        "microbatches": 4,
+        "globalBatch": 8,
+        "schedule": "custom",
+        "customSchedule": {"name": "sched"},
+    }
+    big = {"layers": 24, "hiddenSize": 2048, "heads": 16, "seqLen": 2048, "vocabSize": 50304}  # bubbles ≥ the floor
+    _host(kube, namespace, "host", model=big, pipeline=pipeline)
+    fill = Fill(kube, namespace)
+    fill.create(fill_manifest("slow", estimates={"stepMilliseconds": 10_000}))
+    obj = fill.wait("slow", lambda o: scheduled(o).get("reason") == "NoFittingBubble")
+    assert status(obj)["phase"] == "Queued" and not status(obj).get("assignments")

@@ -4,15 +4,20 @@ snapshot it builds (which pods are ranks, which are only live), and the status p
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pipefill.queue import JobOutcome, Placement, SliceStatus, schedule_pass
+from pipefill.queue.fit import Rates
+from pipefill.queue.state import State
 from pipefill_operator.fillindex import FillIndex, ObjectIndex
 from pipefill_operator.filloutcome import decide
 
 NOW = "2026-01-01T00:00:00Z"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _obj(uid: str, rv: int, namespace: str = "ns", name: str | None = None, **rest: Any) -> dict[str, Any]:
@@ -195,3 +200,31 @@ def test_the_policy_flag_and_its_environment_variable_are_checked_before_connect
 def test_a_long_reason_is_cut_to_the_status_bound() -> None:
     out = decide(_fill({"slices": SLICES}), _outcome(code="Unfit", reason="x" * 9000), running_hosts=set(), now=NOW)
     assert out.patch is not None and len(out.patch["message"]) == 4096
+
+
+def test_a_custom_schedules_unreported_ranks_are_predicted_from_the_csv_its_reconcile_read() -> None:
+    """Until its executors report bubbles, a training job's ranks are planned with the simulator's prediction; for
+    schedule ``custom`` that needs the CSV from the user's ConfigMap, which the reconcile reads and hands over."""
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "custom-schedule" / "custom-demo.yaml").read_text()))
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (job,) = [d for d in docs if d["kind"] == "PipelineTrainingJob"]
+    index = FillIndex()
+    body = {**copy.deepcopy(job), **_obj("tj", 1, name="train"), "status": {"phase": "Running", "generation": 1}}
+    # a model whose predicted bubbles (on the prediction's H100) outlast minBubbleMilliseconds
+    body["spec"]["model"] = {"layers": 24, "hiddenSize": 2048, "heads": 16, "seqLen": 2048, "vocabSize": 50304}
+    index.training_jobs.event(body, deleted=False)
+    for pod in (_pod("p0", 0, 1), _pod("p1", 1, 1)):
+        index.pods.event(pod, deleted=False)
+
+    def capacities() -> list[Any]:
+        snap = index.snapshot(suspended=set())
+        return [h.cap for h in State(snap, max_jobs=1, rates=Rates()).hosts]
+
+    assert [c.known for c in capacities()] == [False, False]  # no CSV yet: learnt by placing
+    index.schedule_csvs["ns", "train"] = cm["data"]["schedule.csv"]
+    assert index.snapshot(suspended=set()).training_jobs[0].schedule_csv == cm["data"]["schedule.csv"]
+    known = capacities()
+    assert [c.known for c in known] == [True, True] and all(c.classes for c in known)
+    index.training_jobs.event(_obj("tj", 2, name="train"), deleted=True)
+    index.snapshot(suspended=set())
+    assert index.schedule_csvs == {}  # forgotten with its job
