@@ -34,6 +34,7 @@ __all__ = [
     "LOG_LEVEL",
     "METRICS_PORT",
     "OUT_DIR",
+    "PARENT_PID",
     "POD_NAMESPACE",
     "POD_UID",
     "RANK",
@@ -54,6 +55,7 @@ CHANNEL_DIR = "PIPEFILL_CHANNEL_DIR"  # directory of the bubble channel (memory-
 JOB_NAME = "PIPEFILL_JOB_NAME"  # the PipelineTrainingJob's name
 RANK = "PIPEFILL_RANK"  # this pod's global rank (replica × stages + stage): the fill executor's identity
 METRICS_PORT = "PIPEFILL_METRICS_PORT"  # Prometheus port of this container; 0 disables the endpoint
+PARENT_PID = "PIPEFILL_PARENT_PID"  # set by pipefill local: the process gets SIGTERM when that parent dies
 CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
 DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
 OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace (local runs and debugging)

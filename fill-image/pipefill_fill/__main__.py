@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from pipefill import env
 from pipefill.events import FILL_EVENTS, EventWriter, StartEvent
+from pipefill.parent import stop_with_parent
 from pipefill_fill.attach import attach
 from pipefill_fill.device import cap_memory, idle_priority, memory_in_use, pin_cpus, select_device
 from pipefill_fill.metrics import FillMetrics
@@ -41,6 +42,7 @@ def main(runner_cls: Callable[[Attached], _Runner] = Runner) -> int:
         format="%(asctime)s fill-executor %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    stop_with_parent()  # started by pipefill local: ends with it (a no-op in a container)
     try:
         settings = Settings.from_env()
         cpus = pin_cpus(settings.cpu_affinity)

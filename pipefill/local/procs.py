@@ -112,6 +112,7 @@ def local_processes(
                     env.DEVICE: device,
                     "PYTHONUNBUFFERED": "1",
                     "OMP_NUM_THREADS": "1",
+                    env.PARENT_PID: str(os.getpid()),  # it ends with this runner (pipefill.parent)
                 }
             )
             if pin and device == "cpu":

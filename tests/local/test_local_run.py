@@ -198,3 +198,30 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"]["fill_restarts"] >= 1 and report["outcome"]["job_restarts"] == 1
     assert all(_child_pid(out, r, c) is None for r in (0, 1) for c in ("trainer", "fill-executor"))
+
+
+def test_a_killed_runner_takes_its_processes_with_it(tmp_path: Path) -> None:
+    """SIGKILL of ``pipefill local`` itself, where nothing can clean up: its trainers and fill executors get SIGTERM
+    from the kernel (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``) and stop as on a kubelet's stop, instead of
+    training on, orphaned, for the rest of their steps."""
+    out = tmp_path / "out"
+    job = _job(tmp_path, steps=100000, fill=True)
+    proc = subprocess.Popen(
+        [*LOCAL_ARGS, "-f", str(job), "--out", str(out), "--metrics-port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    containers = [(r, c) for r in (0, 1) for c in ("trainer", "fill-executor")]
+    try:
+        events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+        _wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3)
+        assert all(_child_pid(out, r, c) is not None for r, c in containers)
+        proc.kill()
+        proc.wait(timeout=10)
+        _wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), timeout_s=60)
+    finally:
+        proc.kill()
+        for r, c in containers:  # what a failure left behind
+            pid = _child_pid(out, r, c)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)

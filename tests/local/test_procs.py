@@ -3,7 +3,10 @@ machine differs (channel directory, spec file, rendezvous, ports, work source, o
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from pipefill import env
@@ -69,3 +72,15 @@ def test_free_ports_lie_below_the_ephemeral_range_and_can_be_listened_on() -> No
     assert all(p < low for p in ports) and len(ports) > 1
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports.pop()))
+
+
+def test_a_child_whose_parent_is_gone_before_it_asked_stops_at_once() -> None:
+    """The parent died between the child's start and its PR_SET_PDEATHSIG request: the kernel would never send the
+    signal, so the child sends it to itself. Without PIPEFILL_PARENT_PID (a container) nothing happens."""
+    code = (
+        "import sys, time\nfrom pipefill.parent import stop_with_parent\n"
+        "assert not stop_with_parent({})\n"
+        "stop_with_parent({'PIPEFILL_PARENT_PID': sys.argv[1]})\ntime.sleep(30)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, "1"], timeout=20, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGTERM, done.stderr

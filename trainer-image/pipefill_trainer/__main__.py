@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from pipefill import env
+from pipefill.parent import stop_with_parent
 
 __all__ = ["main"]
 
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    stop_with_parent()  # started by pipefill local: ends with it (a no-op in a container)
     # imported late: --help answers without loading torch
     import torch.distributed as dist
 

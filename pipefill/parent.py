@@ -1,0 +1,46 @@
+"""A process started by ``pipefill local`` (or a benchmark built on it) ends with the process that started it.
+
+On a cluster the kubelet stops a pod's containers; on one machine nothing would stop a trainer whose ``pipefill
+local`` was killed (SIGKILL, a lost terminal): it would train on, alone, for as many steps as its spec says. The
+runner sets ``PIPEFILL_PARENT_PID`` in its children's environment, and each child asks the kernel for SIGTERM when
+its parent dies (``PR_SET_PDEATHSIG``), which it handles as it handles the kubelet's: commit or checkpoint, then exit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+from collections.abc import Mapping
+
+from pipefill import env
+
+__all__ = ["stop_with_parent"]
+
+log = logging.getLogger("pipefill")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(environ: Mapping[str, str] | None = None) -> bool:
+    """Where ``PIPEFILL_PARENT_PID`` names this process's parent: SIGTERM when it dies (at once when it has died
+    already, before this call). Returns whether the request was made; elsewhere (a container) it does nothing."""
+    raw = (os.environ if environ is None else environ).get(env.PARENT_PID, "")
+    if not raw:
+        return False
+    try:
+        parent = int(raw)
+    except ValueError:
+        log.warning("%s=%r is not a process id: not tied to a parent", env.PARENT_PID, raw)
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:  # not Linux, or refused: the process only outlives its runner
+        log.warning("cannot ask for SIGTERM when the parent dies: %s", exc)
+        return False
+    if os.getppid() != parent:  # it died between our start and the request: nothing will send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
