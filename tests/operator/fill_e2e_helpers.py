@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,22 @@ class RankExecutor:
 
     def signal(self, sig: int) -> None:
         self.executor.send_signal(sig)
+
+    def freeze_between_commits(self) -> None:
+        """SIGSTOP the executor at a moment it holds no file lock (no commit or recovery under way). Frozen inside
+        a commit, it would keep its slice's commit lock, and the takeover's recovery would wait for it for good (on
+        shared storage a lost client's lock goes when its lease expires; a local flock of a stopped process never)."""
+        pid, stat = str(self.executor.pid), Path(f"/proc/{self.executor.pid}/stat")
+        for _ in range(500):
+            self.executor.send_signal(signal.SIGSTOP)
+            while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):  # stopped: it holds what it holds
+                time.sleep(0.001)
+            holders = [line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" not in line]
+            if not any(len(f) > 4 and f[1] == "FLOCK" and f[4] == pid for f in holders):
+                return
+            self.executor.send_signal(signal.SIGCONT)
+            time.sleep(0.005)  # let it finish the commit
+        raise AssertionError(f"executor {pid} held a lock at each of 500 tries")
 
     def stop(self) -> str:
         """Stop both (the executor first, as the kubelet's SIGTERM would); the executor's stderr."""

@@ -110,7 +110,7 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
         )
 
     fill.wait("embed", frozen_midway, timeout_s=180)
-    frozen.signal(signal.SIGSTOP)  # a lost node: the process outlives its pod and hears nothing
+    frozen.freeze_between_commits()  # a lost node: the process outlives its pod and hears nothing
     held = {(a["start"], a["end"]): a for a in status(fill.get("embed"))["assignments"] if a["podUID"] == frozen.uid}
     kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "pipelinetrainingjobs", "first")
     other.signal(signal.SIGTERM)  # the kubelet's stop: it commits what it has and exits
