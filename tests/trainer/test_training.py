@@ -92,8 +92,9 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
 
 
 def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
-    # Large enough that bubbles last milliseconds: scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.
-    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=4, steps=8, interval=0, fill="true", hidden=128, seq=64)
+    # Large enough that bubbles last milliseconds on an idle machine too (with microbatches of 1 sample every predicted
+    # bubble of a quiet CI run was under the 2 ms floor): scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.
+    spec = write_spec(tmp_path, "replay", stages=4, m=4, batch=16, steps=8, interval=0, fill="true", hidden=128, seq=64)
     out, channel = tmp_path / "out", tmp_path / "channel"
     received: list[Bubble] = []
     history: list[BubbleRecord] = []
