@@ -70,6 +70,17 @@ def _reference(tmp_path: Path, manifest: dict[str, Any]) -> bytes:
     return (tmp_path / "reference" / "outputs.npy").read_bytes()
 
 
+def _midway(executor: RankExecutor) -> set[tuple[int, int]]:
+    """The slices ``executor`` has committed part of and not all, by its own event log."""
+    position: dict[tuple[int, int], int] = {}
+    for e in read_events(executor.out / "fill-events.jsonl"):
+        if isinstance(e, CommitEvent) and e.slice and e.position is not None:
+            position[(e.slice[0], e.slice[1])] = e.position
+        elif isinstance(e, SliceEvent) and e.phase == "done":
+            position[(e.start, e.end)] = e.end
+    return {(a, b) for (a, b), p in position.items() if a < p < b}
+
+
 def _committed(obj: dict[str, Any]) -> int:
     return sum(s["committed"] - s["start"] for s in status(obj).get("slices") or ())
 
@@ -109,28 +120,32 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
             s["start"] < s["committed"] < s["end"] for s in status(obj)["slices"] if (s["start"], s["end"]) in mine
         )
 
-    fill.wait("embed", frozen_midway, timeout_s=180)
-    frozen.freeze_between_commits()  # a lost node: the process outlives its pod and hears nothing
-    held = {(a["start"], a["end"]): a for a in status(fill.get("embed"))["assignments"] if a["podUID"] == frozen.uid}
+    for _ in range(5):  # the status lags the executor: it may have finished that slice by the time it is frozen
+        fill.wait("embed", frozen_midway, timeout_s=180)
+        frozen.freeze_between_commits()  # a lost node: the process outlives its pod and hears nothing
+        midway = _midway(frozen)  # by its own log, which is ahead of the status
+        if midway:
+            break
+        frozen.signal(signal.SIGCONT)
+    assert midway, "the frozen executor was never caught mid-slice"
+    assignments = status(fill.get("embed"))["assignments"]
+    held = {
+        (a["start"], a["end"]): a for a in assignments if a["podUID"] == frozen.uid and (a["start"], a["end"]) in midway
+    }
+    assert held, (midway, assignments)
     kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "pipelinetrainingjobs", "first")
     other.signal(signal.SIGTERM)  # the kubelet's stop: it commits what it has and exits
 
     second_uids = {p["metadata"]["uid"] for p in hosts["second"]}
-    moved = fill.wait(
-        "embed",
-        lambda o: (
-            bool(held)
-            and all(
-                any(
-                    (a["start"], a["end"]) == k and a["podUID"] in second_uids
-                    for a in status(o).get("assignments") or ()
-                )
-                or any((s["start"], s["end"]) == k and s["committed"] == s["end"] for s in status(o)["slices"])
-                for k in held
-            )
-        ),
-        timeout_s=180,
-    )
+    new_epochs: dict[tuple[int, int], int] = {}  # the epoch each frozen slice was first placed on the second job at
+
+    def moved(obj: dict[str, Any]) -> bool:  # the frozen one cannot finish its slices: they must move to be done
+        for a in status(obj).get("assignments") or ():
+            if (a["start"], a["end"]) in held and a["podUID"] in second_uids:
+                new_epochs.setdefault((a["start"], a["end"]), a["epoch"])
+        return set(new_epochs) == set(held)
+
+    fill.wait("embed", moved, timeout_s=180)
     takeover: dict[tuple[int, int], int] = {}  # where the new owner of each frozen slice resumed
 
     def taken_over() -> bool:
@@ -150,12 +165,7 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
     out = tmp_path / "storage" / "embed"
     assert (out / "outputs.npy").read_bytes() == reference  # zero samples lost or repeated, bytes identical
     assert read_outputs(out)["sample_id"].tolist() == list(range(TOTAL))
-    epochs = [
-        (k, held[k]["epoch"], a["epoch"])
-        for a in status(moved)["assignments"]
-        for k in held
-        if (a["start"], a["end"]) == k
-    ]
+    epochs = [(k, held[k]["epoch"], new_epochs[k]) for k in held]
     assert all(new > old for _, old, new in epochs), epochs
     assert any(pos > start for (start, _), pos in takeover.items()), "no slice resumed mid-way from its commit"
     commits = [e for e in read_events(frozen.out / "fill-events.jsonl") if isinstance(e, CommitEvent)]
