@@ -65,10 +65,12 @@ def start_producer(
     compute_ms: float = 15.0,
     cpu: int | None = None,
     log: Path | None = None,
+    warmup: int = 0,
 ) -> subprocess.Popen[str]:
-    """The synthetic trainer (the real channel producer) emitting ``count`` bubbles into ``channel``."""
+    """The synthetic trainer (the real channel producer) emitting ``count`` bubbles into ``channel`` (``log``: the
+    JSONL of each), after ``warmup`` bubbles that are not logged."""
     args = ["--channel-dir", str(channel), "--bubbles-ms", bubbles_ms, "--compute-ms", str(compute_ms)]
-    args += ["--count", str(count)]
+    args += ["--count", str(count), "--warmup-bubbles", str(warmup)]
     args += ["--cpu", str(cpu)] if cpu is not None else []
     args += ["--log", str(log)] if log is not None else []
     return subprocess.Popen(

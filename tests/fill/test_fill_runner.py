@@ -35,6 +35,7 @@ def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_m
         compute_ms=compute_ms,
         cpu=_cpu(),
         log=tmp_path / "producer.jsonl",
+        warmup=20,  # the executor's start (its job claimed, its store opened) is not what is measured
     )
     return fill, producer
 
@@ -53,7 +54,7 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     assert rc == 0, err
     closes = {r["id"]: r for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())}
     events = read_events(tmp_path / "fill" / "fill-events.jsonl")
-    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    bubbles = [e for e in events if isinstance(e, FillEvent) and e.id in closes]  # the 80 logged ones
     assert len(bubbles) >= 70 and events[-1] == ExitEvent(
         reason="trainer gone", wall_s=events[-1].wall_s, mono_ns=events[-1].mono_ns, pid=events[-1].pid
     )

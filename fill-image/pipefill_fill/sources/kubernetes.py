@@ -14,7 +14,8 @@ assignments), final or deleted is no longer offered: the executor stops it at th
 The executor reports by a merge patch of the status subresource, merged with the status just read
 (:func:`merged_status`: final phases stay, commit pointers and samplesDone never go backwards, this rank's unfit and
 bubble-class entries replaced) and carrying its ``metadata.resourceVersion``: a patch that raced another writer (an
-executor, the operator) is refused with 409 Conflict, read again and merged again. It writes only its own fields
+executor, the operator) is refused with 409 Conflict, read again and merged again, after a random wait that doubles
+with each conflict. It writes only its own fields
 (:data:`OWNED_FIELDS`); the plan's bounds, assignments, epoch and conditions are the operator's.
 
 Requests: one list and one long watch per ``watch_timeout_s`` while idle; a GET and a PATCH per status report.
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -44,6 +47,9 @@ log = logging.getLogger("pipefill_fill")
 
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _CONFLICT_RETRIES = 8
+_CONFLICT_BACKOFF_S = 0.005
+"""the first wait after a conflict; doubled at each one, drawn at random up to it (writers that raced do not race
+again in step)"""
 OWNED_FIELDS = (
     "phase",
     "message",
@@ -153,7 +159,9 @@ class KubernetesSource(WorkSource):
 
     def report(self, name: str, report: ProgressReport) -> None:
         try:
-            for _ in range(_CONFLICT_RETRIES):
+            for attempt in range(_CONFLICT_RETRIES):
+                if attempt:
+                    time.sleep(random.uniform(0, _CONFLICT_BACKOFF_S * 2 ** (attempt - 1)))
                 obj = cast(
                     dict[str, Any],
                     self.api.get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name),
