@@ -16,11 +16,23 @@ from collections.abc import Mapping
 
 from pipefill import env
 
-__all__ = ["stop_with_parent"]
+__all__ = ["signal_on_parent_death", "stop_with_parent"]
 
 log = logging.getLogger("pipefill")
 
 _PR_SET_PDEATHSIG = 1
+
+
+def signal_on_parent_death(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``). Raises OSError
+    where refused or not on Linux. Logs nothing, so a ``subprocess`` ``preexec_fn`` may call it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        failed = libc.prctl(_PR_SET_PDEATHSIG, sig) != 0
+    except AttributeError as exc:  # no prctl: not Linux
+        raise OSError(f"prctl(PR_SET_PDEATHSIG) is not available: {exc}") from exc
+    if failed:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def stop_with_parent(environ: Mapping[str, str] | None = None) -> bool:
@@ -35,10 +47,8 @@ def stop_with_parent(environ: Mapping[str, str] | None = None) -> bool:
         log.warning("%s=%r is not a process id: not tied to a parent", env.PARENT_PID, raw)
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    except (OSError, AttributeError) as exc:  # not Linux, or refused: the process only outlives its runner
+        signal_on_parent_death()
+    except OSError as exc:  # not Linux, or refused: the process only outlives its runner
         log.warning("cannot ask for SIGTERM when the parent dies: %s", exc)
         return False
     if os.getppid() != parent:  # it died between our start and the request: nothing will send the signal

@@ -10,15 +10,20 @@ from collections.abc import Callable
 import torch
 
 from pipefill.events import EventWriter, SliceEvent
+from pipefill_fill.locks import LockBusy
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import WorkSource
 from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask
 from pipefill_fill.work import Slice, TaskSpec
 
-__all__ = ["claim_slice"]
+__all__ = ["RECOVERY_LOCK_TIMEOUT_S", "claim_slice"]
 
 log = logging.getLogger("pipefill_fill")
+
+RECOVERY_LOCK_TIMEOUT_S = 10.0
+"""How long opening a slice waits for its commit lock: a previous owner's commit in flight takes well under that; a
+previous owner that hangs holding it (a lost node whose process lives on) would hold up every job of this executor."""
 
 
 def claim_slice(
@@ -29,13 +34,15 @@ def claim_slice(
     device: torch.device,
     memory_budget_bytes: int,
     events: EventWriter,
+    lock_timeout_s: float = RECOVERY_LOCK_TIMEOUT_S,
 ) -> FillTask | None:
     """Claim and open an unfinished slice of ``job``; None when there is none for this executor now.
 
     Started slices come first (:meth:`JobDir.open_slices`), so a crashed executor's slice is resumed before fresh work
     begins. The task's store is fenced by the assignment's epoch and the source's check that it is current
     (:class:`pipefill_fill.store.Superseded`); a slice that moved before it was opened is given back, not failed.
-    When every slice is done but the job is not complete (its last finisher died before the outputs), the job is
+    A slice whose commit lock another process holds past ``lock_timeout_s`` is given back and
+    :class:`pipefill_fill.locks.LockBusy` raised: the job waits, the executor's other jobs go on. When every slice is done but the job is not complete (its last finisher died before the outputs), the job is
     completed here, without a claim (nothing is left to assign). A slice found done on opening (its owner finished it
     since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
     """
@@ -51,12 +58,16 @@ def claim_slice(
         try:
             epoch = source.epoch(spec.name, s)
             task = FillTask(spec, s, epoch=epoch, guard=_guard(source, spec.name, s, epoch))
-            recovered = task.open(device=device, memory_budget_bytes=memory_budget_bytes)
+            recovered = task.open(device=device, memory_budget_bytes=memory_budget_bytes, lock_timeout_s=lock_timeout_s)
         except Superseded as exc:  # it moved between the poll and the opening: not this executor's any more
             log.info("%s; given back", exc)
             source.release(spec.name, s)
             events.write(SliceEvent(job=spec.name, start=s.start, end=s.end, phase="superseded", position=s.start))
             continue
+        except LockBusy:  # its previous owner hangs inside a commit: not now
+            source.release(spec.name, s)
+            events.write(SliceEvent(job=spec.name, start=s.start, end=s.end, phase="busy", position=s.start))
+            raise
         except BaseException:
             source.release(spec.name, s)
             raise

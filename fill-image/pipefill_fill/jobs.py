@@ -17,9 +17,10 @@ from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, Sl
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
-from pipefill_fill.claim import claim_slice
+from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, claim_slice
 from pipefill_fill.device import step_clock
 from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import Estimator, StepModel
@@ -38,6 +39,9 @@ __all__ = ["ActiveJob", "Jobs"]
 log = logging.getLogger("pipefill_fill")
 
 _REPORT_EVERY_S = 2.0
+LOCK_RETRY_S = 30.0
+"""After a slice's commit lock was found held past the time limit (a previous owner hanging inside a commit), its job
+is not tried again for this long: each try waits out the limit, which the other jobs' bubbles would pay."""
 
 
 @dataclass
@@ -91,13 +95,17 @@ class Jobs:
         max_active: int | None = None,  # None: PIPEFILL_FILL_MAX_ACTIVE_JOBS
         recent_bubbles: Callable[[], list[ObservedBubble]] = list,
         identity: Identity | None = None,
+        lock_timeout_s: float = RECOVERY_LOCK_TIMEOUT_S,
+        lock_retry_s: float = LOCK_RETRY_S,
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
+        self.lock_timeout_s, self.lock_retry_s = lock_timeout_s, lock_retry_s  # opening a slice another process locks
         self.recent_bubbles = recent_bubbles  # the bubbles this rank saw lately: its classes, and the unfit check
         self.identity = identity or getattr(source, "identity", None) or Identity("", 0)
         self.max_active = fill_max_active_jobs() if max_active is None else max_active
         self.active: dict[str, ActiveJob] = {}
         self.failed: set[str] = set()
+        self.busy_until: dict[str, float] = {}  # job -> when to try again to open a slice another process held locked
         self.generation = 0
         self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
 
@@ -113,13 +121,26 @@ class Jobs:
         for spec in specs:
             if len(self.active) >= self.max_active:
                 break
-            if spec.name not in self.active and spec.name not in self.failed:
+            if spec.name not in self.active and spec.name not in self.failed and not self._waiting(spec.name):
                 self._start(spec)
+
+    def _waiting(self, name: str) -> bool:
+        """Whether ``name`` found its slice locked less than ``lock_retry_s`` ago (see :data:`LOCK_RETRY_S`)."""
+        until = self.busy_until.get(name)
+        if until is not None and time.monotonic() >= until:
+            del self.busy_until[name]
+            return False
+        return until is not None
 
     def _start(self, spec: TaskSpec) -> None:
         job = JobDir(spec)
         try:
             task = None if job.done() else self._claim(spec, job)
+        except LockBusy as exc:  # a previous owner of its slice hangs inside a commit: this job waits, others go on
+            log.warning("job %s: a slice not opened, tried again in %.0f s: %s", spec.name, self.lock_retry_s, exc)
+            self.busy_until[spec.name] = time.monotonic() + self.lock_retry_s
+            self._report(spec, job, FillJobPhase.RUNNING, message=f"{self.who()}: {exc}")
+            return
         except Exception as exc:  # a job that cannot start fails alone; the executor and the other jobs go on
             self.fail(spec.name, f"cannot start: {exc}", spec=spec)
             return
@@ -312,6 +333,7 @@ class Jobs:
             device=self.device,
             memory_budget_bytes=self.settings.reserved_bytes,
             events=self.events,
+            lock_timeout_s=self.lock_timeout_s,
         )
 
     def _commit_event(self, a: ActiveJob, committed: int, *, written: int, commit_s: float, at: str = "") -> None:

@@ -108,11 +108,13 @@ class ProgressStore:
         self._values: list[np.ndarray] = []
 
     # -- recovery -------------------------------------------------------------------------------------------------
-    def recover(self) -> Committed:
-        """Reconcile the directory with the commit pointer; returns the point to resume from."""
+    def recover(self, *, lock_timeout_s: float | None = None) -> Committed:
+        """Reconcile the directory with the commit pointer; returns the point to resume from. Waits for the slice's
+        commit lock (a previous owner's commit in flight) for good, or ``lock_timeout_s`` (then
+        :class:`pipefill_fill.locks.LockBusy`, nothing touched)."""
         for d in (self.dir, self.chunks_dir, self.states_dir):
             d.mkdir(parents=True, exist_ok=True)
-        with self._fenced() as record:
+        with self._fenced(lock_timeout_s=lock_timeout_s) as record:
             return self._recover(record)
 
     def _recover(self, record: dict[str, Any]) -> Committed:
@@ -220,10 +222,10 @@ class ProgressStore:
                 self._write_record()
 
     @contextlib.contextmanager
-    def _fenced(self, *, guarded: bool = True) -> Iterator[dict[str, Any]]:
+    def _fenced(self, *, guarded: bool = True, lock_timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
         """Hold the slice's commit lock and check that this writer still owns the slice: no newer epoch in the
         pointer, and (``guarded``) the guard agrees. Yields the pointer record as read under the lock."""
-        with locked(self.dir / ".commit.lock"):
+        with locked(self.dir / ".commit.lock", timeout_s=lock_timeout_s):
             record = self._read_record()
             stored = int(record.get("epoch", 0))
             if stored > self.epoch:

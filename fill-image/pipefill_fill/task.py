@@ -75,10 +75,11 @@ class FillTask:
         self._profiling = False
         self._committed_at = time.monotonic()
 
-    def open(self, *, device: torch.device, memory_budget_bytes: int) -> Committed:
-        """Recover the slice's store, set the workload up and restore its committed state. When the slice was done
+    def open(self, *, device: torch.device, memory_budget_bytes: int, lock_timeout_s: float | None = None) -> Committed:
+        """Recover the slice's store (waiting at most ``lock_timeout_s`` for its commit lock, see
+        :meth:`ProgressStore.recover`), set the workload up and restore its committed state. When the slice was done
         already, also complete the job if that was left undone (a crash after the last slice, before the outputs)."""
-        recovered = self.store.recover()
+        recovered = self.store.recover(lock_timeout_s=lock_timeout_s)
         self.workload.setup(device, memory_budget_bytes)
         if recovered.state is not None:
             self.workload.restore(recovered.state)

@@ -145,7 +145,8 @@ class SliceEvent(Event):
     start: int
     end: int
     phase: str
-    """claimed or done"""
+    """claimed, done, superseded (it moved to another executor) or busy (its commit lock was held past the time
+    limit: not opened now)"""
     position: int
     adopted: int | None = None
     """commits the recovery adopted"""
