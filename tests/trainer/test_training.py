@@ -16,10 +16,11 @@ from trainer_procs import launch, wait_all
 
 from pipefill import env
 from pipefill.channel import Bubble, BubbleRecord, Consumer
-from pipefill.events import BubbleEvent, RestartEvent, StepEvent, read_events
+from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent, read_events
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.simulate import simulate
+from pipefill.schedules.timeline import Timeline
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +92,11 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
         assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
 
+def _modeled_compute_s(timeline: Timeline) -> float:
+    """Rank 1's actions in one step of ``timeline`` (the step-end work left out, as the action records leave it)."""
+    return sum(a.duration_s for a in timeline.ranks[1].actions)
+
+
 def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
     # Large enough that bubbles last milliseconds on an idle machine too (with microbatches of 1 sample every predicted
     # bubble of a quiet CI run was under the 2 ms floor): scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.
@@ -141,8 +147,13 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
         assert seen, f"bubble {b} not reproduced in steps {steps}; measured {measured}"
         assert {kind for kind, _ in seen} == {b.kind}
         assert max(d for _, d in seen) == pytest.approx(b.duration_s, rel=0.5, abs=0.01), (b, seen)
+    # The replayed peers keep the modeled pace whatever the machine's load, while this rank's own compute slows on a
+    # busy core and eats into its waits: the lower bound gives way by what its compute ran over the model.
+    acts = [e for e in read_events(out / "events.jsonl") if isinstance(e, ActionEvent) and e.step in steps]
+    over_s = max(0.0, sum(a.end_ns - a.start_ns for a in acts) / 1e9 / len(steps) - _modeled_compute_s(timeline))
     idle_per_step_s = sum(d for seen in measured.values() for _, d in seen) / len(steps)
-    assert idle_per_step_s == pytest.approx(sum(b.duration_s for b in predicted), rel=0.5), (predicted, measured)
+    predicted_s = sum(b.duration_s for b in predicted)
+    assert max(0.0, 0.5 * predicted_s - over_s) <= idle_per_step_s <= 1.5 * predicted_s, (predicted, measured, over_s)
     # the consumer saw exactly the announced bubbles, with their kinds, steps and predicted durations
     announced = [r for r in recs if r.announced]
     assert announced, "no bubble was announced"
