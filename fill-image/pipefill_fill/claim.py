@@ -42,8 +42,9 @@ def claim_slice(
     begins. The task's store is fenced by the assignment's epoch and the source's check that it is current
     (:class:`pipefill_fill.store.Superseded`); a slice that moved before it was opened is given back, not failed.
     A slice whose commit lock another process holds past ``lock_timeout_s`` is given back and
-    :class:`pipefill_fill.locks.LockBusy` raised: the job waits, the executor's other jobs go on. When every slice is done but the job is not complete (its last finisher died before the outputs), the job is
-    completed here, without a claim (nothing is left to assign). A slice found done on opening (its owner finished it
+    :class:`pipefill_fill.locks.LockBusy` raised: the job waits, the executor's other jobs go on. When every slice
+    is done but the job is not complete (its last finisher died before the outputs), the job is completed here,
+    without a claim (nothing is left to assign). A slice found done on opening (its owner finished it
     since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
     """
     for _ in range(len(job.plan()) + 1):

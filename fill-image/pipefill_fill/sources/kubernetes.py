@@ -15,8 +15,8 @@ The executor reports by a merge patch of the status subresource, merged with the
 (:func:`merged_status`: final phases stay, commit pointers and samplesDone never go backwards, this rank's unfit and
 bubble-class entries replaced) and carrying its ``metadata.resourceVersion``: a patch that raced another writer (an
 executor, the operator) is refused with 409 Conflict, read again and merged again, after a random wait that doubles
-with each conflict. It writes only its own fields
-(:data:`OWNED_FIELDS`); the plan's bounds, assignments, epoch and conditions are the operator's.
+with each conflict. It writes only its own fields (:data:`OWNED_FIELDS`); the plan's bounds, assignments, epoch and
+conditions are the operator's.
 
 Requests: one list and one long watch per ``watch_timeout_s`` while idle; a GET and a PATCH per status report.
 """
