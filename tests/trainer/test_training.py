@@ -20,7 +20,6 @@ from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent, r
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.simulate import simulate
-from pipefill.schedules.timeline import Timeline
 
 pytestmark = pytest.mark.slow
 
@@ -92,11 +91,6 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
         assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
 
-def _modeled_compute_s(timeline: Timeline) -> float:
-    """Rank 1's actions in one step of ``timeline`` (the step-end work left out, as the action records leave it)."""
-    return sum(a.duration_s for a in timeline.ranks[1].actions)
-
-
 def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
     # Large enough that bubbles last milliseconds on an idle machine too (with microbatches of 1 sample every predicted
     # bubble of a quiet CI run was under the 2 ms floor): scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.
@@ -150,7 +144,8 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     # The replayed peers keep the modeled pace whatever the machine's load, while this rank's own compute slows on a
     # busy core and eats into its waits: the lower bound gives way by what its compute ran over the model.
     acts = [e for e in read_events(out / "events.jsonl") if isinstance(e, ActionEvent) and e.step in steps]
-    over_s = max(0.0, sum(a.end_ns - a.start_ns for a in acts) / 1e9 / len(steps) - _modeled_compute_s(timeline))
+    modeled_s = sum(a.duration_s for a in timeline.ranks[1].actions)  # step-end work left out, as in the records
+    over_s = max(0.0, sum(a.end_ns - a.start_ns for a in acts) / 1e9 / len(steps) - modeled_s)
     idle_per_step_s = sum(d for seen in measured.values() for _, d in seen) / len(steps)
     predicted_s = sum(b.duration_s for b in predicted)
     assert max(0.0, 0.5 * predicted_s - over_s) <= idle_per_step_s <= 1.5 * predicted_s, (predicted, measured, over_s)
