@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from pipefill import env
 from pipefill.queue import POLICIES
+from pipefill_operator.cache import ClusterCache
 from pipefill_operator.controller import Controller, OperatorConfig
 from pipefill_operator.fillqueue import FillQueue, QueueConfig
 from pipefill_operator.handlers import register
@@ -60,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=QueueConfig.period_s,
         metavar="SECONDS",
-        help="a FillJob scheduling pass (and a fresh list of the cluster) at least this often (default %(default)s)",
+        help="a FillJob scheduling pass at least this often (default %(default)s)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="log kopf's own progress too")
     return p
@@ -95,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if int(port):
         start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
     kube = Kube(load_configuration(args.kubeconfig))
-    fill = FillQueue(kube, FillQueueMetrics(registry), queue_config)
-    controller = Controller(kube, OperatorMetrics(registry), config, fill=fill)
+    cache = ClusterCache(kube, namespaces=config.namespaces)  # one cache of pods and jobs for both loops
+    fill = FillQueue(kube, FillQueueMetrics(registry), queue_config, cache=cache)
+    controller = Controller(kube, OperatorMetrics(registry), config, fill=fill, cache=cache)
     logging.getLogger("pipefill_operator").info(
         "fill queue: policy %s, %d fill jobs per rank", queue_config.policy, queue_config.max_jobs_per_rank
     )

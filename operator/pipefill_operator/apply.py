@@ -61,7 +61,6 @@ class Applier:
         self.kube = kube
         self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
         self._written: dict[str, float] = {}  # uid -> monotonic time of the last status write
-        self.postponed = False
 
     def forget(self, uid: str) -> None:
         self._ensured = {e for e in self._ensured if e[0] != uid}
@@ -69,21 +68,20 @@ class Applier:
 
     async def status(
         self, body: dict[str, Any], old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus
-    ) -> dict[str, Any] | None:
-        """Write the changed fields; the job as the API server returned it, or None when nothing was written.
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Write the changed fields: (the job as the API server returned it, or None when nothing was written;
+        whether the write was postponed).
 
         A change of ``ranksReady`` alone, within ``RANKS_READY_INTERVAL_S`` of the job's last write, waits: while a
-        gang starts, each rank would otherwise cost a write of its own (:attr:`postponed` tells the caller to look
-        again then)."""
+        gang starts, each rank would otherwise cost a write of its own; postponed, the caller looks again then. The
+        answer is this call's own: reconciles of other jobs run at the same time on the same Applier."""
         patch = status_patch(old, new)
-        self.postponed = False
         if not patch:
-            return None
+            return None, False
         meta = body["metadata"]
         now = time.monotonic()
         if set(patch) <= {"ranksReady"} and now - self._written.get(meta["uid"], 0.0) < RANKS_READY_INTERVAL_S:
-            self.postponed = True
-            return None
+            return None, True
         try:
             written = await self.kube.merge_patch(
                 PTJ,
@@ -95,7 +93,7 @@ class Applier:
         except ApiError as exc:
             raise _temporary(exc) if exc.status in (409, 429) or exc.status >= 500 else exc from None
         self._written[meta["uid"]] = now
-        return written
+        return written, False
 
     async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> list[dict[str, Any]]:
         """Create what the pods reference, but the RoleBinding, which is returned to be created with the pods (RBAC
@@ -127,10 +125,12 @@ class Applier:
                 raise kopf.PermanentError(f"{kind} {name!r} was refused by the API server: {exc.message}") from None
             raise _temporary(exc) if exc.status in (403, 409, 429) or exc.status >= 500 else exc from None
 
-    async def pods(self, job: PipelineTrainingJob, body: dict[str, Any], decision: Decision, csv: str | None) -> None:
-        """The children the pods reference, then the pods (two rounds of parallel requests)."""
+    async def pods(
+        self, job: PipelineTrainingJob, body: dict[str, Any], decision: Decision, csv: str | None
+    ) -> list[dict[str, Any]]:
+        """The children the pods reference, then the pods (two rounds of parallel requests); the pods created."""
         if not decision.create_ranks:
-            return
+            return []
         rest = await self._children(job, body, csv)
         meta = body["metadata"]
         owner = Owner(name=meta["name"], uid=meta["uid"])
@@ -138,12 +138,17 @@ class Applier:
         manifests = [
             rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner) for r in decision.create_ranks
         ]
-        await asyncio.gather(*(self._create(obj) for obj in [*rest, *manifests]))
+        made = await asyncio.gather(*(self._create(obj) for obj in [*rest, *manifests]))
+        return [obj for obj in made if obj is not None and obj.get("kind") == "Pod"]
 
-    async def deletions(self, body: dict[str, Any], names: list[str], pods: list[dict[str, Any]]) -> None:
+    async def deletions(
+        self, body: dict[str, Any], names: list[str], pods: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Delete the pods ``names``; the ones the API server answered with (marked for deletion)."""
         uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
         namespace = body["metadata"]["namespace"]
-        await asyncio.gather(*(self.kube.delete(POD, name, namespace, uid=uids.get(name)) for name in names))
+        answers = await asyncio.gather(*(self.kube.delete(POD, name, namespace, uid=uids.get(name)) for name in names))
+        return [a for a in answers if a is not None and a.get("kind") == "Pod"]
 
     async def delete_job(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]

@@ -18,6 +18,7 @@ import kopf
 
 from pipefill.spec import JobPhase
 from pipefill_operator.apply import PTJ
+from pipefill_operator.cache import ClusterCache
 from pipefill_operator.fillqueue import FillQueue
 from pipefill_operator.kube import ApiError, Kube, resource_of
 from pipefill_operator.metrics import OperatorMetrics
@@ -53,16 +54,27 @@ class OperatorConfig:
 
 class Controller:
     def __init__(
-        self, kube: Kube, metrics: OperatorMetrics, config: OperatorConfig, *, fill: FillQueue | None = None
+        self,
+        kube: Kube,
+        metrics: OperatorMetrics,
+        config: OperatorConfig,
+        *,
+        fill: FillQueue | None = None,
+        cache: ClusterCache | None = None,
     ) -> None:
         self.kube, self.metrics, self.config = kube, metrics, config
         self.fill = fill  # the FillJob queue's scheduling loop (None: the operator does not schedule FillJobs)
+        # what the watches show of pods and jobs (the fill queue's, when there is one: one cache for both)
+        self.cache = cache or (fill.cache if fill is not None else ClusterCache(kube, namespaces=config.namespaces))
         kube.on_request = metrics.api_request
         self.queue = WorkQueue()
         self.backoff = Backoff()
         self.nodes = NodeIndex() if config.clusterwide else None
         self.reconciler = Reconciler(
-            kube, nodes=self.nodes, on_schedule_csv=fill.schedule_csv if fill is not None else None
+            kube,
+            pods=self.cache.pods,
+            nodes=self.nodes,
+            on_schedule_csv=fill.schedule_csv if fill is not None else None,
         )
         self.reader = StatusReader(timeout_s=config.status_timeout_s, concurrency=config.status_concurrency)
         self.running: dict[Key, list[dict[str, Any]]] = {}  # running jobs -> their pods, for the status reader
@@ -72,6 +84,9 @@ class Controller:
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
+        if not self.cache.seeded:
+            # a reconcile decides from the cache: before its first list, an absent pod is only one not seen yet
+            await self.cache.seed()
         if self.nodes is not None and not self.nodes.seeded:
             # One list before any reconcile, so no job waits for a GPU only because the node watch is still starting.
             for node in await self.kube.list(resource_of("v1", "Node")):
@@ -91,6 +106,7 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.queue.close()
+        await self.cache.close()
         await self.reader.close()
         await self.kube.close()
 
@@ -116,7 +132,7 @@ class Controller:
         for key in self.reconciler.waiting_for.pop((kind, namespace, name), set()):
             self.enqueue(key)
 
-    def node_changed(self, node: dict[str, Any], *, deleted: bool) -> None:
+    def node_changed(self, node: Any, *, deleted: bool) -> None:
         if self.nodes is not None and self.nodes.update(node, deleted=deleted):
             for key in list(self.waiting):
                 self.enqueue(key)

@@ -1,79 +1,26 @@
-"""What the fill queue knows of the cluster: FillJobs, training jobs and rank pods as the watches last showed them,
-and the :class:`~pipefill.queue.Snapshot` one scheduling pass decides from.
+"""What the fill queue knows of the cluster: FillJobs, training jobs and rank pods as the watches last showed them
+(the operator's :class:`~pipefill_operator.cache.ClusterCache`), and the :class:`~pipefill.queue.Snapshot` one
+scheduling pass decides from.
 
-The safety of reassignment rests on one fact this index must get right: a pod is gone only when the API server says
-so (a DELETED event, or a list that no longer has it). So events and lists are merged by resourceVersion (an older
-copy never replaces a newer one), a deleted uid never comes back (uids are not reused), and the loop passes only
-after it listed every kind once (:attr:`FillIndex.seeded`): before that an absent pod means "not seen yet".
+The safety of reassignment rests on the cache's rule that a pod is gone only when the API server says so, and the
+loop passes only after the cache listed every kind once: before that an absent pod means "not seen yet".
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
-from pipefill.children import JOB_LABEL
 from pipefill.plan import BubbleClass, ProfilePoint
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL
 from pipefill.queue import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView, Unfit
 from pipefill.spec import FillJob, PipelineTrainingJob, parse
+from pipefill_operator.cache import ObjectIndex, PodIndex
 
-__all__ = ["FillIndex", "ObjectIndex", "rv_of"]
+__all__ = ["FillIndex"]
 
 log = logging.getLogger("pipefill_operator.fill")
-_TOMBSTONES = 65536  # deleted uids remembered, so that a late list or event cannot resurrect them
-
-
-def rv_of(obj: dict[str, Any]) -> int:
-    try:
-        return int(obj["metadata"].get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-class ObjectIndex:
-    """Objects of one kind by uid, merged from watch events and lists by resourceVersion."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self._deleted: OrderedDict[str, int] = OrderedDict()
-
-    def event(self, obj: dict[str, Any], *, deleted: bool) -> bool:
-        """Apply a watch event; True when the index changed."""
-        uid = str(obj["metadata"].get("uid") or "")
-        if not uid or uid in self._deleted:
-            return False
-        if deleted:
-            self._tombstone(uid, rv_of(obj))
-            return self.objects.pop(uid, None) is not None
-        known = self.objects.get(uid)
-        if known is not None and rv_of(known) >= rv_of(obj):
-            return False
-        self.objects[uid] = obj
-        return True
-
-    def relist(self, items: Iterable[dict[str, Any]], list_rv: int, *, namespace: str | None = None) -> None:
-        """Merge a full list (of ``namespace``; None: all) taken at ``list_rv``: what it lacks, and the index did not
-        see change after it, is gone."""
-        seen: set[str] = set()
-        for obj in items:
-            uid = str(obj["metadata"].get("uid") or "")
-            seen.add(uid)
-            self.event(obj, deleted=False)
-        for uid, obj in list(self.objects.items()):
-            if namespace is not None and obj["metadata"].get("namespace") != namespace:
-                continue
-            if uid not in seen and rv_of(obj) <= list_rv:
-                del self.objects[uid]
-                self._tombstone(uid, list_rv)
-
-    def _tombstone(self, uid: str, rv: int) -> None:
-        self._deleted[uid] = rv
-        while len(self._deleted) > _TOMBSTONES:
-            self._deleted.popitem(last=False)
 
 
 def _unix_s(text: str | None) -> float | None:
@@ -115,14 +62,19 @@ def _status_fields(name: str, status: dict[str, Any]) -> dict[str, Any]:
 class FillIndex:
     """FillJobs, PipelineTrainingJobs and rank pods; parsed specs cached by (uid, generation)."""
 
-    def __init__(self) -> None:
-        self.fill_jobs = ObjectIndex()
-        self.training_jobs = ObjectIndex()
-        self.pods = ObjectIndex()
+    def __init__(
+        self,
+        *,
+        fill_jobs: ObjectIndex | None = None,
+        training_jobs: ObjectIndex | None = None,
+        pods: PodIndex | None = None,
+    ) -> None:
+        self.fill_jobs = fill_jobs if fill_jobs is not None else ObjectIndex()
+        self.training_jobs = training_jobs if training_jobs is not None else ObjectIndex()
+        self.pods = pods if pods is not None else PodIndex()
         self._parsed: dict[tuple[str, int], Any] = {}
         self.invalid: dict[tuple[str, str], str] = {}  # FillJobs whose spec does not parse -> why (logged once)
         self.schedule_csvs: dict[tuple[str, str], str] = {}  # custom schedules of training jobs (their reconciles')
-        self.seeded = False  # every kind listed once: only then is an absent pod a gone pod
 
     def _parse(self, body: dict[str, Any]) -> Any:
         meta = body["metadata"]
@@ -155,15 +107,11 @@ class FillIndex:
             view = self._fill_view(body, suspended)
             if view is not None:
                 views.append(view)
-        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for pod in self.pods.objects.values():
-            meta = pod["metadata"]
-            pods_by_job.setdefault((meta["namespace"], (meta.get("labels") or {}).get(JOB_LABEL, "")), []).append(pod)
         tjs: list[TrainingJobView] = []
         listed: set[str] = set()
         for body in self.training_jobs.objects.values():
             try:
-                tj = self._training_view(body, pods_by_job, bubbles)
+                tj = self._training_view(body, bubbles)
             except (ValueError, KeyError, TypeError) as exc:  # e.g. two Running pods claiming one rank
                 log.warning("fill queue: PipelineTrainingJob %s/%s hosts nothing this pass: %s",
                             body["metadata"].get("namespace"), body["metadata"].get("name"), exc)  # fmt: skip
@@ -202,7 +150,6 @@ class FillIndex:
     def _training_view(
         self,
         body: dict[str, Any],
-        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]],
         bubbles: dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]],
     ) -> TrainingJobView | None:
         meta, status = body["metadata"], body.get("status") or {}
@@ -216,7 +163,7 @@ class FillIndex:
         running = status.get("phase") == "Running" and not job.spec.run_policy.suspend
         generation = str(status.get("generation") or 0)
         ranks: list[RankView] = []
-        for pod in pods_by_job.get((namespace, name), ()):
+        for pod in self.pods.pods_of((namespace, name)):
             pmeta = pod["metadata"]
             labels = pmeta.get("labels") or {}
             if (

@@ -1,15 +1,18 @@
 """kopf's part: log in, watch the job kind, its pods, FillJobs, ConfigMaps, PersistentVolumeClaims and nodes, and
-route every event to a job key (and the fill queue's index).
+route every event to a job key (and the cache the reconciles and the fill queue's pass read).
 
 Only watching handlers (``kopf.on.event``) are used: they keep no progress in annotations and add no finalizer, so
 deleting a job never waits for the operator and leaves nothing behind (the children go by garbage collection).
-Handlers are registered into a registry passed in, so a test or a second operator builds its own.
+Every handler is ``async def``, so kopf runs it on the event loop, where everything it touches lives (the work
+queue, the reconciler's memory, the node view, the cache): a plain ``def`` would run in kopf's thread pool and race
+the loop on those. Handlers are registered into a registry passed in, so a test or a second operator builds its own;
+:func:`register` returns them by name.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -29,6 +32,8 @@ def configure(settings: kopf.OperatorSettings, *, clusterwide: bool) -> None:
     settings.posting.reporting_component = "pipefill-operator"
     settings.posting.level = logging.WARNING  # the Events are the operator's own; kopf posts only its warnings
     settings.watching.label_selectors[("v1", "pods")] = JOB_LABEL  # only rank pods, filtered by the API server
+    # the spec ConfigMaps the operator makes itself (one per job) wake no job: only the users' are watched
+    settings.watching.label_selectors[("v1", "configmaps")] = f"!{JOB_LABEL}"
     del clusterwide  # the node watch is registered only cluster-wide (register)
 
 
@@ -37,9 +42,10 @@ def _key(body: Any) -> tuple[str, str]:
     return str(meta.get("namespace", "")), str(meta["name"])
 
 
-def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
-    """Register the handlers of ``controller`` into ``registry``."""
+def register(controller: Controller, registry: kopf.OperatorRegistry) -> dict[str, Callable[..., Any]]:
+    """Register the handlers of ``controller`` into ``registry``; the watching handlers by name."""
     cfg = controller.kube.cfg
+    cache = controller.cache
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -67,39 +73,49 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> None:
         await controller.stop()
 
     fill = controller.fill
+    handlers: dict[str, Callable[..., Any]] = {}
 
     @kopf.on.event("pipefill.io", "v1alpha1", "pipelinetrainingjobs", registry=registry)
-    def job_event(type: str | None, body: Any, **_: Any) -> None:
-        copied = copy.deepcopy(dict(body))
+    async def job_event(type: str | None, body: Any, **_: Any) -> None:
+        job, changed = cache.event("training_jobs", type, body)
         if type == "DELETED":
-            controller.job_deleted(_key(body), body["metadata"].get("uid"))
+            controller.job_deleted(_key(job), job["metadata"].get("uid"))
         else:
-            controller.job_changed(_key(body), copied)
-        if fill is not None:
-            fill.training_job_event(copied, deleted=type == "DELETED")
+            controller.job_changed(_key(job), job)
+        if fill is not None and changed:
+            fill.wake()
 
     @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def pod_event(type: str | None, body: Any, **_: Any) -> None:
-        controller.enqueue((str(body["metadata"]["namespace"]), str(body["metadata"]["labels"][JOB_LABEL])))
-        if fill is not None:
-            fill.pod_event(copy.deepcopy(dict(body)), deleted=type == "DELETED")
+    async def pod_event(type: str | None, body: Any, **_: Any) -> None:
+        pod, changed = cache.event("pods", type, body)
+        controller.enqueue((str(pod["metadata"]["namespace"]), str(pod["metadata"]["labels"][JOB_LABEL])))
+        if fill is not None and changed:
+            fill.wake()
 
+    handlers.update(job_event=job_event, pod_event=pod_event)
     if fill is not None:
 
         @kopf.on.event("pipefill.io", "v1alpha1", "filljobs", registry=registry)
-        def fill_job_event(type: str | None, body: Any, **_: Any) -> None:
-            fill.fill_job_event(copy.deepcopy(dict(body)), deleted=type == "DELETED")
+        async def fill_job_event(type: str | None, body: Any, **_: Any) -> None:
+            if cache.event("fill_jobs", type, body)[1]:
+                fill.wake()
+
+        handlers["fill_job_event"] = fill_job_event
 
     @kopf.on.event("v1", "configmaps", registry=registry)
-    def config_map_event(body: Any, **_: Any) -> None:
+    async def config_map_event(body: Any, **_: Any) -> None:
         controller.object_changed("ConfigMap", *_key(body))
 
     @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
-    def claim_event(body: Any, **_: Any) -> None:
+    async def claim_event(body: Any, **_: Any) -> None:
         controller.object_changed("PersistentVolumeClaim", *_key(body))
 
+    handlers.update(config_map_event=config_map_event, claim_event=claim_event)
     if controller.config.clusterwide:
 
         @kopf.on.event("v1", "nodes", registry=registry)
-        def node_event(type: str | None, body: Any, **_: Any) -> None:
-            controller.node_changed(dict(body), deleted=type == "DELETED")
+        async def node_event(type: str | None, body: Any, **_: Any) -> None:
+            controller.node_changed(body, deleted=type == "DELETED")
+
+        handlers["node_event"] = node_event
+    return handlers

@@ -227,16 +227,20 @@ class Kube:
                 return None
             raise
 
-    async def delete(self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None) -> None:
-        """Delete (in the background); a uid precondition never deletes a newer object of the same name."""
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None
+    ) -> dict[str, Any] | None:
+        """Delete (in the background); a uid precondition never deletes a newer object of the same name. The API
+        server's answer (the object marked for deletion, or a Status), None when it was gone already."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", res.path(namespace, name), body=body)
+            return await self.request("DELETE", res.path(namespace, name), body=body)
         except ApiError as exc:
             if exc.status not in (404, 409):  # gone already, or a newer object holds the name
                 raise
+            return None
 
     async def merge_patch(
         self, res: Resource, name: str, patch: dict[str, Any], namespace: str | None = None, *, sub: str | None = None

@@ -19,13 +19,13 @@ from typing import Any
 
 import kopf
 
-from pipefill.children import JOB_LABEL
 from pipefill.lifecycle import Decision, Observed, decide, observe_pod
 from pipefill.lifecycle.checks import checkpoint_sharing, spec_problems
 from pipefill.lifecycle.conditions import ConditionType, find, rfc3339, set_condition
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, parse
 from pipefill.spec._schema import from_obj
-from pipefill_operator.apply import POD, PTJ, RANKS_READY_INTERVAL_S, Applier, post_event
+from pipefill_operator.apply import PTJ, RANKS_READY_INTERVAL_S, Applier, post_event
+from pipefill_operator.cache import PodIndex, project_object, project_pod
 from pipefill_operator.kube import Kube
 from pipefill_operator.prerequisites import NodeIndex, Prerequisites
 
@@ -61,11 +61,13 @@ class Reconciler:
         self,
         kube: Kube,
         *,
+        pods: PodIndex,
         nodes: NodeIndex | None = None,
         now: Callable[[], datetime.datetime] | None = None,
         on_schedule_csv: Callable[[Key, str | None], None] | None = None,
     ) -> None:
         self.kube = kube
+        self.pods = pods  # the rank pods as the watch shows them (and as this operator's creates returned them)
         self.on_schedule_csv = on_schedule_csv  # told each custom schedule's CSV (the fill queue predicts with it)
         self.prereqs = Prerequisites(kube, nodes)
         self.apply = Applier(kube)
@@ -155,7 +157,7 @@ class Reconciler:
         status = _status_of(body)
         job = self._parse(body)
         own += time.perf_counter() - tick
-        pods = [p for p in await self.kube.list(POD, namespace, label_selector=f"{JOB_LABEL}={name}") if _owned(p, uid)]
+        pods = [p for p in self.pods.pods_of(key) if _owned(p, uid)]
         csv, waiting = await self.prereqs.schedule_csv(job, namespace)
         ref = job.spec.pipeline.custom_schedule
         if ref is not None and self.on_schedule_csv is not None:
@@ -184,11 +186,11 @@ class Reconciler:
         decision = decide(job, status, observed, job_generation=generation)
         own += time.perf_counter() - tick
         try:
-            await self._apply(key, body, job, status, decision, pods, csv)
+            postponed = await self._apply(key, body, job, status, decision, pods, csv)
         except kopf.TemporaryError:
             self.bodies.pop(key, None)  # a conflict: read the job afresh next time
             raise
-        if self.apply.postponed:
+        if postponed:
             decision.requeue_after_s = min(decision.requeue_after_s or RANKS_READY_INTERVAL_S, RANKS_READY_INTERVAL_S)
         restarted = None
         if decision.status.restarts > status.restarts:
@@ -206,16 +208,22 @@ class Reconciler:
         decision: Decision,
         pods: list[dict[str, Any]],
         csv: str | None,
-    ) -> None:
-        written = await self.apply.status(body, status, decision.status)
+    ) -> bool:
+        """Apply ``decision``; True when its status write was postponed (look again in RANKS_READY_INTERVAL_S)."""
+        written, postponed = await self.apply.status(body, status, decision.status)
         if written is not None:
-            self.remember(key, written)
+            self.remember(key, project_object(written))
         # Once the status is written: the Events that tell what it records (a later failure cannot lose them),
         # the deletions and the creations (a decision never has both), all at once.
-        await asyncio.gather(
+        _, deleted, created = await asyncio.gather(
             self.apply.events(body, decision),
             self.apply.deletions(body, decision.delete_pods, pods),
             self.apply.pods(job, body, decision, csv),
         )
+        # the API server's answers go into the cache at once: the next reconcile, which may come before the watch
+        # shows them, must not create the same pods again
+        for pod in [*deleted, *created]:
+            self.pods.event(project_pod(pod), deleted=False)
         if decision.delete_job:
             await self.apply.delete_job(body)
+        return postponed

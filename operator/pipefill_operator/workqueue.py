@@ -6,11 +6,16 @@ read. A key added while it is queued is not queued twice (a burst of pod events 
 while a worker is on it is queued again once the worker is done (no event is lost, and no job is reconciled by
 two workers at once — controller-runtime's work queue does the same). Delayed adds serve deadlines, TTLs and retry
 back-off.
+
+The queue lives on the event loop: its sets and the asyncio.Queue inside are not thread-safe, and a key put from
+another thread can wake no worker or be lost between the sets. The handlers run on the loop; an :meth:`add` from
+any other thread is handed to the loop (``call_soon_threadsafe``) rather than done there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Hashable
 
 __all__ = ["Backoff", "WorkQueue"]
@@ -24,11 +29,23 @@ class WorkQueue:
         self._dirty: set[Hashable] = set()  # queued, or to queue again after processing
         self._processing: set[Hashable] = set()
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def __len__(self) -> int:
         return self._queue.qsize()
 
+    def bind(self) -> None:
+        """Bind to the running loop (done by the first :meth:`get`): adds from other threads go to it."""
+        self._loop, self._thread = asyncio.get_running_loop(), threading.get_ident()
+
     def add(self, key: Hashable) -> None:
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.add, key)
+            return
+        self._idle.clear()
         if key in self._dirty:
             return
         self._dirty.add(key)
@@ -52,6 +69,8 @@ class WorkQueue:
 
     async def get(self) -> Hashable:
         """The next key; the caller owns it until :meth:`done`."""
+        if self._loop is None:
+            self.bind()
         key = await self._queue.get()
         self._dirty.discard(key)
         self._processing.add(key)
@@ -61,6 +80,12 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.put_nowait(key)
+        elif not self._dirty and not self._processing:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no key is queued or being processed (delayed adds not counted)."""
+        await self._idle.wait()
 
     def forget(self, key: Hashable) -> None:
         """Drop a pending delayed add (the object is gone)."""

@@ -1,5 +1,9 @@
-"""``pipefill bench operator`` end to end on a tiny cluster: its JSON says every job ran, and it removes the control
-plane's directory afterwards (unless --keep). Benchmarks are not tests: nothing here asserts on speed."""
+"""``pipefill bench operator`` end to end at a scale that fits the suite: 150 jobs × 8 ranks on 150 kwok nodes
+(1 200 rank pods, as many as the nodes have GPUs). Every job must be Running — the benchmark's "lost" job was one gang
+8 GPUs short, because the control plane tainted one of its nodes, and this run fails so —, the operator must log no
+ERROR and no traceback (its thread races and the fill pass broken under them showed up there first), and the control
+plane's directory must go afterwards (unless --keep). Benchmarks are not tests: nothing here asserts on speed; the time limit only keeps a stuck run from hanging
+the suite."""
 
 from __future__ import annotations
 
@@ -16,22 +20,24 @@ from pipefill.devcluster import ControlPlane
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.timeout(300)
-def test_a_small_run_reports_every_job_running_and_leaves_no_directory(
+@pytest.mark.timeout(420)
+def test_150_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
     control_plane: ControlPlane,  # the gate: a control plane can start here (else the test skips, or fails in CI)
     tmp_path: Path,
 ) -> None:
     del control_plane
-    args = ["--nodes", "2", "--jobs", "2", "--ranks", "2", "--timeout", "120", "--json"]
+    args = ["--nodes", "150", "--jobs", "150", "--ranks", "8", "--timeout", "300", "--json"]
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "operator", *args],
         env={**os.environ, "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=400,
     )
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["all_running"] and result["jobs_running"] == 2 and result["pods"] == 4
+    result = json.loads(done.stdout) if done.stdout.strip() else {}
+    assert result, done.stderr[-3000:]
+    assert result["operator_log_errors"] == 0, result["operator_log_first_errors"]
+    assert result["all_running"] and result["jobs_running"] == 150 and result["pods"] == 1200, result
+    assert done.returncode == 0, done.stderr[-3000:]
     assert result["reconciles"] > 0 and result["operator_peak_rss_mib"] > 0
     assert not list(tmp_path.glob("pipefill-bench-operator-*")), "the control plane's directory was left behind"

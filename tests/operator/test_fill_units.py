@@ -13,7 +13,8 @@ import yaml
 from pipefill.queue import JobOutcome, Placement, SliceStatus, schedule_pass
 from pipefill.queue.fit import Rates
 from pipefill.queue.state import State
-from pipefill_operator.fillindex import FillIndex, ObjectIndex
+from pipefill_operator.cache import ObjectIndex
+from pipefill_operator.fillindex import FillIndex
 from pipefill_operator.filloutcome import decide
 
 NOW = "2026-01-01T00:00:00Z"
