@@ -19,6 +19,7 @@ from pipefill.podgroups import pod_group
 from pipefill.spec import API_VERSION, PipelineTrainingJob, Schedule, SharingMode, to_obj
 
 __all__ = [
+    "FILL_ACCOUNT",
     "FILL_RULES",
     "JOB_LABEL",
     "SPEC_KEY",
@@ -97,9 +98,18 @@ def claim_template_name(job: PipelineTrainingJob) -> str:
     return f"{job.name}-gpu"
 
 
+FILL_ACCOUNT = "pipefill-fill"
+"""ServiceAccount, Role and RoleBinding of the fill executors of a namespace (the rank pods' serviceAccountName).
+
+One identity per namespace, not per job: the Role grants FillJobs of the namespace, the same for every job there, and
+three objects fewer per job are three requests fewer when a thousand jobs start at once. Owned by no job, so deleting
+the last job leaves them (like a namespace's default ServiceAccount)."""
+
+
 def fill_account_name(job: PipelineTrainingJob) -> str:
-    """ServiceAccount, Role and RoleBinding of the fill executors (the pods' serviceAccountName)."""
-    return f"{job.name}-fill"
+    """The rank pods' serviceAccountName: the namespace's fill identity (:data:`FILL_ACCOUNT`)."""
+    del job
+    return FILL_ACCOUNT
 
 
 def _meta(job: PipelineTrainingJob, name: str, namespace: str, owner: Owner | None) -> dict[str, Any]:
@@ -208,26 +218,32 @@ def claim_template(job: PipelineTrainingJob, *, namespace: str, owner: Owner | N
     }
 
 
-def fill_rbac(job: PipelineTrainingJob, *, namespace: str, owner: Owner | None = None) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding of the fill executors: FillJobs of this namespace and nothing else."""
-    name = fill_account_name(job)
+def fill_rbac(*, namespace: str) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding of the fill executors of ``namespace``: FillJobs of this namespace and
+    nothing else. In creation order (RBAC checks a RoleBinding against its Role, so the Role comes first)."""
+    name = FILL_ACCOUNT
+    meta = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/name": "pipefill", "app.kubernetes.io/managed-by": "pipefill-operator"},
+    }
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta(job, name, namespace, owner),
+            "metadata": meta,
             "automountServiceAccountToken": False,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": _meta(job, name, namespace, owner),
+            "metadata": meta,
             "rules": FILL_RULES,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta(job, name, namespace, owner),
+            "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
@@ -254,7 +270,8 @@ def disruption_budget(job: PipelineTrainingJob, *, namespace: str, owner: Owner 
 def desired_children(
     job: PipelineTrainingJob, *, namespace: str, owner: Owner | None = None, schedule_csv: str | None = None
 ) -> list[dict[str, Any]]:
-    """Every child but the pods, in creation order (what the pods reference comes first)."""
+    """Every child of the job but the pods, in creation order (what the pods reference comes first). The pods' fill
+    identity is the namespace's (:func:`fill_rbac`), not the job's."""
     group = pod_group(job, namespace=namespace, metadata=_meta(job, job.name, namespace, owner))
     optional = [
         claim_template(job, namespace=namespace, owner=owner),
@@ -264,6 +281,5 @@ def desired_children(
     return [
         headless_service(job, namespace=namespace, owner=owner),
         spec_config_map(job, namespace=namespace, owner=owner, schedule_csv=schedule_csv),
-        *fill_rbac(job, namespace=namespace, owner=owner),
         *[obj for obj in optional if obj is not None],
     ]

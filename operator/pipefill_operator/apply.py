@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from pipefill.children import Owner, desired_children
+from pipefill.children import Owner, desired_children, fill_rbac
 from pipefill.lifecycle import Decision
 from pipefill.lifecycle.conditions import rfc3339
 from pipefill.pods import rank_pod
@@ -61,6 +61,8 @@ class Applier:
         self.kube = kube
         self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
         self._written: dict[str, float] = {}  # uid -> monotonic time of the last status write
+        self._identities: set[str] = set()  # namespaces whose fill identity this operator has made sure of
+        self._identity_locks: dict[str, asyncio.Lock] = {}
 
     def forget(self, uid: str) -> None:
         self._ensured = {e for e in self._ensured if e[0] != uid}
@@ -95,26 +97,38 @@ class Applier:
         self._written[meta["uid"]] = now
         return written, False
 
-    async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> list[dict[str, Any]]:
-        """Create what the pods reference, but the RoleBinding, which is returned to be created with the pods (RBAC
-        checks a RoleBinding against its Role, so the Role must exist first; the pods need the ServiceAccount and
-        the PodGroup). The spec ConfigMap is brought up to date when the spec changed."""
+    async def _identity(self, namespace: str) -> None:
+        """The namespace's fill identity (ServiceAccount, Role, then RoleBinding: RBAC checks a RoleBinding against
+        its Role), made sure of once per namespace by this operator; creating an existing one is a no-op."""
+        if namespace in self._identities:
+            return
+        async with self._identity_locks.setdefault(namespace, asyncio.Lock()):
+            if namespace in self._identities:
+                return  # another job's reconcile did it while this one waited
+            account, role, binding = fill_rbac(namespace=namespace)
+            await asyncio.gather(self._create(account), self._create(role))
+            await self._create(binding)
+            self._identities.add(namespace)
+
+    async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> None:
+        """Create what the pods reference (the fill identity, the ServiceAccount's namespace's; the PodGroup). The
+        spec ConfigMap is brought up to date when the spec changed."""
         meta = body["metadata"]
         digest = hashlib.sha256((csv or "").encode()).hexdigest()[:16]
         mark = (meta["uid"], int(meta.get("generation", 1)), digest)
         if mark in self._ensured:
-            return []
+            return
         owner = Owner(name=meta["name"], uid=meta["uid"])
         objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv)
-        first = [o for o in objs if o["kind"] != "RoleBinding"]
-        created = await asyncio.gather(*(self._create(o) for o in first))
-        for obj, made in zip(first, created, strict=True):
+        created, _ = await asyncio.gather(
+            asyncio.gather(*(self._create(o) for o in objs)), self._identity(meta["namespace"])
+        )
+        for obj, made in zip(objs, created, strict=True):
             if made is None and obj["kind"] == "ConfigMap":
                 await self.kube.merge_patch(
                     CONFIG_MAP, obj["metadata"]["name"], {"data": obj["data"]}, meta["namespace"]
                 )
         self._ensured.add(mark)
-        return [o for o in objs if o["kind"] == "RoleBinding"]
 
     async def _create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         try:
@@ -131,14 +145,14 @@ class Applier:
         """The children the pods reference, then the pods (two rounds of parallel requests); the pods created."""
         if not decision.create_ranks:
             return []
-        rest = await self._children(job, body, csv)
+        await self._children(job, body, csv)
         meta = body["metadata"]
         owner = Owner(name=meta["name"], uid=meta["uid"])
         gen = decision.status.generation
         manifests = [
             rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner) for r in decision.create_ranks
         ]
-        made = await asyncio.gather(*(self._create(obj) for obj in [*rest, *manifests]))
+        made = await asyncio.gather(*(self._create(obj) for obj in manifests))
         return [obj for obj in made if obj is not None and obj.get("kind") == "Pod"]
 
     async def deletions(

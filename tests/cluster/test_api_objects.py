@@ -96,7 +96,7 @@ def test_every_rank_pod_passes_server_side_dry_run(
         [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": priority}, "value": 1000}]
     )
     # the pods run as the fill executor's ServiceAccount, which admission checks exists
-    control_plane.apply(fill_rbac(job, namespace=namespace))
+    control_plane.apply(fill_rbac(namespace=namespace))
     pods = [rank_pod(job, rank, namespace=namespace) for rank in (0, job.world_size - 1)]
     out = control_plane.kubectl(
         "create", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",

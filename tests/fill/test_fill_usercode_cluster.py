@@ -79,7 +79,7 @@ def test_code_from_a_config_map_through_the_api_with_the_fill_role(
     data = {p.name: p.read_text() for p in code.glob("*.py")}
     control_plane.apply(
         [
-            *fill_rbac(job, namespace=namespace),
+            *fill_rbac(namespace=namespace),
             _config_map(namespace, "scaled-code", data),
             _config_map(other_namespace, "scaled-code", data),
         ]

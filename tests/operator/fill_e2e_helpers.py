@@ -1,6 +1,6 @@
 """Helpers of the end-to-end FillJob test: a rank pod's fill executor as a real process (``python -m pipefill_fill``
 with the kubernetes work source and the pod's identity in its environment, since kwok pods run nothing), fed by the
-synthetic trainer on a real bubble channel, authenticated as the training job's own fill ServiceAccount."""
+synthetic trainer on a real bubble channel, authenticated as the namespace's fill ServiceAccount (the operator's)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipefill import env
+from pipefill.children import FILL_ACCOUNT
 from pipefill.devcluster import ControlPlane
 from pipefill.pods import RANK_LABEL
 
@@ -81,7 +82,7 @@ def start_rank(
          bubbles_ms, "--compute-ms", "15", "--count", "1000000"],
         env=child, stdout=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    kubeconfig = cp.kubeconfig_for(namespace, f"{job}-fill")  # the training job's fill identity (its Role only)
+    kubeconfig = cp.kubeconfig_for(namespace, FILL_ACCOUNT)  # the namespace's fill identity (its Role only)
     child.update(
         {
             env.CHANNEL_DIR: str(channel),

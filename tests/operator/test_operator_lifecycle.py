@@ -17,7 +17,8 @@ from pipefill.devcluster import ControlPlane
 pytestmark = pytest.mark.cluster
 
 OPERATOR_USER = "system:serviceaccount:pipefill-system:pipefill-operator"
-CHILD_KINDS = ("service", "configmap", "serviceaccount", "role", "rolebinding", "poddisruptionbudget")
+CHILD_KINDS = ("service", "configmap", "poddisruptionbudget")
+IDENTITY_KINDS = ("serviceaccount", "role", "rolebinding")  # the namespace's fill identity, owned by no job
 
 
 def _get(cp: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
@@ -63,6 +64,9 @@ def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
         assert len(items) == 1, kind
         (ref,) = items[0]["metadata"]["ownerReferences"]
         assert (ref["uid"], ref["kind"], ref["controller"]) == (uid, "PipelineTrainingJob", True), kind
+    for kind in IDENTITY_KINDS:
+        (item,) = _get(control_plane, namespace, kind, "-l", "app.kubernetes.io/managed-by=pipefill-operator")["items"]
+        assert item["metadata"]["name"] == "pipefill-fill" and not item["metadata"].get("ownerReferences"), kind
     tainted = f"kwok-node-{control_plane.nodes - 1}"
     for pod in pods:
         assert pod["metadata"]["ownerReferences"][0]["uid"] == uid

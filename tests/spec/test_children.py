@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from pipefill.children import (
+    FILL_ACCOUNT,
     FILL_RULES,
     Owner,
     desired_children,
+    fill_rbac,
     schedule_csv_of,
     spec_config_map,
     spec_document,
@@ -57,7 +59,8 @@ def test_children_are_valid_owned_and_named_after_the_job(name: str) -> None:
         if obj["apiVersion"].startswith(("scheduling.volcano.sh", "scheduling.x-k8s.io")):
             continue  # CRDs of other projects: their shape is asserted below
         kubernetes_validate.validate(obj, "1.36", strict=True)
-    assert _kinds(children)[:5] == ["Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"]
+    assert _kinds(children)[:2] == ["Service", "ConfigMap"]
+    assert not {"ServiceAccount", "Role", "RoleBinding"} & set(_kinds(children)), "the fill identity is the namespace's"
     assert len({(o["kind"], o["metadata"]["name"]) for o in children}) == len(children)
 
 
@@ -93,8 +96,12 @@ def test_dra_claim_template_shares_one_gpu_and_mps_without_limits() -> None:
 
 
 def test_fill_role_grants_exactly_what_the_fill_executor_calls() -> None:
-    children = {o["kind"]: o for o in desired_children(JOBS["cpu-demo"], namespace="n")}
-    assert children["Role"]["rules"] == FILL_RULES
+    identity = {o["kind"]: o for o in fill_rbac(namespace="n")}
+    assert [o["kind"] for o in fill_rbac(namespace="n")] == ["ServiceAccount", "Role", "RoleBinding"]  # Role first
+    assert all(
+        "ownerReferences" not in o["metadata"] and o["metadata"]["name"] == FILL_ACCOUNT for o in identity.values()
+    )
+    assert identity["Role"]["rules"] == FILL_RULES
     verbs = {(r, v) for rule in FILL_RULES for r in rule["resources"] for v in rule["verbs"]}
     assert verbs == {
         ("filljobs", "list"),
@@ -103,9 +110,10 @@ def test_fill_role_grants_exactly_what_the_fill_executor_calls() -> None:
         ("filljobs/status", "patch"),
         ("configmaps", "get"),
     }
-    binding = children["RoleBinding"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cpu-demo-fill", "namespace": "n"}]
-    assert children["ServiceAccount"]["automountServiceAccountToken"] is False
+    binding = identity["RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FILL_ACCOUNT, "namespace": "n"}]
+    assert identity["ServiceAccount"]["automountServiceAccountToken"] is False
+    children = {o["kind"]: o for o in desired_children(JOBS["cpu-demo"], namespace="n")}
     service = children["Service"]["spec"]
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
 

@@ -86,7 +86,7 @@ def test_pod_contract_security_context_and_writable_scratch() -> None:
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert spec["terminationGracePeriodSeconds"] == 600
-    assert spec["serviceAccountName"] == "cpu-demo-fill"
+    assert spec["serviceAccountName"] == "pipefill-fill"
     assert pod["metadata"]["labels"][GENERATION_LABEL] == "2"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     trainer, fill = _containers(pod)
