@@ -34,7 +34,7 @@ COMPONENT = "pipefill-operator"
 PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
 CONFIG_MAP = resource_of("v1", "ConfigMap")
-RANKS_READY_INTERVAL_S = 1.0
+RANKS_READY_INTERVAL_S = 5.0  # a gang that starts over minutes (a busy scheduler) writes its progress this often
 # The fields the status reader owns; a reconcile never writes them.
 READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
 

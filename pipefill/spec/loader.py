@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,12 @@ def parse_yaml(text: str, *, source: str = "<input>") -> list[dict[str, Any]]:
     return docs
 
 
+@functools.cache
+def _schema(kind: str) -> dict[str, Any]:
+    """The kind's schema, built once (read only: check_object keeps a validator of it)."""
+    return object_schema(kind)
+
+
 def validate(
     obj: dict[str, Any], *, source: str = "<input>", old: dict[str, Any] | None = None
 ) -> tuple[str, str, list[FieldError]]:
@@ -97,7 +104,7 @@ def validate(
             ],
         )
     obj.pop("status", None)  # the status subresource ignores status on create
-    errors = check_object(object_schema(kind), obj, old)
+    errors = check_object(_schema(kind), obj, old)
     if not errors and kind == "PipelineTrainingJob":  # what the schema cannot say: the schedule's own rules
         errors = shape_errors(from_obj(PipelineTrainingJob, obj))
     return kind, name, errors

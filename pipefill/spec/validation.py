@@ -236,10 +236,26 @@ _BLOCKING = frozenset({"type", "format", "enum", "required", "maxLength", "maxIt
 _BLOCKING |= {"additionalProperties"}  # an unknown field: the server refuses to decode the object at all
 
 
+_VALIDATORS: dict[int, tuple[dict[str, Any], jsonschema.Draft4Validator]] = {}
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.Draft4Validator:
+    """The strict validator of ``schema``, built once per schema object (the loader passes one schema per kind; the
+    operator parses every job it sees). Keyed by identity and holding the schema, so an id is never reused."""
+    hit = _VALIDATORS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        if len(_VALIDATORS) >= 64:
+            _VALIDATORS.clear()
+        hit = (schema, jsonschema.Draft4Validator(strict_schema(schema), format_checker=_FORMATS))
+        _VALIDATORS[id(schema)] = hit
+    return hit[1]
+
+
 def check_object(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[FieldError]:
-    """All violations of ``obj`` (defaulted in place when the schema passes) against a CRD version's schema;
-    ``old``: the stored object when ``obj`` updates it (transition rules with ``oldSelf`` then apply)."""
-    validator = jsonschema.Draft4Validator(strict_schema(schema), format_checker=_FORMATS)
+    """All violations of ``obj`` (defaulted in place when the schema passes) against a CRD version's schema, which
+    must not change afterwards (its validator is kept); ``old``: the stored object when ``obj`` updates it
+    (transition rules with ``oldSelf`` then apply)."""
+    validator = _validator(schema)
     errors = sorted(validator.iter_errors(obj), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     found = [_schema_error(e) for e in errors]
     if any(e.validator in _BLOCKING for e in errors):
