@@ -48,6 +48,9 @@ def configure(settings: kopf.OperatorSettings, *, clusterwide: bool) -> None:
     settings.posting.reporting_component = "pipefill-operator"
     settings.posting.level = logging.WARNING  # the Events are the operator's own; kopf posts only its warnings
     settings.persistence.diffbase_storage = WatchOnlyDiffBase()
+    # kopf's own first list (and its list after a 410) in pages: a restart among 8 000 rank pods never holds them
+    # all, as one parsed answer, at once
+    settings.watching.chunk_size = 500
     settings.watching.label_selectors[("v1", "pods")] = JOB_LABEL  # only rank pods, filtered by the API server
     # the spec ConfigMaps the operator makes itself (one per job) wake no job: only the users' are watched
     settings.watching.label_selectors[("v1", "configmaps")] = f"!{JOB_LABEL}"
