@@ -50,13 +50,15 @@ demo-embed: $(STAMP) ## the demo's training made wider, its bubbles filled with 
 	rm -rf runs/embed-demo runs/fill/embed-sentences
 	$(BIN)/pipefill local -f examples/embed-demo.yaml -f examples/fill-embed.yaml --out runs/embed-demo
 
-test: lint cluster-bins prometheus-bin ## lint, build/fetch the control plane's and Prometheus' binaries if missing, then the tests
+test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
+	@$(MAKE) --no-print-directory -j3 --output-sync=line lint cluster-bins prometheus-bin
 	$(BIN)/pytest -q
 
-cluster-bins: $(STAMP) ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
-	$(BIN)/pipefill cluster bins
+# No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
+cluster-bins: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
+	$(PYTHON) -P pipefill/devcluster/bins.py
 
-chart-check: cluster-bins ## the chart's checks alone (tests/chart): helm lint, renders, server-side dry runs, install/upgrade/uninstall
+chart-check: $(STAMP) cluster-bins ## the chart's checks alone (tests/chart): helm lint, renders, server-side dry runs, install/upgrade/uninstall
 	$(BIN)/pytest -q tests/chart
 
 cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…

@@ -7,6 +7,9 @@ multi-call binary for kube-apiserver, kube-controller-manager and kube-scheduler
 the three names linked to it. A build lands in ``$PIPEFILL_BINS/<module>-<version>-<key>/`` (default
 ``~/.cache/pipefill/bins``) where the key hashes the module's files and the build flags, so a version bump builds anew
 and an unchanged module is never rebuilt.
+
+``python3 -P pipefill/devcluster/bins.py`` builds them all with the standard library alone (this file imports nothing
+else), so ``make test`` builds them while pip fills the venv.
 """
 
 from __future__ import annotations
@@ -190,3 +193,11 @@ def _try_lock(lock: IO[str]) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+if __name__ == "__main__":  # `make cluster-bins`: no venv needed
+    try:
+        ensure_built(tuple(sys.argv[1:]) or tuple(MODULES))
+    except BinaryMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
