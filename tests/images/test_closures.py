@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +149,25 @@ def _unpinned(install: list[dict[str, Any]], extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("extra", ["trainer", "fill"])
-def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(wheel: Path, tmp_path: Path, extra: str) -> None:
-    install = _resolve(wheel, extra, tmp_path)
+_CUDA_EXTRAS = ("trainer", "fill")
+
+
+@pytest.fixture(scope="module")
+def resolved(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[list[dict[str, Any]]]]:
+    """Both CUDA closures, resolved at the same time (mostly waiting on the index); each test takes its own result,
+    or its own error."""
+    tmp = tmp_path_factory.mktemp("resolve")
+    with ThreadPoolExecutor(len(_CUDA_EXTRAS)) as pool:
+        futures = {extra: pool.submit(_resolve, wheel, extra, tmp) for extra in _CUDA_EXTRAS}
+        wait(futures.values())
+    return futures
+
+
+@pytest.mark.parametrize("extra", _CUDA_EXTRAS)
+def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(
+    resolved: dict[str, Future[list[dict[str, Any]]]], extra: str
+) -> None:
+    install = resolved[extra].result()
     got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in install}
     assert got["torch"] == _pins(LOCK)["torch"]
     assert "nvidia-nccl-cu13" in got and "triton" in got, "the CUDA build of torch, not the CPU one"
