@@ -51,7 +51,7 @@ demo-embed: $(STAMP) ## the demo's training made wider, its bubbles filled with 
 	$(BIN)/pipefill local -f examples/embed-demo.yaml -f examples/fill-embed.yaml --out runs/embed-demo
 
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
-	@$(MAKE) --no-print-directory -j3 --output-sync=line lint cluster-bins prometheus-bin
+	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
 	$(BIN)/pytest -q
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
