@@ -116,9 +116,9 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while it works: inside steps, commits, between slices
             _wait("work", lambda d=log_dir: any(isinstance(e, FillEvent) and e.items for e in _events(d)), fill)
-            # at most 0.4 s of work a life: with the profile its first life cached, lives of up to a second could
-            # finish the job before the third kill (a CI run killed twice, then found the job done)
-            time.sleep(rng.uniform(0.0, 0.4))
+            # at most 0.3 s of work a life (an executor on an idle 2-core machine does ~2 000 samples a second): lives
+            # of up to a second finished the 6 000-sample job before the third kill (a CI run killed twice)
+            time.sleep(rng.uniform(0.0, 0.3))
         if _status(jobs).get("phase") == "Succeeded":
             break
         _kill(fill)
