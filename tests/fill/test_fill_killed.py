@@ -19,7 +19,7 @@ import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
 
-from pipefill.events import FILL_EVENTS, CommitEvent, Event, FillEvent, SliceEvent, read_events
+from pipefill.events import FILL_EVENTS, CommitEvent, Event, SliceEvent, read_events
 from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
@@ -115,9 +115,10 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
         if rng.random() < 0.25:  # during start-up: attach, claim, recovery, profiling
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while it works: inside steps, commits, between slices
-            _wait("work", lambda d=log_dir: any(isinstance(e, FillEvent) and e.items for e in _events(d)), fill)
-            # at most 0.3 s of work a life (an executor on an idle 2-core machine does ~2 000 samples a second): lives
-            # of up to a second finished the 6 000-sample job before the third kill (a CI run killed twice)
+            # this life's first commit, then at most 0.3 s more: each working life leaves committed progress (a
+            # slice half done for the next one), and none does so much that the job ends before the third kill (an
+            # executor on an idle 2-core machine does ~2 000 samples a second; lives of up to a second of work did)
+            _wait("a commit", lambda d=log_dir: any(isinstance(e, CommitEvent) for e in _events(d)), fill)
             time.sleep(rng.uniform(0.0, 0.3))
         if _status(jobs).get("phase") == "Succeeded":
             break
