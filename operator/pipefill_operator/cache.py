@@ -214,7 +214,6 @@ class ClusterCache:
         if fill_jobs:
             self._kinds["fill_jobs"] = (FILLJOB, self.fill_jobs, project_object, None)
         self.seeded = False
-        self.lists = 0  # full lists of a kind made (at start, and after watch restarts)
         self.on_change: list[Callable[[str], None]] = []  # told the kind after a list changed an index
         self._listed_at: dict[str, float] = {}
         self._streaming: set[str] = set()  # kinds whose watch has streamed a real event since our list
@@ -289,7 +288,6 @@ class ClusterCache:
                 params["continue"] = meta["continue"]
             # a paged list is consistent at the first page's resourceVersion, which the last page reports too
             changed |= index.relist(items, int(meta.get("resourceVersion") or 0), namespace=namespace)
-        self.lists += 1
         self._listed_at[kind] = started
         if changed:
             for callback in self.on_change:
