@@ -28,6 +28,7 @@ from _grad_common import batch, model_config
 from pipefill_trainer.comm import DistTransport, Transport
 from pipefill_trainer.partition import analytic_costs, partition_layers
 from pipefill_trainer.pipeline import PipelineRank, Topology
+from pipefill_trainer.provider import GPTProvider
 
 
 def one_group_transport(*, schedule: Schedule, pp_rank: int, pipeline_ranks: Sequence[int], group: Any) -> Transport:
@@ -54,7 +55,8 @@ def main() -> None:
         schedule = build_schedule(
             c["schedule"], ranks=c["stages"], microbatches=c["m"], virtual_stages=c.get("v"), csv_text=c.get("csv")
         )
-        ranges = partition_layers(cfg.layers, schedule.num_stages, costs=analytic_costs(cfg))
+        provider = GPTProvider(cfg)
+        ranges = partition_layers(cfg.layers, schedule.num_stages, costs=analytic_costs(provider))
         topo = Topology(rank=rank, stages=c["stages"], data_parallel=c.get("dp", 1))
         transport: Transport
         if c.get("transport") == "one-group":
@@ -66,7 +68,7 @@ def main() -> None:
                 device=torch.device("cpu"), schedule=schedule, replicas=topo.replicas, rank=rank, timeout=timeout
             )
         pr = PipelineRank(
-            cfg=cfg,
+            provider=provider,
             schedule=schedule,
             topo=topo,
             layer_ranges=ranges,

@@ -13,8 +13,9 @@ from pipefill_trainer.comm import ReplayTransport
 from pipefill_trainer.model import GPTConfig
 from pipefill_trainer.peers import ReplayPeers
 from pipefill_trainer.profile import StageProfile, predict
+from pipefill_trainer.provider import GPTProvider
 
-MODEL = GPTConfig(layers=4, hidden=32, heads=2, seq_len=16, vocab_size=64)
+MODEL = GPTProvider(GPTConfig(layers=4, hidden=32, heads=2, seq_len=16, vocab_size=64))
 OWN = {1: StageProfile(median_s={"F": 0.004, "B": 0.008}, static_bytes=1 << 20, p2p_bytes_per_mb=4096, layers=1)}
 
 

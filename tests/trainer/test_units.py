@@ -21,6 +21,7 @@ from pipefill_trainer.metrics import TrainerMetrics
 from pipefill_trainer.model import GPTConfig
 from pipefill_trainer.partition import LayerCosts, PartSeconds, measure_parts, partition_layers
 from pipefill_trainer.profile import model_peer_medians
+from pipefill_trainer.provider import GPTProvider
 
 
 def test_partition_gives_end_stages_fewer_blocks_when_embedding_and_head_cost() -> None:
@@ -171,9 +172,9 @@ def test_replay_models_a_peer_stage_from_its_parts_scaled_by_the_own_stage() -> 
 def test_measured_parts_are_positive_and_a_large_vocabulary_makes_the_head_cost_more() -> None:
     torch.set_num_threads(1)
     small = GPTConfig(layers=1, hidden=32, heads=2, seq_len=16, vocab_size=64, tied_embeddings=False, seed=0)
-    parts = measure_parts(small, mb_size=2, device=torch.device("cpu"), repeats=1)
+    parts = measure_parts(GPTProvider(small), mb_size=2, device=torch.device("cpu"), repeats=1)
     assert min(*vars(parts.forward).values(), *vars(parts.backward).values()) > 0
-    big = measure_parts(replace(small, vocab_size=16384), mb_size=2, device=torch.device("cpu"), repeats=3)
+    big = measure_parts(GPTProvider(replace(small, vocab_size=16384)), mb_size=2, device=torch.device("cpu"), repeats=3)
     assert big.forward.head + big.backward.head > 2 * (parts.forward.head + parts.backward.head)
 
 

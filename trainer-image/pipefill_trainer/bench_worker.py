@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from pipefill_trainer.config import TrainerConfig
@@ -47,10 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     stage = PipelineStage(pipeline.stages[stage_idx], stage_idx, schedule_ours.num_stages, parts.device)
     cls = ScheduleGPipe if schedule_ours.name == "gpipe" else Schedule1F1B  # the job's schedule, in torch
 
-    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.flatten(0, 1).float(), target.flatten())
-
-    schedule = cls(stage, n_microbatches=parts.shape.microbatches, loss_fn=loss_fn)
+    schedule = cls(stage, n_microbatches=parts.shape.microbatches, loss_fn=parts.model.loss)
     step = 0
     for _ in range(parts.cfg.profile_steps + 2):  # profile, then settle the predictions
         trainer.step(step)

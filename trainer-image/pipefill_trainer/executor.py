@@ -5,8 +5,9 @@ stage → rank placement, so one loop runs them all. Before an action that needs
 receive posted ahead of time; that wait is the only place the rank idles inside a step, and the :class:`StepHooks`
 are told right before it blocks and right after it resumes (where bubbles open and close).
 
-Tensors between stages: activations (B, T, C) forward, their gradients backward, float32. Each directed stage edge
-between two ranks is one stream (:mod:`pipefill_trainer.comm`); no tags. The receives of a stream are posted in the
+Tensors between stages: what the model provider says (:meth:`~pipefill_trainer.provider.ModelProvider.activations`:
+any number, each with its shape and dtype; our GPT sends one float32 (B, T, C)) forward, the gradients of those that
+take one backward, each tensor one message in order. Each directed stage edge between two ranks is one stream (:mod:`pipefill_trainer.comm`); no tags. The receives of a stream are posted in the
 order its sender sends (:func:`pipefill.schedules.validate.p2p_streams`), which is this rank's own consumption order
 for every built-in schedule; a custom CSV that consumes in another order gets the earlier-sent receives posted ahead.
 """
@@ -19,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from pipefill.schedules.model import Action, Kind, Schedule
 from pipefill.schedules.validate import p2p_streams
 from pipefill_trainer.comm import RecvHandle, Stream, Transport
 from pipefill_trainer.devsync import DeviceSync, device_sync
-from pipefill_trainer.model import StageModule, WeightGradStore
+from pipefill_trainer.model import WeightGradStore, set_grad_store
+from pipefill_trainer.provider import ModelProvider, TensorMeta
 
 __all__ = ["NoHooks", "PipelineExecutor", "StepHooks", "StepTiming"]
 
@@ -66,16 +68,34 @@ class StepTiming:
     wait_ns: list[int]
 
 
+Tensors = tuple[torch.Tensor, ...]
+
+
+class _Received:
+    """The receives of one action's tensors (one message each, posted in order on the action's stream)."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[RecvHandle]) -> None:
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self) -> Tensors:
+        return tuple(h.wait() for h in self.handles)
+
+
 @dataclass
 class _StepState:
     """What one step carries from action to action."""
 
     loss_sum: torch.Tensor
-    handles: dict[int, RecvHandle] = field(default_factory=dict)  # posted receives by consuming action
+    handles: dict[int, _Received] = field(default_factory=dict)  # posted receives by consuming action
     next_post: int = 0  # index into the posting order
-    saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)  # F → B
-    local_act: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # same-rank hand-offs
-    local_grad: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    saved: dict[tuple[int, int], tuple[Tensors, Tensors]] = field(default_factory=dict)  # F → B: inputs, outputs
+    local_act: dict[tuple[int, int], Tensors] = field(default_factory=dict)  # same-rank hand-offs
+    local_grad: dict[tuple[int, int], Tensors] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +108,8 @@ class _Plan:
 class PipelineExecutor:
     """Executes rank ``pp_rank``'s actions of ``schedule`` over ``stages`` (the stage modules this rank holds).
 
-    ``pipeline_ranks[i]``: global rank of pipeline rank ``i`` in this data-parallel replica. ``mb_shape``: (B, T) of a
-    microbatch; ``hidden``: C. ``prefetch``: a receive is posted ``2 × prefetch`` actions ahead of its first use.
+    ``pipeline_ranks[i]``: global rank of pipeline rank ``i`` in this data-parallel replica. ``provider``: the model's
+    activations between stages and its loss; ``mb_size``: sequences per microbatch. ``prefetch``: a receive is posted ``2 × prefetch`` actions ahead of its first use.
     ``sync``: what a wait point means on the device (default: :func:`~pipefill_trainer.devsync.device_sync`).
     """
 
@@ -98,11 +118,11 @@ class PipelineExecutor:
         *,
         schedule: Schedule,
         pp_rank: int,
-        stages: dict[int, StageModule],
+        stages: dict[int, nn.Module],
         pipeline_ranks: Sequence[int],
         transport: Transport,
-        mb_shape: tuple[int, int],
-        hidden: int,
+        provider: ModelProvider,
+        mb_size: int,
         device: torch.device,
         autocast_dtype: torch.dtype | None = None,
         prefetch: int = 4,
@@ -112,12 +132,16 @@ class PipelineExecutor:
         self.actions: tuple[Action, ...] = schedule.ranks[pp_rank]
         self.transport, self.device = transport, device
         self.sync: DeviceSync = sync if sync is not None else device_sync(device)
-        self.act_shape = (*mb_shape, hidden)
-        self.autocast_dtype, self.prefetch = autocast_dtype, prefetch
+        self.provider, self.autocast_dtype, self.prefetch = provider, autocast_dtype, prefetch
         self.num_stages, self.m = schedule.num_stages, schedule.num_microbatches
+        # what crosses each stage edge s → s+1: activations forward, the gradients of those with ``grad`` backward
+        self.act_meta = [
+            provider.activations(stage_idx=s, num_stages=self.num_stages, mb_size=mb_size)
+            for s in range(self.num_stages - 1)
+        ]
         self.store = WeightGradStore()
         for module in stages.values():
-            module.set_grad_store(self.store)
+            set_grad_store(module, self.store)
         place = schedule.placement
         self._plan = [self._plan_of(a, place, pipeline_ranks) for a in self.actions]
         self._postings = self._posting_order()
@@ -163,6 +187,10 @@ class PipelineExecutor:
                 out.append((post_by, pos, idxs[pos]))
         out.sort()
         return [(post_by, idx) for post_by, _, idx in out]
+
+    def p2p_bytes_per_mb(self) -> int:
+        """One microbatch's activations across the widest stage edge (0 with one stage)."""
+        return max((sum(meta.nbytes for meta in metas) for metas in self.act_meta), default=0)
 
     def recv_source(self, action_idx: int) -> int | None:
         """Global rank the action waits for, if any (for error messages)."""
@@ -220,12 +248,22 @@ class PipelineExecutor:
             ridx = postings[st.next_post][1]
             stream = self._plan[ridx].recv_stream
             assert stream is not None
-            st.handles[ridx] = self.transport.recv(
-                action_idx=ridx, shape=self.act_shape, dtype=torch.float32, stream=stream
+            st.handles[ridx] = _Received(
+                [
+                    self.transport.recv(action_idx=ridx, shape=meta.shape, dtype=meta.dtype, stream=stream)
+                    for meta in self._stream_meta(stream)
+                ]
             )
             st.next_post += 1
 
-    def _await_input(self, st: _StepState, idx: int, timing: StepTiming) -> torch.Tensor | None:
+    def _stream_meta(self, stream: Stream) -> tuple[TensorMeta, ...]:
+        """The tensors one message set of ``stream`` carries: the edge's activations, or the gradients of them."""
+        src, dst = stream
+        if src < dst:
+            return self.act_meta[src]
+        return tuple(meta for meta in self.act_meta[dst] if meta.grad)
+
+    def _await_input(self, st: _StepState, idx: int, timing: StepTiming) -> Tensors | None:
         """The peer's tensor action ``idx`` needs (None: it needs none). If the device would idle for it, this is a
         wait point: the hooks are told right before the rank blocks and right after it resumes."""
         plan = self._plan[idx]
@@ -251,50 +289,78 @@ class PipelineExecutor:
         st: _StepState,
         a: Action,
         plan: _Plan,
-        received: torch.Tensor | None,
+        received: Tensors | None,
         tokens: Sequence[torch.Tensor] | None,
         targets: Sequence[torch.Tensor] | None,
     ) -> None:
-        """``F``: stage input (tokens on stage 0, else the received or hand-off activation) → output, sent on; on the
-        last stage the loss (÷ m, so the step's gradients are the mean's)."""
+        """``F``: stage inputs (tokens on stage 0, else the received or hand-off activations) → outputs, sent on; on
+        the last stage the provider's loss (÷ m, so the step's gradients are the mean's)."""
         s, mb, last = a.stage_idx, a.mb_idx, self.num_stages - 1
         if s == 0:
-            x = None
             inp = tokens[mb] if tokens is not None else None
             assert inp is not None, "the rank holding stage 0 needs tokens"
+            xs: Tensors = ()
+            inputs: Tensors = (inp,)
         else:
-            x = (received if received is not None else st.local_act.pop((s, mb))).detach().requires_grad_()
-            inp = x
+            got = received if received is not None else st.local_act.pop((s, mb))
+            inputs = tuple(
+                t.detach().requires_grad_(meta.grad) if meta.grad else t
+                for t, meta in zip(got, self.act_meta[s - 1], strict=True)
+            )
+            xs = tuple(t for t, meta in zip(inputs, self.act_meta[s - 1], strict=True) if meta.grad)
         with self._autocast():
-            out = self.stages[s](inp)
+            out = self.stages[s](*inputs)
             if s == last:
                 assert targets is not None, "the rank holding the last stage needs targets"
-                out = F.cross_entropy(out.flatten(0, 1).float(), targets[mb].flatten()) / self.m
-                st.loss_sum += out.detach()
-        st.saved[(s, mb)] = (x, out)
+                loss = self.provider.loss(out, targets[mb]) / self.m
+                st.loss_sum += loss.detach()
+                outs: Tensors = (loss,)
+            else:
+                outs = out if isinstance(out, tuple) else (out,)
+                self._check_outputs(s, outs)
+        st.saved[(s, mb)] = (xs, outs)
         if s < last:
             if plan.send_stream is not None:
-                self.transport.send(out.detach(), stream=plan.send_stream)
+                for t in outs:
+                    self.transport.send(t.detach(), stream=plan.send_stream)
             else:
-                st.local_act[(s + 1, mb)] = out.detach()
+                st.local_act[(s + 1, mb)] = tuple(t.detach() for t in outs)
 
-    def _backward(self, st: _StepState, a: Action, plan: _Plan, received: torch.Tensor | None) -> None:
-        """``B`` (or ``I``: the input gradient only, weight gradients deferred to ``W``): the output's gradient (the
-        loss on the last stage) → the input's, sent on."""
+    def _check_outputs(self, stage_idx: int, outs: Tensors) -> None:
+        """The stage's outputs are what the provider declared (the receiver posted buffers of those shapes)."""
+        metas = self.act_meta[stage_idx]
+        got = [(tuple(t.shape), t.dtype) for t in outs]
+        if got != [(meta.shape, meta.dtype) for meta in metas]:
+            raise ValueError(
+                f"model provider {self.provider.name!r}: stage {stage_idx} returned {len(outs)} tensors "
+                f"{[(list(shape), str(dtype)) for shape, dtype in got]}, but its activations() declare "
+                f"{[(list(m.shape), str(m.dtype)) for m in metas]}; make the stage's outputs match its declaration"
+            )
+
+    def _backward(self, st: _StepState, a: Action, plan: _Plan, received: Tensors | None) -> None:
+        """``B`` (or ``I``: the input gradient only, weight gradients deferred to ``W``): the outputs' gradients (the
+        loss on the last stage) → the inputs', sent on (zeros for an input the stage did not use)."""
         s, mb = a.stage_idx, a.mb_idx
-        x, out = st.saved.pop((s, mb))
-        grad = None if s == self.num_stages - 1 else (received if received is not None else st.local_grad.pop((s, mb)))
+        xs, outs = st.saved.pop((s, mb))
+        if s == self.num_stages - 1:
+            grads: Tensors | None = None
+        else:
+            got = received if received is not None else st.local_grad.pop((s, mb))
+            metas = self.act_meta[s]
+            outs = tuple(t for t, meta in zip(outs, metas, strict=True) if meta.grad)
+            grads = got
         self.store.key = (s, mb) if a.kind == Kind.I else None
         try:
-            torch.autograd.backward(out, grad_tensors=grad)
+            torch.autograd.backward(outs, grad_tensors=grads)
         finally:
             self.store.key = None
         if s > 0:
-            assert x is not None and x.grad is not None
+            in_grads = tuple(x.grad if x.grad is not None else torch.zeros_like(x) for x in xs)
             if plan.send_stream is not None:
-                self.transport.send(x.grad, stream=plan.send_stream)
+                for g in in_grads:
+                    self.transport.send(g, stream=plan.send_stream)
             else:
-                st.local_grad[(s - 1, mb)] = x.grad
+                st.local_grad[(s - 1, mb)] = in_grads
 
     def flush_sends(self) -> None:
         self.transport.flush()

@@ -19,7 +19,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-__all__ = ["GPTConfig", "StageModule", "WeightGradStore", "build_stage"]
+__all__ = [
+    "DeferrableLinear",
+    "GPTConfig",
+    "StageModule",
+    "WeightGradStore",
+    "build_stage",
+    "make_deferrable",
+    "set_grad_store",
+]
 
 _SEED_WTE, _SEED_WPE, _SEED_HEAD = 1_000_001, 1_000_002, 1_000_003
 
@@ -125,6 +133,36 @@ class Linear(nn.Module):
         return _deferrable_linear(x, self.weight, self.bias, self.store)
 
 
+class DeferrableLinear(nn.Linear):
+    """A ``torch.nn.Linear`` whose weight gradient can be deferred (what :func:`make_deferrable` turns one into)."""
+
+    store: WeightGradStore | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _deferrable_linear(x, self.weight, self.bias, self.store)
+
+
+def make_deferrable(module: nn.Module) -> int:
+    """Turn every plain ``nn.Linear`` inside ``module`` into a :class:`DeferrableLinear` in place (same parameters,
+    same names, same output); returns how many. Models built from ``nn.Linear`` (Hugging Face decoders) so get the
+    zero-bubble schedules' input/weight-gradient split; other parameters' gradients are computed during ``I``."""
+    count = 0
+    for sub in module.modules():
+        if type(sub) is nn.Linear:
+            sub.__class__ = DeferrableLinear
+            count += 1
+    return count
+
+
+def set_grad_store(module: nn.Module, store: WeightGradStore | None) -> None:
+    """Route deferred weight gradients of every deferrable linear layer inside ``module`` to ``store``."""
+    for sub in module.modules():
+        if isinstance(sub, Linear | DeferrableLinear):
+            sub.store = store
+        elif isinstance(sub, StageModule):
+            sub._head_store = store
+
+
 class Block(nn.Module):
     """Pre-norm decoder block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
@@ -184,10 +222,7 @@ class StageModule(nn.Module):
 
     def set_grad_store(self, store: WeightGradStore | None) -> None:
         """Route deferred weight gradients of every linear layer of this stage to ``store``."""
-        self._head_store = store
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.store = store
+        set_grad_store(self, store)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens (B, T) on the first stage, else hidden states (B, T, C); returns hidden states or logits (B, T, V)."""

@@ -1,9 +1,9 @@
 """Split the decoder's blocks over the pipeline's stages so the slowest stage is as fast as possible.
 
 The first stage also runs the embeddings and the last the final norm, output head and loss; their costs are counted
-in block-equivalents, so the end stages get fewer blocks. Costs are measured on the device
-(:func:`measure_costs`, done once by rank 0 and broadcast, so all ranks agree) or taken from the FLOP model
-(:func:`analytic_costs`). An explicit ``spec.pipeline.layersPerStage`` overrides both.
+in block-equivalents, so the end stages get fewer blocks. Costs are measured on the device with the model provider's
+own stages (:func:`measure_costs`, done once by rank 0 and broadcast, so all ranks agree) or taken from the
+provider's FLOP model (:func:`analytic_costs`). An explicit ``spec.pipeline.layersPerStage`` overrides both.
 """
 
 from __future__ import annotations
@@ -14,27 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from pipefill_trainer.model import Block, GPTConfig, StageModule
+from pipefill_trainer.provider import LayerCosts, ModelProvider, TensorMeta
 
 __all__ = ["LayerCosts", "PartSeconds", "analytic_costs", "measure_costs", "measure_parts", "partition_layers"]
 
 
-@dataclass(frozen=True)
-class LayerCosts:
-    """Relative cost of one microbatch's forward + backward through each part of the model (any unit)."""
-
-    block: float
-    embed: float
-    head: float
-
-
-def analytic_costs(cfg: GPTConfig) -> LayerCosts:
-    """From FLOPs: a block's matmuls and attention, the head's projection onto the vocabulary; embeddings ~ free."""
-    return LayerCosts(
-        block=cfg.block_flops_per_token(), embed=0.02 * cfg.block_flops_per_token(), head=cfg.head_flops_per_token()
-    )
+def analytic_costs(provider: ModelProvider) -> LayerCosts:
+    """From the provider's FLOP model (:meth:`~pipefill_trainer.provider.ModelProvider.analytic_costs`)."""
+    return provider.analytic_costs()
 
 
 @dataclass(frozen=True)
@@ -45,18 +33,23 @@ class PartSeconds:
     backward: LayerCosts
 
 
-def measure_parts(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats: int = 3) -> PartSeconds:
+def measure_parts(provider: ModelProvider, *, mb_size: int, device: torch.device, repeats: int = 3) -> PartSeconds:
     """Time forward and backward of one block, the embeddings and the head (with the loss) on ``device``, each the
-    median of ``repeats`` after one warm-up. With activation checkpointing a block's backward re-runs its forward."""
+    median of ``repeats`` after one warm-up. The parts are the provider's own stages of a three-stage cut: the first
+    and last with no block (embeddings; final norm, head and loss), the middle one with one block (with activation
+    checkpointing its backward re-runs the forward)."""
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (mb_size, cfg.seq_len), generator=gen).to(device)
-    hidden = torch.randn(mb_size, cfg.seq_len, cfg.hidden, generator=gen).to(device)
-    whole = GPTConfig(**{**cfg.__dict__, "layers": 1, "activation_checkpointing": False})
-    first = StageModule(whole, stage_idx=0, num_stages=2, layers=range(0)).to(device)
-    last = StageModule(whole, stage_idx=1, num_stages=2, layers=range(0)).to(device)
-    block = Block(cfg).to(device)
-    for lin in (block.qkv, block.proj, block.fc, block.fc_proj):
-        torch.nn.init.normal_(lin.weight, std=0.02)
+    tokens = torch.randint(0, provider.vocab_size, (mb_size, provider.seq_len), generator=gen).to(device)
+
+    def stage(stage_idx: int, layers: range) -> torch.nn.Module:
+        return provider.build_stage(stage_idx=stage_idx, num_stages=3, layers=layers, device=device)
+
+    def inputs(stage_idx: int) -> list[torch.Tensor]:
+        metas = provider.activations(stage_idx=stage_idx - 1, num_stages=3, mb_size=mb_size)
+        return [_stand_in(meta, gen, device) for meta in metas]
+
+    first, block, last = stage(0, range(0)), stage(1, range(1)), stage(2, range(0))
+    block_in, last_in = inputs(1), inputs(2)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -75,19 +68,28 @@ def measure_parts(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats
             bwd.append(time.perf_counter() - mid)
         return statistics.median(fwd[1:]), statistics.median(bwd[1:])  # the first is warm-up
 
-    block_f, block_b = timed(lambda: block(hidden.detach().requires_grad_()).sum())
-    embed_f, embed_b = timed(lambda: first(tokens).sum())
-    head_f, head_b = timed(
-        lambda: F.cross_entropy(last(hidden.detach().requires_grad_()).flatten(0, 1), tokens.flatten())
-    )
-    if cfg.activation_checkpointing:
-        block_b += block_f
+    block_f, block_b = timed(lambda: _sum_outputs(block(*block_in)))
+    embed_f, embed_b = timed(lambda: _sum_outputs(first(tokens)))
+    head_f, head_b = timed(lambda: provider.loss(last(*last_in), tokens))
     return PartSeconds(LayerCosts(block_f, embed_f, head_f), LayerCosts(block_b, embed_b, head_b))
 
 
-def measure_costs(cfg: GPTConfig, *, mb_size: int, device: torch.device, repeats: int = 3) -> LayerCosts:
+def _stand_in(meta: TensorMeta, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A tensor of ``meta``'s shape and dtype: small random values (a leaf that wants a gradient) or zeros (ids)."""
+    if not meta.dtype.is_floating_point:
+        return torch.zeros(meta.shape, dtype=meta.dtype, device=device)
+    x = (torch.randn(meta.shape, generator=gen) * 0.02).to(device=device, dtype=meta.dtype)
+    return x.requires_grad_(meta.grad)
+
+
+def _sum_outputs(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum((o.float().sum() for o in outs if o.requires_grad), torch.zeros((), device=outs[0].device))
+
+
+def measure_costs(provider: ModelProvider, *, mb_size: int, device: torch.device, repeats: int = 3) -> LayerCosts:
     """Forward + backward seconds of one block, the embeddings and the head on ``device`` (:func:`measure_parts`)."""
-    parts = measure_parts(cfg, mb_size=mb_size, device=device, repeats=repeats)
+    parts = measure_parts(provider, mb_size=mb_size, device=device, repeats=repeats)
     fwd, bwd = parts.forward, parts.backward
     return LayerCosts(block=fwd.block + bwd.block, embed=fwd.embed + bwd.embed, head=fwd.head + bwd.head)
 

@@ -25,10 +25,10 @@ from pipefill_trainer.comm import DistTransport, ReplayTransport, Transport
 from pipefill_trainer.config import TrainerConfig
 from pipefill_trainer.devsync import WorkPending
 from pipefill_trainer.failure import PeerMonitor
-from pipefill_trainer.model import GPTConfig
 from pipefill_trainer.partition import measure_parts
 from pipefill_trainer.pipeline import PipelineRank, Topology
 from pipefill_trainer.profile import StageProfile, modeled_stage_profiles
+from pipefill_trainer.provider import ModelProvider
 
 __all__ = ["DistPeers", "Peers", "ReplayPeers", "StepTotals", "open_peers"]
 
@@ -161,7 +161,7 @@ class ReplayPeers:
     collectives = False
     writes_job_state = False
 
-    def __init__(self, device: torch.device, *, model: GPTConfig, microbatch_size: int) -> None:
+    def __init__(self, device: torch.device, *, model: ModelProvider, microbatch_size: int) -> None:
         self.device, self.model, self.microbatch_size = device, model, microbatch_size
         self.transport = ReplayTransport(device=device)
         self.step_s = 0.0
@@ -205,7 +205,7 @@ class ReplayPeers:
         return []
 
 
-def open_peers(cfg: TrainerConfig, device: torch.device, *, model: GPTConfig, microbatch_size: int) -> Peers:
+def open_peers(cfg: TrainerConfig, device: torch.device, *, model: ModelProvider, microbatch_size: int) -> Peers:
     """Replay when ``cfg.replay_stage`` is set (``--replay-stage``), else join the job's process group."""
     if cfg.replay_stage is not None:
         return ReplayPeers(device, model=model, microbatch_size=microbatch_size)

@@ -2,8 +2,9 @@
 
 Global rank layout: ``rank = dp_rank · stages + pp_rank`` — each data-parallel replica is a contiguous block of ranks
 running the whole pipeline; the ranks holding the same pipeline position form a data-parallel group whose gradients
-are averaged. With tied embeddings the first and last stage each hold a copy of the embedding; their gradients are
-summed between the two ranks (or the copies are one tensor when one rank holds both, as in ZB-V).
+are averaged. A parameter several stages hold (the model provider's :class:`~pipefill_trainer.provider.TiedParameter`:
+tied input and output embeddings) has one copy per holding stage; their gradients are summed between the holding ranks
+(or the copies are one tensor when one rank holds them all, as the first and last stage in ZB-V).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from pipefill.schedules.model import Schedule
 from pipefill_trainer.comm import Transport
 from pipefill_trainer.executor import PipelineExecutor
-from pipefill_trainer.model import GPTConfig, StageModule, build_stage
+from pipefill_trainer.provider import ModelProvider, TiedParameter
 
 __all__ = ["PipelineRank", "Topology"]
 
@@ -60,48 +62,53 @@ class Topology:
 class PipelineRank:
     """Builds this rank's stages (and only those) and runs steps; reductions need ``dist`` unless ``distributed=False``.
 
-    ``timeout``: of the data-parallel and tied-embedding groups' operations (torch's default of 30 min otherwise).
+    ``timeout``: of the data-parallel and tied-parameter groups' operations (torch's default of 30 min otherwise).
+    ``dtype``: of the stages' weights (None: the provider's default); ``autocast_dtype``: of their compute.
     """
 
     def __init__(
         self,
         *,
-        cfg: GPTConfig,
+        provider: ModelProvider,
         schedule: Schedule,
         topo: Topology,
         layer_ranges: Sequence[range],
         mb_size: int,
         device: torch.device,
         transport: Transport,
+        dtype: torch.dtype | None = None,
         autocast_dtype: torch.dtype | None = None,
         distributed: bool = True,
         timeout: timedelta | None = None,
     ) -> None:
         if schedule.num_stages != len(layer_ranges):
             raise ValueError(f"{len(layer_ranges)} layer ranges for {schedule.num_stages} stages")
-        self.cfg, self.schedule, self.topo, self.device = cfg, schedule, topo, device
+        self.provider, self.schedule, self.topo, self.device = provider, schedule, topo, device
         self.distributed = distributed
         n = schedule.num_stages
         self.stage_ids = schedule.stages_of(topo.pp_rank)
-        self.stages: dict[int, StageModule] = {
-            s: build_stage(cfg, stage_idx=s, num_stages=n, layers=layer_ranges[s], device=device)
+        self.stages: dict[int, nn.Module] = {
+            s: provider.build_stage(stage_idx=s, num_stages=n, layers=layer_ranges[s], device=device, dtype=dtype)
             for s in self.stage_ids
         }
-        self.first_rank, self.last_rank = schedule.placement[0], schedule.placement[n - 1]
-        if cfg.tied_embeddings and 0 in self.stages and n - 1 in self.stages and n > 1:
-            self.stages[n - 1].wte = self.stages[0].wte  # one rank holds both ends: one tensor
+        self.tied = provider.tied_parameters(n)
+        for tie in self.tied:
+            held = [s for s in tie.names if s in self.stages]
+            for s in held[1:]:  # this rank holds several copies: make them one tensor
+                _set_parameter(self.stages[s], tie.names[s], self.stages[held[0]].get_parameter(tie.names[held[0]]))
         self.executor = PipelineExecutor(
             schedule=schedule,
             pp_rank=topo.pp_rank,
             stages=self.stages,
             pipeline_ranks=topo.pipeline_ranks,
             transport=transport,
-            mb_shape=(mb_size, cfg.seq_len),
-            hidden=cfg.hidden,
+            provider=provider,
+            mb_size=mb_size,
             device=device,
             autocast_dtype=autocast_dtype,
         )
-        self._dp_group = self._tied_group = None
+        self._dp_group = None
+        self._tied_groups: list[tuple[TiedParameter, dist.ProcessGroup]] = []
         if distributed:
             self._make_groups(timeout)
 
@@ -113,12 +120,14 @@ class PipelineRank:
                 group = dist.new_group(topo.dp_group_ranks(pp), timeout=timeout)
                 if pp == topo.pp_rank:
                     self._dp_group = group
-        if self.cfg.tied_embeddings and self.first_rank != self.last_rank:
+        for tie in self.tied:
+            holders = sorted({self.schedule.placement[s] for s in tie.names})
+            if len(holders) < 2:
+                continue  # one rank holds every copy: one tensor
             for dp in range(topo.data_parallel):
-                ranks = [dp * topo.stages + self.first_rank, dp * topo.stages + self.last_rank]
-                group = dist.new_group(ranks, timeout=timeout)
-                if dp == topo.dp_rank and topo.pp_rank in (self.first_rank, self.last_rank):
-                    self._tied_group = group
+                group = dist.new_group([dp * topo.stages + pp for pp in holders], timeout=timeout)
+                if dp == topo.dp_rank and topo.pp_rank in holders:
+                    self._tied_groups.append((tie, group))
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """This rank's parameters, each once."""
@@ -140,11 +149,11 @@ class PipelineRank:
             p.grad = None
 
     def has_grad_collectives(self) -> bool:
-        """Whether :meth:`sync_grads` talks to other ranks (data parallel, or a tied embedding split over stages)."""
-        return self._dp_group is not None or self._tied_group is not None
+        """Whether :meth:`sync_grads` talks to other ranks (data parallel, or a tied parameter split over ranks)."""
+        return self._dp_group is not None or bool(self._tied_groups)
 
     def sync_grads(self) -> None:
-        """Average gradients over the data-parallel group, then sum the tied embedding's two copies."""
+        """Average gradients over the data-parallel group, then sum each tied parameter's copies."""
         params = [p for p in self.parameters() if p.grad is not None]
         if self._dp_group is not None and params:
             flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -155,18 +164,21 @@ class PipelineRank:
                 numel = p.numel()
                 p.grad.copy_(flat[offset : offset + numel].view_as(p))
                 offset += numel
-        if self._tied_group is not None:
-            wte = self.stages[self.stage_ids[0] if 0 in self.stages else self.schedule.num_stages - 1].wte.weight
-            if wte.grad is None:
-                wte.grad = torch.zeros_like(wte)
-            dist.all_reduce(wte.grad, group=self._tied_group)
+        for tie, group in self._tied_groups:
+            param = self._tied_copy(tie)
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad, group=group)
+
+    def _tied_copy(self, tie: TiedParameter) -> nn.Parameter:
+        """This rank's copy of ``tie`` (the one tensor, if it holds several)."""
+        s = next(s for s in tie.names if s in self.stages)
+        return self.stages[s].get_parameter(tie.names[s])
 
     def grad_sq_norm(self) -> torch.Tensor:
-        """Sum of squared gradients of the parameters this rank owns (the last stage's tied copy is not owned)."""
+        """Sum of squared gradients of the parameters this rank owns (a tied copy is owned by its first stage)."""
         total = torch.zeros((), device=self.device, dtype=torch.float32)
-        skip: set[int] = set()
-        if self._tied_group is not None and 0 not in self.stages:
-            skip.add(id(self.stages[self.schedule.num_stages - 1].wte.weight))
+        skip = {id(self._tied_copy(tie)) for tie, _ in self._tied_groups if tie.owner not in self.stages}
         for p in self.parameters():
             if p.grad is not None and id(p) not in skip:
                 total += p.grad.float().pow(2).sum()
@@ -177,3 +189,9 @@ class PipelineRank:
 
     def has_last_stage(self) -> bool:
         return self.schedule.num_stages - 1 in self.stages
+
+
+def _set_parameter(module: nn.Module, name: str, param: nn.Parameter) -> None:
+    """Make ``module``'s parameter ``name`` (dotted) be ``param``."""
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner), leaf, param)

@@ -42,7 +42,7 @@ class StageProfile:
     static_bytes: int
     """weights, gradients and the two AdamW moments"""
     p2p_bytes_per_mb: int
-    """one microbatch's activations between stages, (B, T, C) float32"""
+    """one microbatch's activations between stages (the model provider's, across the widest stage edge)"""
     layers: int
 
 

@@ -32,6 +32,7 @@ from pipefill_trainer.model import GPTConfig
 from pipefill_trainer.partition import analytic_costs, measure_costs, partition_layers
 from pipefill_trainer.peers import Peers, open_peers
 from pipefill_trainer.pipeline import PipelineRank, Topology
+from pipefill_trainer.provider import GPTProvider, ModelProvider
 
 __all__ = ["RankParts", "build_rank", "checkpoint_root"]
 
@@ -43,7 +44,8 @@ class RankParts:
     cfg: TrainerConfig
     device: torch.device
     shape: PipelineShape
-    model: GPTConfig
+    model: ModelProvider
+    """the model provider: builds the stages, says what flows between them, the loss"""
     peers: Peers
     topology: Topology
     layer_ranges: list[range]
@@ -71,10 +73,11 @@ def checkpoint_root(cfg: TrainerConfig) -> Path:
     return Path(cfg.job.spec.checkpoint.path)
 
 
-def _model_config(cfg: TrainerConfig) -> GPTConfig:
+def _model_provider(cfg: TrainerConfig) -> ModelProvider:
+    """Our GPT decoder from ``spec.model``."""
     spec = cfg.job.spec
     layers, hidden, heads = spec.model.dims()
-    return GPTConfig(
+    gpt = GPTConfig(
         layers=layers,
         hidden=hidden,
         heads=heads,
@@ -84,6 +87,7 @@ def _model_config(cfg: TrainerConfig) -> GPTConfig:
         activation_checkpointing=spec.pipeline.activation_checkpointing,
         seed=spec.data.seed,
     )
+    return GPTProvider(gpt)
 
 
 def _comm_timeout(cfg: TrainerConfig) -> timedelta:
@@ -91,7 +95,7 @@ def _comm_timeout(cfg: TrainerConfig) -> timedelta:
 
 
 def _layer_cut(
-    cfg: TrainerConfig, model: GPTConfig, shape: PipelineShape, peers: Peers, device: torch.device
+    cfg: TrainerConfig, model: ModelProvider, shape: PipelineShape, peers: Peers, device: torch.device
 ) -> list[range]:
     """Explicit layersPerStage, else the cut saved with the checkpoints (a resumed job keeps its cut), else balanced
     by costs measured once on rank 0 and shared, so every rank cuts the model the same way."""
@@ -137,12 +141,12 @@ def build_rank(cfg: TrainerConfig, *, registry: CollectorRegistry | None = None)
         shape = from_spec(cfg.job, schedule_csv=cfg.schedule_csv)
     except ShapeError as exc:  # admission checked all but a custom schedule's CSV
         raise ConfigError(str(exc)) from None
-    model = _model_config(cfg)
+    model = _model_provider(cfg)
     peers = open_peers(cfg, device, model=model, microbatch_size=shape.microbatch_size)
     topology = peers.topology(cfg.rank, stages=shape.stages, data_parallel=shape.data_parallel)
     layer_ranges = _layer_cut(cfg, model, shape, peers, device)
     pipeline = PipelineRank(
-        cfg=model,
+        provider=model,
         schedule=shape.schedule,
         topo=topology,
         layer_ranges=layer_ranges,

@@ -226,7 +226,7 @@ class Trainer:
             p.pipeline.stages,
             medians,
             layer_ranges=p.layer_ranges,
-            p2p_bytes_per_mb=p.shape.microbatch_size * p.model.seq_len * p.model.hidden * 4,
+            p2p_bytes_per_mb=p.pipeline.executor.p2p_bytes_per_mb(),
         )
         stages = p.peers.stage_profiles(
             own, pipeline_ranks=p.topology.pipeline_ranks, layers_per_stage=[len(r) for r in p.layer_ranges]
