@@ -4,9 +4,13 @@ Rules (docs/fill.md, "Guarantees"):
 
 * a step starts only while the bubble is open and when ``now + predicted_step ≤ expected_end − guard``;
 * the device is synchronized after every step, so a step's end is when the device is free again;
-* a commit (chunk or checkpoint) that is due is made inside a bubble where its predicted time fits: at the bubble's
-  start (steps fill bubbles to their end, so a commit left for the end would rarely fit), or after the last step when
-  time is left (and always when the work is done).
+* a commit (chunk or checkpoint) that is due has its device part (:meth:`FillTask.stage_commit`: state to the host,
+  outputs and state to bytes) made inside a bubble where its predicted time fits: at the bubble's start (steps fill
+  bubbles to their end, so a commit left for the end would rarely fit), or after the last step when time is left —
+  the last commit of a slice too, which otherwise waits for the next bubble where it fits (the end-of-step bubble is
+  usually the longest). Its file part (write, fsync, rename) is the commit writer's, off this thread
+  (:mod:`pipefill_fill.commits`). A commit that fit no bubble's start for :data:`DEFER_BUBBLES` bubbles in a row is
+  made at the next one's start anyway: work must become durable.
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
-__all__ = ["BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+__all__ = ["DEFER_BUBBLES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+
+DEFER_BUBBLES = 64
+"""Bubbles in a row a due commit may wait for one whose start fits its device part; then it is made at a start anyway
+(its overrun, if any, is recorded with the cause ``commit``)."""
 
 
 class OpenBubble(Protocol):
@@ -45,6 +53,7 @@ class BubbleOutcome:
     items: int = 0
     busy_ns: int = 0
     commit_ns: int = 0
+    """the commits' device part (their file part is written off the filling thread)"""
     transfer_ns: int = 0
     committed_bytes: int = 0
     spans_ns: list[tuple[int, int]] = field(default_factory=list)
@@ -102,9 +111,11 @@ def run_steps(
         t = clock()
         offloader.to_device()  # type: ignore[union-attr]
         out.transfer_ns += clock() - t
-    fits_commit = clock() + int(1e9 * (commit_estimate.predict_s() + transfer_s)) <= deadline_ns
-    if fits_commit and task.commit_due() and is_open(bubble.id):
-        _commit(task, out, commit_estimate, clock)  # what earlier bubbles did, before steps fill this one to its end
+    if task.commit_due() and is_open(bubble.id):  # what earlier bubbles did, before steps fill this one to its end
+        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or task.deferred >= DEFER_BUBBLES:
+            _commit(task, out, commit_estimate, clock)
+        else:
+            task.deferred += 1
     while True:
         if task.done():
             out.stop = "done"
@@ -131,10 +142,8 @@ def run_steps(
         if items <= 0:
             out.stop = "done"
             break
-    if task.commit_due() and (
-        task.done() or clock() + int(1e9 * (commit_estimate.predict_s() + transfer_s)) <= deadline_ns
-    ):
-        _commit(task, out, commit_estimate, clock)
+    if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
+        _commit(task, out, commit_estimate, clock)  # the last one of a slice too: else the next bubble's start
     if moving:
         t = clock()
         offloader.to_host()  # type: ignore[union-attr]
@@ -145,9 +154,16 @@ def run_steps(
     return out
 
 
+def _fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool:
+    return clock() + int(1e9 * duration_s) <= deadline_ns
+
+
 def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, clock: Callable[[], int]) -> None:
+    """A commit's device part, timed (its file part is the writer's)."""
     t = clock()
-    out.committed_bytes += task.commit()
+    pending = task.stage_commit(clock)
+    task.deferred = 0
+    out.committed_bytes += pending.staged.nbytes if pending is not None else 0
     end = clock()
     dt = end - t
     out.commits_ns.append((t, end))

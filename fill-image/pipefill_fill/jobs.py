@@ -18,6 +18,7 @@ from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, claim_slice
+from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.device import step_clock
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.locks import LockBusy
@@ -97,6 +98,7 @@ class Jobs:
         identity: Identity | None = None,
         lock_timeout_s: float = RECOVERY_LOCK_TIMEOUT_S,
         lock_retry_s: float = LOCK_RETRY_S,
+        writer: CommitWriter | None = None,  # None: one of its own
     ) -> None:
         self.source, self.device, self.settings, self.metrics, self.events = source, device, settings, metrics, events
         self.lock_timeout_s, self.lock_retry_s = lock_timeout_s, lock_retry_s  # opening a slice another process locks
@@ -108,6 +110,7 @@ class Jobs:
         self.busy_until: dict[str, float] = {}  # job -> when to try again to open a slice another process held locked
         self.generation = 0
         self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
+        self.writer = writer or CommitWriter()  # the file part of every commit, off the filling thread
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -201,20 +204,36 @@ class Jobs:
             a.offloader.to_host()
 
     def after_bubble(self, name: str, out: BubbleOutcome) -> None:
-        """Account for a commit made in the bubble; move on when the slice's work is done."""
+        """After a bubble of job ``name``: account for commits written since, move on when its slice is durable."""
         a = self.active.get(name)
-        if a is None:
+        if a is not None:
+            self._settle(a)
+
+    def settle(self) -> None:
+        """Between bubbles: account for the commits the writer finished, move on from slices whose work is all
+        written; a commit refused (the slice moved) or failed (the storage) stops its job."""
+        for a in list(self.active.values()):
+            self._settle(a)
+
+    def _settle(self, a: ActiveJob) -> None:
+        try:
+            pending = a.task.settle()
+        except Superseded as exc:
+            self.superseded(a.name, exc)
             return
-        if out.commit_ns:
-            self._committed(a, out)
-        if a.task.done():
+        except Exception as exc:
+            self.fail(a.name, f"writing a commit of slice {a.slice} failed: {exc}")
+            return
+        if pending is not None:
+            self._committed(a, pending)
+        if a.task.done() and a.task.durable:
             self._slice_done(a)
 
-    def _committed(self, a: ActiveJob, out: BubbleOutcome) -> None:
+    def _committed(self, a: ActiveJob, pending: Pending) -> None:
         committed = a.job.committed()
         self.metrics.commits.labels(a.name).inc()
         self.metrics.committed_items.labels(a.name).set(committed)
-        self._commit_event(a, committed, written=out.committed_bytes, commit_s=out.commit_ns / 1e9)
+        self._commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s)
         now = time.monotonic()
         if now - a.reported_at >= _REPORT_EVERY_S and not a.task.done():  # a finished slice reports once complete
             rate = (committed - a.rate_units) / max(1e-9, now - a.rate_since) if a.reported_at else None
@@ -308,6 +327,7 @@ class Jobs:
         """Commit what is done, so a restart or another rank continues from there; then give the jobs back."""
         for a in list(self.active.values()):
             self._stop_job(a)
+        self.writer.close()
 
     def _stop_job(self, a: ActiveJob) -> None:
         self._remove(a.name)
@@ -326,7 +346,7 @@ class Jobs:
         self._report(a.spec, a.job, FillJobPhase.RUNNING, committed=committed, start_time=a.started)
 
     def _claim(self, spec: TaskSpec, job: JobDir) -> FillTask | None:
-        return claim_slice(
+        task = claim_slice(
             self.source,
             spec,
             job,
@@ -335,8 +355,13 @@ class Jobs:
             events=self.events,
             lock_timeout_s=self.lock_timeout_s,
         )
+        if task is not None:
+            task.writer = self.writer
+        return task
 
-    def _commit_event(self, a: ActiveJob, committed: int, *, written: int, commit_s: float, at: str = "") -> None:
+    def _commit_event(
+        self, a: ActiveJob, committed: int, *, written: int, commit_s: float, write_s: float = 0.0, at: str = ""
+    ) -> None:
         self.events.write(
             CommitEvent(
                 job=a.name,
@@ -345,6 +370,7 @@ class Jobs:
                 position=a.task.committed,
                 bytes=written,
                 commit_s=commit_s,
+                write_s=write_s,
                 at=at or None,
             )
         )

@@ -115,6 +115,7 @@ class Runner:
             if time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
+            self.jobs.settle()  # commits the writer finished; slices whose work is all written move on
             held = self.link.hold_requested()
             if held != self._held:
                 self._held = held

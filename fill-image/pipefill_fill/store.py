@@ -11,7 +11,12 @@ is. Layout of a store's directory::
                                        pointer, and the epoch of the assignment that wrote it
     .commit.lock                       flock held around every recovery and commit (the fence, below)
 
-A commit writes, each atomically (temp + fsync + rename): first the state file, then the chunk, then progress.json.
+A commit has two parts. :meth:`ProgressStore.stage` (the device part, made inside a bubble) takes the workload state
+to the host and serializes it and the buffered outputs to bytes; nothing is written and the pointer stays. Then
+:meth:`ProgressStore.write` (the file part, on a thread of its own: :mod:`pipefill_fill.commits`) writes, each
+atomically (temp + fsync + rename): first the state file, then the chunk, then progress.json. A crash between the two
+parts loses only the staged bytes: the pointer is where the last written commit left it, and the work after it is
+redone.
 Invariant after :meth:`ProgressStore.recover`: the chunks tile ``[start, committed)`` exactly, with no gap and no
 overlap, and ``state-<committed>.pt`` exists (unless committed is start). Recovery adopts work that was complete but
 not yet recorded (a chunk starting at ``committed`` whose state file exists; for training, a newer complete state file)
@@ -46,10 +51,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipefill_fill.atomic import TMP_SUFFIX, atomic_write, atomic_write_bytes
+from pipefill_fill.atomic import TMP_SUFFIX, atomic_write_bytes
 from pipefill_fill.locks import locked
 
-__all__ = ["Committed", "ProgressStore", "Superseded", "read_outputs", "read_pointer", "slice_rows"]
+__all__ = ["Committed", "ProgressStore", "Staged", "Superseded", "read_outputs", "read_pointer", "slice_rows"]
 
 
 class Superseded(RuntimeError):
@@ -77,6 +82,21 @@ class Committed:
     removed: int = 0  # files recovery removed
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A commit's device part, done: what its file part writes, as bytes on the host. It continues the pointer at
+    ``start`` up to ``end``; ``chunk`` is the outputs' ``.npy`` (None for training)."""
+
+    start: int
+    end: int
+    state: bytes
+    chunk: bytes | None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.state) + len(self.chunk or b"")
+
+
 class ProgressStore:
     """The commit protocol of one slice's directory (see the module docstring); ``start``: the slice's first unit."""
 
@@ -101,7 +121,8 @@ class ProgressStore:
         self.start, self.end = start, end  # end < 0: not bounded here (the task bounds its steps)
         self.chunks_dir = output_dir / "chunks"
         self.states_dir = output_dir / "checkpoints"
-        self.committed = start
+        self.committed = start  # the pointer as written (durable)
+        self.staged = start  # the end of the work handed to a commit (staged ≥ committed)
         self.done = False
         self._ids: list[np.ndarray] = []
         self._pending = 0  # rows buffered in _ids (counted as they come: summing per add was quadratic)
@@ -145,7 +166,8 @@ class ProgressStore:
                 f"{self.dir}: progress.json commits {end} units but {self._state_path(end).name} is missing; the output "
                 "directory was changed by hand. Restore the file or remove the directory to start the job again"
             )
-        self.committed, self.done = end, done
+        self.committed, self.staged, self.done = end, end, done
+        self._clear()
         if adopted or removed or takeover:  # a takeover is recorded before anything else: the old owner is fenced
             self._write_record()
         self._prune_states()
@@ -156,7 +178,7 @@ class ProgressStore:
     def add(self, sample_ids: np.ndarray, values: np.ndarray) -> None:
         """Buffer outputs until the next commit; ids must continue exactly where the buffered ones end."""
         ids = np.asarray(sample_ids, dtype=np.int64)
-        expect = self.committed + self._pending
+        expect = self.staged + self._pending
         n = len(ids)
         if ids.ndim != 1 or n != len(values) or not np.array_equal(ids, np.arange(expect, expect + n)):
             where = f" (this executor's slice of the job is [{self.start}, {self.end}))" if self.end >= 0 else ""
@@ -179,38 +201,60 @@ class ProgressStore:
         return self._pending
 
     def commit(self, *, end: int, state: dict[str, Any]) -> int:
-        """Commit work up to ``end`` with the workload ``state`` there; returns the bytes written."""
-        if end < self.committed:
-            raise ValueError(f"commit: end {end} is before the committed {self.committed}")
-        if self.with_outputs and end != self.committed + self.pending:
+        """Commit work up to ``end`` with the workload ``state`` there, both parts at once; returns the bytes written."""
+        staged = self.stage(end=end, state=state)
+        return self.write(staged) if staged is not None else 0
+
+    def stage(self, *, end: int, state: dict[str, Any]) -> Staged | None:
+        """The device part of a commit up to ``end``: ``state`` (the workload's, at ``end``) to the host and to bytes,
+        the buffered outputs to a chunk's bytes. Nothing is written; None when nothing is new since the last stage."""
+        if end < self.staged:
+            raise ValueError(f"commit: end {end} is before the work already committed or staged, {self.staged}")
+        if self.with_outputs and end != self.staged + self.pending:
             raise ValueError(
-                f"commit: end {end} does not match the outputs emitted ({self.committed} + {self.pending}); "
+                f"commit: end {end} does not match the outputs emitted ({self.staged} + {self.pending}); "
                 "an inference workload must emit one output per sample it counts"
             )
-        if end == self.committed:
-            return 0
-        with self._fenced():
-            return self._commit(end, state)
-
-    def _commit(self, end: int, state: dict[str, Any]) -> int:
+        if end == self.staged:
+            return None
         buf = io.BytesIO()
-        torch.save(state, buf)
-        written = buf.tell()
-        atomic_write_bytes(self._state_path(end), buf.getvalue())
+        torch.save(state, buf)  # device tensors are copied to the host here
+        chunk = None
         if self.with_outputs:
             values = np.concatenate(self._values)
             rows = np.empty(len(values), dtype=[("sample_id", "<i8"), ("value", values.dtype, values.shape[1:])])
             rows["sample_id"] = np.concatenate(self._ids)
             rows["value"] = values
-            atomic_write(self._chunk_path(self.committed, end), lambda f: np.save(f, rows, allow_pickle=False))
-            written += rows.nbytes
-            self._ids.clear()
-            self._pending = 0
-            self._values.clear()
-        self.committed = end
-        self._write_record()
-        self._prune_states()
-        return written
+            out = io.BytesIO()
+            np.save(out, rows, allow_pickle=False)
+            chunk = out.getvalue()
+            self._clear()
+        staged = Staged(self.staged, end, buf.getvalue(), chunk)
+        self.staged = end
+        return staged
+
+    def write(self, staged: Staged) -> int:
+        """The file part of a commit (any thread; commits of one store in the order staged): state file, chunk,
+        pointer, under the fence. Returns the bytes written. Raises :class:`Superseded` (nothing written) when this
+        writer no longer owns the slice."""
+        with self._fenced():
+            if staged.start != self.committed:
+                raise RuntimeError(
+                    f"{self.dir}: a commit of [{staged.start}, {staged.end}) does not continue the pointer at "
+                    f"{self.committed}; commits of a store are written in the order they were staged"
+                )
+            atomic_write_bytes(self._state_path(staged.end), staged.state)
+            if staged.chunk is not None:
+                atomic_write_bytes(self._chunk_path(staged.start, staged.end), staged.chunk)
+            self.committed = staged.end
+            self._write_record()
+            self._prune_states()
+        return staged.nbytes
+
+    def _clear(self) -> None:
+        self._ids.clear()
+        self._values.clear()
+        self._pending = 0
 
     def mark_done(self) -> None:
         """Record that the slice's work is all committed (after the last commit)."""

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore
 from pipefill_fill.usercode import load_job_workload
@@ -24,6 +25,10 @@ log = logging.getLogger("pipefill_fill")
 class FillTask:
     """Drives one slice of a job: ``open`` recovers and restores, ``step`` runs one batch, ``commit`` makes work
     durable, ``finish`` marks the slice done and completes the job when it was the last.
+
+    In a bubble a commit is split (:mod:`pipefill_fill.commits`): ``stage_commit`` is its device part, and ``writer``
+    (when set) writes its file part on its own thread; ``settle`` hands back the commit once written. Without a
+    writer both parts run at once.
 
     ``slice``: one slice of the job's plan of record (:attr:`TaskSpec.plan`); None: the only slice of a job whose plan
     has one (a runner that does not split). ``epoch``/``guard``: the assignment this executor holds and the work
@@ -74,6 +79,9 @@ class FillTask:
         self.recovered: Committed | None = None
         self._profiling = False
         self._committed_at = time.monotonic()
+        self.writer: CommitWriter | None = None  # the executor's; None: commits are written at once
+        self.inflight: Pending | None = None  # the commit staged and not yet settled (at most one)
+        self.deferred = 0  # bubbles in a row whose start found a commit due that did not fit
 
     def open(self, *, device: torch.device, memory_budget_bytes: int, lock_timeout_s: float | None = None) -> Committed:
         """Recover the slice's store (waiting at most ``lock_timeout_s`` for its commit lock, see
@@ -127,9 +135,10 @@ class FillTask:
 
     def commit_due(self, *, min_interval_s: float = 1.0) -> bool:
         """Whether uncommitted work should be committed now: at the workload's cadence (``commit_every`` units: the
-        checkpoint interval of training), else at most every ``min_interval_s`` (a crash redoes at most that much)."""
-        uncommitted = self.progress - self.store.committed
-        if uncommitted <= 0:
+        checkpoint interval of training), else at most every ``min_interval_s`` (a crash redoes at most that much).
+        Never while a commit is in flight: one at a time, so the file parts of a store are written in order."""
+        uncommitted = self.progress - self.store.staged
+        if uncommitted <= 0 or self.inflight is not None:
             return False
         if self.done():
             return True
@@ -138,8 +147,45 @@ class FillTask:
             return uncommitted >= int(every)
         return time.monotonic() - self._committed_at >= min_interval_s
 
+    @property
+    def durable(self) -> bool:
+        """Everything done so far is written (nothing staged or in flight)."""
+        return self.inflight is None and self.store.committed >= self.progress
+
+    def stage_commit(self, clock: Callable[[], int] = time.monotonic_ns) -> Pending | None:
+        """The device part of a commit of everything done so far (the workload's state to the host, outputs and state
+        to bytes); its file part goes to ``writer`` (written at once without one). None when nothing is new."""
+        t0 = clock()
+        staged = self.store.stage(end=self.progress, state=self.workload.state())
+        if staged is None:
+            return None
+        self._committed_at = time.monotonic()
+        stage_s = (clock() - t0) / 1e9
+        if self.writer is not None:
+            self.inflight = self.writer.submit(self.store, staged, stage_s=stage_s)
+        else:
+            pending = Pending(self.store, staged, stage_s)
+            pending.written = self.store.write(staged)
+            pending.done.set()
+            self.inflight = pending
+        return self.inflight
+
+    def settle(self, *, timeout_s: float | None = 0.0) -> Pending | None:
+        """The commit in flight once written (waiting at most ``timeout_s``; None: for good), or None. Raises what
+        its file part raised (:class:`pipefill_fill.store.Superseded`: the slice moved; anything else: the storage)."""
+        pending = self.inflight
+        if pending is None or not pending.wait(timeout_s):
+            return None
+        self.inflight = None
+        if pending.error is not None:
+            raise pending.error
+        return pending
+
     def commit(self) -> int:
-        """Commit everything done so far; returns the bytes written."""
+        """Commit everything done so far, both parts now (after the one in flight); returns the bytes written."""
+        self.settle(timeout_s=None)
+        if self.progress == self.store.staged:
+            return 0
         written = self.store.commit(end=self.progress, state=self.workload.state())
         self._committed_at = time.monotonic()
         return written

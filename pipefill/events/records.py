@@ -234,6 +234,9 @@ class CommitEvent(Event):
     position: int | None = None
     bytes: int
     commit_s: float
+    """its device part, made inside a bubble (state to the host, outputs and state to bytes)"""
+    write_s: float = 0.0
+    """its file part (write, fsync, rename), made off the filling thread"""
     at: str | None = None
     """``shutdown`` for the final commit"""
 

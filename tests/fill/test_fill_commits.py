@@ -1,0 +1,88 @@
+"""Commits split in two (issue #31): the device part inside a bubble, the file part off the filling thread; a last
+commit that does not fit waits for a bubble where it does; exactly once across a kill between the parts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from commit_helpers import PARAMS, HeldWriter, bubble, open_task
+from fill_helpers import HERE, subprocess_env, write_job
+
+from pipefill_fill.inbubble import DEFER_BUBBLES
+from pipefill_fill.store import ProgressStore, read_outputs, read_pointer
+
+
+def test_a_slow_disk_never_holds_a_bubble(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=10**4, parameters=PARAMS))
+    writer = task.writer = HeldWriter()
+    try:
+        assert bubble(task, left_s=0.02, commit_s=0.0).steps  # work, due for a commit: the next bubble makes it
+        second = bubble(task, left_s=0.02, commit_s=0.0, bubble_id=1)
+        assert second.commits_ns and second.steps and task.inflight is not None  # the device part, at its start ...
+        assert writer.started.wait(10) and not task.inflight.done.is_set()  # ... which ended with the file part held
+        staged = task.inflight.staged.end
+        for i in range(3):  # while it is held: bubbles go on, and no second commit is staged behind it
+            out = bubble(task, left_s=0.02, commit_s=0.0, bubble_id=2 + i)
+            assert out.steps and not out.commits_ns and not task.inflight.done.is_set()
+        assert task.committed == 0 and read_pointer(task.store.dir, start=0) == (0, False)
+        writer.release.set()
+        pending = task.settle(timeout_s=10)
+        assert pending is not None and pending.written > 0 and pending.write_s > 0
+        assert task.committed == staged and read_pointer(task.store.dir, start=0)[0] == staged
+        assert bubble(task, left_s=0.02, commit_s=0.0, bubble_id=9).commits_ns  # the next one goes in
+        assert task.settle(timeout_s=10) is not None and task.committed == task.progress - task.store.pending
+    finally:
+        writer.release.set()
+        writer.close(10)
+
+
+def test_a_commit_that_fits_no_bubble_is_made_after_the_limit(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=16, parameters=PARAMS))
+    out = bubble(task, left_s=60.0, commit_s=3600.0)
+    assert task.done() and out.stop == "done" and not out.commits_ns and task.inflight is None
+    for i in range(DEFER_BUBBLES):
+        assert not bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=1 + i).commits_ns
+    assert task.deferred == DEFER_BUBBLES and task.committed == 0
+    assert bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=99).commits_ns  # made at a bubble's start anyway
+    assert task.settle() is not None and task.durable and task.committed == 16 and task.deferred == 0
+
+
+def test_a_kill_between_the_parts_of_a_deferred_last_commit_loses_nothing_and_repeats_nothing(jobs_dir: Path) -> None:
+    clean = write_job(jobs_dir / "a", "clean", total=40, parameters=PARAMS)
+    killed = write_job(jobs_dir / "b", "killed", total=40, parameters=PARAMS)
+    reference = subprocess.Popen(
+        [sys.executable, str(HERE / "_drive.py"), str(clean), "8", "1"], env=subprocess_env(), text=True
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "_stage_kill.py"), str(killed)],
+        stdout=subprocess.PIPE,
+        env=subprocess_env(),
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().split() for _ in range(3)]
+    assert [w[0] if w else "" for w in lines] == ["COMMITTED", "DEFERRED", "STAGED"], lines
+    assert (int(lines[0][1]), int(lines[2][1])) == (16, 40)
+    proc.send_signal(signal.SIGKILL)  # the last commit's device part is made; its file part is not
+    proc.communicate(timeout=30)
+    out = jobs_dir / "b" / "out" / "killed"
+    recovered = ProgressStore(out, job="killed", with_outputs=True).recover()
+    assert recovered.end == 16 and recovered.state is not None and not recovered.done  # the staged work is redone
+    again = subprocess.run(
+        [sys.executable, str(HERE / "_drive.py"), str(killed), "8", "1"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0 and again.stdout.split()[:2] == ["READY", "16"], again.stderr
+    assert reference.wait(timeout=120) == 0
+    rows = read_outputs(out)
+    assert rows["sample_id"].tolist() == list(range(40))  # each sample once
+    a = np.load(jobs_dir / "a" / "out" / "clean" / "outputs.npy")
+    assert (out / "outputs.npy").read_bytes() == (jobs_dir / "a" / "out" / "clean" / "outputs.npy").read_bytes()
+    assert rows.tobytes() == a.tobytes()
