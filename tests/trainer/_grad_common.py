@@ -1,4 +1,7 @@
-"""Shared by the gradient-equivalence test and its worker: the tiny model and the deterministic batch."""
+"""Shared by the gradient-equivalence test and its worker: the tiny models and the deterministic batch.
+
+``c["model"]``: ``gpt`` (default, our GPT), ``llama`` or ``qwen3`` (tiny Hugging Face configs built in code, random
+init: no download)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Any
 import torch
 
 from pipefill_trainer.model import GPTConfig
+from pipefill_trainer.provider import GPTProvider, ModelProvider
 
 
 def model_config(c: dict[str, Any]) -> GPTConfig:
@@ -28,3 +32,29 @@ def batch(c: dict[str, Any], *, dp_rank: int) -> tuple[list[torch.Tensor], list[
     data = torch.randint(0, 64, (dp * m * mb, 17), generator=torch.Generator().manual_seed(123))
     rows = data[dp_rank * m * mb : (dp_rank + 1) * m * mb]
     return [rows[i * mb : (i + 1) * mb, :-1] for i in range(m)], [rows[i * mb : (i + 1) * mb, 1:] for i in range(m)]
+
+
+def hf_config(c: dict[str, Any]) -> Any:
+    """A tiny Llama (tied embeddings) or Qwen3 (untied, q/k norms) with ``c["layers"]`` decoder layers."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": c.get("layers", 8),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32,
+    }
+    if c["model"] == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=True)
+    return Qwen3Config(**common, head_dim=8, tie_word_embeddings=False)
+
+
+def provider(c: dict[str, Any]) -> ModelProvider:
+    if c.get("model", "gpt") == "gpt":
+        return GPTProvider(model_config(c))
+    from pipefill_trainer.hf import HuggingFaceProvider
+
+    return HuggingFaceProvider(hf_config(c), seq_len=16, seed=7, activation_checkpointing=c.get("ckpt", False))

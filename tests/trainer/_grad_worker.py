@@ -23,12 +23,11 @@ from pipefill.schedules.model import Schedule
 from pipefill.schedules.validate import p2p_streams
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _grad_common import batch, model_config
+from _grad_common import batch, provider
 
 from pipefill_trainer.comm import DistTransport, Transport
 from pipefill_trainer.partition import analytic_costs, partition_layers
 from pipefill_trainer.pipeline import PipelineRank, Topology
-from pipefill_trainer.provider import GPTProvider
 
 
 def one_group_transport(*, schedule: Schedule, pp_rank: int, pipeline_ranks: Sequence[int], group: Any) -> Transport:
@@ -43,6 +42,21 @@ def one_group_transport(*, schedule: Schedule, pp_rank: int, pipeline_ranks: Seq
     return DistTransport(device=torch.device("cpu"), links=links)
 
 
+def train(pr: PipelineRank, c: dict[str, Any], tokens: Any, targets: Any) -> list[float]:
+    """``c["train"]`` AdamW steps on the same batch after the gradient step; the losses (the last stage's)."""
+    opt = torch.optim.AdamW(pr.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(c["train"]):
+        opt.step()
+        pr.zero_grad()
+        losses.append(
+            pr.executor.run_step(tokens if pr.has_first_stage() else None, targets if pr.has_last_stage() else None)
+        )
+        pr.executor.flush_sends()
+        pr.sync_grads()
+    return losses
+
+
 def main() -> None:
     configs, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
     torch.set_num_threads(1)
@@ -51,12 +65,11 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     one_group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
     for c in configs:
-        cfg = model_config(c)
+        model = provider(c)
         schedule = build_schedule(
             c["schedule"], ranks=c["stages"], microbatches=c["m"], virtual_stages=c.get("v"), csv_text=c.get("csv")
         )
-        provider = GPTProvider(cfg)
-        ranges = partition_layers(cfg.layers, schedule.num_stages, costs=analytic_costs(provider))
+        ranges = partition_layers(model.layers, schedule.num_stages, costs=analytic_costs(model))
         topo = Topology(rank=rank, stages=c["stages"], data_parallel=c.get("dp", 1))
         transport: Transport
         if c.get("transport") == "one-group":
@@ -68,7 +81,7 @@ def main() -> None:
                 device=torch.device("cpu"), schedule=schedule, replicas=topo.replicas, rank=rank, timeout=timeout
             )
         pr = PipelineRank(
-            provider=provider,
+            provider=model,
             schedule=schedule,
             topo=topo,
             layer_ranges=ranges,
@@ -90,7 +103,10 @@ def main() -> None:
         pr.sync_grads()
         grads = {name: p.grad.clone() for name, p in pr.named_parameters().items() if p.grad is not None}
         missing = [name for name, p in pr.named_parameters().items() if p.grad is None]
-        torch.save({"loss": loss, "grads": grads, "missing": missing, "last": pr.has_last_stage()}, path)
+        losses = train(pr, c, tokens, targets) if c.get("train") else []
+        torch.save(
+            {"loss": loss, "grads": grads, "missing": missing, "last": pr.has_last_stage(), "losses": losses}, path
+        )
         dist.barrier()
     dist.destroy_process_group()
 

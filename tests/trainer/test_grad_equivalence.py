@@ -1,5 +1,6 @@
 """Every schedule, on 2 and 4 gloo ranks (and data parallel × pipeline): one step's loss and every parameter's
-gradient equal a single-process reference of the same model and batch.
+gradient equal a single-process reference of the same model and batch. Our GPT, and Hugging Face Llama and Qwen3
+(tiny configs built in code) cut along their pipeline plans, whose reference is transformers' own unsplit model.
 
 Our transport uses one constant tag, so gloo matches each process group's messages in posting order, as NCCL does:
 these runs hold under NCCL's matching rule. The control: the same executor on one process group per world (the
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _grad_common import batch, model_config
+from _grad_common import batch, hf_config, model_config, provider
 from trainer_procs import HERE, launch, wait_all
 
 from pipefill_trainer.model import StageModule
@@ -51,6 +52,25 @@ CONFIGS: dict[int, list[dict[str, Any]]] = {
 }
 
 
+def _hf(world: int) -> list[dict[str, Any]]:
+    """Llama (tied) and Qwen3 (untied) on ``world`` stages: GPipe, 1F1B, interleaved and a zero-bubble schedule."""
+    zb = {"llama": "zbv", "qwen3": "zero-bubble-h1"} if world == 2 else {"llama": "zero-bubble-h1", "qwen3": "zbv"}
+    out: list[dict[str, Any]] = []
+    for model in ("llama", "qwen3"):
+        base = {"model": model, "stages": world, "m": 4, "mb": 2 if world == 2 else 1}
+        out += [
+            {**base, "id": f"{model}-gpipe", "schedule": "gpipe"},
+            {**base, "id": f"{model}-1f1b", "schedule": "1f1b", "ckpt": model == "qwen3"},
+            {**base, "id": f"{model}-interleaved", "schedule": "interleaved-1f1b", "v": 2},
+            {**base, "id": f"{model}-{zb[model]}", "schedule": zb[model], "v": 2},
+        ]
+    if world == 2:
+        out[1]["train"] = 15  # llama 1f1b: then trains on
+    return out
+
+
+HF_CONFIGS = {world: _hf(world) for world in (2, 4)}
+
 # run in the world-2 launch after the others; expected to come out wrong
 ONE_GROUP = {"id": "zbv-one-group", "schedule": "zbv", "stages": 2, "v": 2, "m": 4, "mb": 2, "transport": "one-group"}
 
@@ -63,7 +83,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     def run(world: int) -> Path:
         if world not in done:
             out = tmp_path_factory.mktemp(f"world{world}")
-            configs = CONFIGS[world] + ([ONE_GROUP] if world == 2 else [])
+            configs = CONFIGS[world] + HF_CONFIGS[world] + ([ONE_GROUP] if world == 2 else [])
             (out / "configs.json").write_text(json.dumps(configs))
             procs = launch([str(HERE / "_grad_worker.py"), str(out / "configs.json"), str(out)], world=world)
             for rank, (code, output) in enumerate(wait_all(procs, timeout_s=100)):
@@ -87,12 +107,31 @@ def _reference(c: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
     return total, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
+def _hf_reference(c: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
+    """transformers' own unsplit model with the weights the provider gives the whole model as one stage."""
+    from transformers import AutoModelForCausalLM
+
+    whole = provider(c).build_stage(
+        stage_idx=0, num_stages=1, layers=range(c.get("layers", 8)), device=torch.device("cpu")
+    )
+    model = AutoModelForCausalLM.from_config(hf_config(c))
+    model.load_state_dict(whole.state_dict())
+    tokens, targets = batch(c, dp_rank=0)
+    total = 0.0
+    for x, y in zip(tokens, targets, strict=True):
+        loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten()) / c["m"]
+        loss.backward()
+        total += float(loss.detach())
+    # a tied head's gradient is the embedding's (one tensor, two names)
+    return total, {n: p.grad for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_schedule_matches_single_process_reference(world: int, runs: Callable[[int], Path]) -> None:
     torch.set_num_threads(1)
     tmp_path = runs(world)
-    for c in CONFIGS[world]:
-        ref_loss, ref_grads = _reference(c)
+    for c in CONFIGS[world] + HF_CONFIGS[world]:
+        ref_loss, ref_grads = _reference(c) if c.get("model", "gpt") == "gpt" else _hf_reference(c)
         seen: set[str] = set()
         loss = 0.0
         for rank in range(world):
@@ -107,6 +146,14 @@ def test_every_schedule_matches_single_process_reference(world: int, runs: Calla
                 seen.add(name)
         assert seen == set(ref_grads), f"{c['id']}: parameters not covered {set(ref_grads) - seen}"
         assert loss == pytest.approx(ref_loss, rel=1e-6), c["id"]
+
+
+def test_a_hugging_face_model_trains_on_the_pipeline(runs: Callable[[int], Path]) -> None:
+    c = next(c for c in HF_CONFIGS[2] if c.get("train"))
+    got = torch.load(runs(2) / f"{c['id']}-rank1.pt")
+    losses = [got["loss"], *got["losses"]]
+    assert len(losses) == c["train"] + 1
+    assert losses[-1] < 0.7 * losses[0], losses  # 4.17 → 2.61 when written
 
 
 def test_one_process_group_for_all_streams_mismatches_zbv(runs: Callable[[int], Path]) -> None:

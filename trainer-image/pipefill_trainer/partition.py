@@ -17,7 +17,15 @@ import torch
 
 from pipefill_trainer.provider import LayerCosts, ModelProvider, TensorMeta
 
-__all__ = ["LayerCosts", "PartSeconds", "analytic_costs", "measure_costs", "measure_parts", "partition_layers"]
+__all__ = [
+    "LayerCosts",
+    "PartSeconds",
+    "analytic_costs",
+    "check_stage_count",
+    "measure_costs",
+    "measure_parts",
+    "partition_layers",
+]
 
 
 def analytic_costs(provider: ModelProvider) -> LayerCosts:
@@ -92,6 +100,15 @@ def measure_costs(provider: ModelProvider, *, mb_size: int, device: torch.device
     parts = measure_parts(provider, mb_size=mb_size, device=device, repeats=repeats)
     fwd, bwd = parts.forward, parts.backward
     return LayerCosts(block=fwd.block + bwd.block, embed=fwd.embed + bwd.embed, head=fwd.head + bwd.head)
+
+
+def check_stage_count(provider: ModelProvider, num_stages: int) -> None:
+    """Every stage needs at least one of the model's layers."""
+    if num_stages > provider.layers:
+        raise ValueError(
+            f"spec.pipeline: {num_stages} stages (stages × virtualStages) need at least {num_stages} layers, but the "
+            f"model {provider.name} has {provider.layers}; use fewer stages or virtual stages, or a deeper model"
+        )
 
 
 def partition_layers(

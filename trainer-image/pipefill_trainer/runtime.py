@@ -29,7 +29,7 @@ from pipefill_trainer.data import TokenSource
 from pipefill_trainer.failure import Watchdog
 from pipefill_trainer.metrics import TrainerMetrics
 from pipefill_trainer.model import GPTConfig
-from pipefill_trainer.partition import analytic_costs, measure_costs, partition_layers
+from pipefill_trainer.partition import analytic_costs, check_stage_count, measure_costs, partition_layers
 from pipefill_trainer.peers import Peers, open_peers
 from pipefill_trainer.pipeline import PipelineRank, Topology
 from pipefill_trainer.provider import GPTProvider, ModelProvider
@@ -100,6 +100,10 @@ def _layer_cut(
     """Explicit layersPerStage, else the cut saved with the checkpoints (a resumed job keeps its cut), else balanced
     by costs measured once on rank 0 and shared, so every rank cuts the model the same way."""
     n, explicit = shape.schedule.num_stages, cfg.job.spec.pipeline.layers_per_stage
+    try:
+        check_stage_count(model, n)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if explicit is not None:
         return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=explicit)
     saved = checkpoint_root(cfg) / "partition.json"
