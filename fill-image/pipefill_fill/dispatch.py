@@ -8,6 +8,7 @@ measured bubbles every 64 bubbles and whenever the active jobs change.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,8 @@ from pipefill_fill.settings import Settings
 from pipefill_fill.store import Superseded
 
 __all__ = ["Dispatcher", "JobError"]
+
+log = logging.getLogger("pipefill_fill")
 
 _REASSIGN_EVERY = 64
 
@@ -94,6 +97,20 @@ class Dispatcher:
         # profile: a profile taken on a busy machine can be far off); smaller ones as the time left requires
         model = a.model
         max_batch = max(points, key=lambda p: p.items / model.base_s(p.batch_size)).batch_size
+        extra_ns = int(1e9 * min(a.margin.extra_s(), offered_s / 2))  # a job whose steps overran: planned earlier
+        if extra_ns and not a.margin.warned:
+            a.margin.warned = True
+            log.warning(
+                "job %s: its last step of a bubble would end up to %.2f ms past the bubble's expected end (99th "
+                "percentile of the last %d bubbles) with the guard of %.2f ms; its bubbles are planned %.2f ms "
+                "shorter from now on "
+                "(PIPEFILL_FILL_GUARD_MS sets the guard of every job)",
+                name,
+                a.margin.extra_s() * 1e3,
+                len(a.margin),
+                self.settings.guard_s * 1e3,
+                extra_ns / 1e6,
+            )
         with _guard(name):
             out = run_steps(
                 bubble,
@@ -102,7 +119,7 @@ class Dispatcher:
                 model=model,
                 commit_estimate=a.commit_estimate,
                 is_open=self.is_open,
-                deadline_ns=deadline_ns,
+                deadline_ns=deadline_ns - extra_ns,
                 device=self.device,
                 kind=str(getattr(bubble, "kind", "")),
                 any_size=a.any_batch_size,
@@ -111,6 +128,8 @@ class Dispatcher:
                 transfer_estimate=a.transfer_estimate,
                 cost_clock=self.jobs.step_clock,
             )
+        out.margin_ns = extra_ns
+        a.margin.record(out, deadline_ns=deadline_ns - extra_ns, room_ns=bubble.expected_end_ns - deadline_ns)
         return name, "", out, max_batch
 
     def _job_for(self, bubble: Any) -> str | None:

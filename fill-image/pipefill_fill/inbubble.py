@@ -61,6 +61,12 @@ class BubbleOutcome:
     """the batch size of every step"""
     commits_ns: list[tuple[int, int]] = field(default_factory=list)
     """[start, end] of every commit made in the bubble"""
+    transfers_ns: list[tuple[int, int]] = field(default_factory=list)
+    """[start, end] of offload mode's copies to and from the device"""
+    startup_steps: set[int] = field(default_factory=set)
+    """indices (in ``spans_ns``) of first calls: profiling steps, a batch size the slice had not run yet"""
+    margin_ns: int = 0
+    """the extra margin the steps were planned with (:class:`pipefill_fill.overruns.Margin`)"""
     stop: str = ""  # why the last step was not started: time, closed, done, error
 
     @property
@@ -110,7 +116,8 @@ def run_steps(
             return out
         t = clock()
         offloader.to_device()  # type: ignore[union-attr]
-        out.transfer_ns += clock() - t
+        out.transfers_ns.append((t, clock()))
+        out.transfer_ns += out.transfers_ns[-1][1] - t
     if task.commit_due() and is_open(bubble.id):  # what earlier bubbles did, before steps fill this one to its end
         if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or task.deferred >= DEFER_BUBBLES:
             _commit(task, out, commit_estimate, clock)
@@ -134,6 +141,8 @@ def run_steps(
         _sync(device)
         end = clock()
         model.record(batch_size, ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9, kind)
+        if task.first_call:
+            out.startup_steps.add(len(out.spans_ns))
         out.spans_ns.append((start, end))
         out.batch_sizes.append(batch_size)
         out.steps += 1
@@ -147,8 +156,8 @@ def run_steps(
     if moving:
         t = clock()
         offloader.to_host()  # type: ignore[union-attr]
-        dt = clock() - t
-        out.transfer_ns += dt
+        out.transfers_ns.append((t, clock()))
+        out.transfer_ns += out.transfers_ns[-1][1] - t
         if transfer_estimate is not None:
             transfer_estimate.record(out.transfer_ns / 2e9)
     return out
@@ -203,6 +212,7 @@ def run_profile_steps(
         profiler.measure_one()
         profiler.misses = 0
         end = clock()
+        out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size
         out.spans_ns.append((start, end))
         out.steps += 1
         out.busy_ns += end - start

@@ -24,6 +24,7 @@ from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
+from pipefill_fill.overruns import Margin
 from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler, Profile
 from pipefill_fill.settings import Settings
@@ -58,6 +59,7 @@ class ActiveJob:
     model: StepModel | None = None
     commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
     transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
+    margin: Margin = field(default_factory=Margin)
     started: str = field(default_factory=now_rfc3339)
     reported_at: float = 0.0
     rate_units: int = 0

@@ -10,9 +10,11 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["SKIP_REASONS", "FillMetrics"]
+__all__ = ["OVERRUN_CAUSES", "SKIP_REASONS", "FillMetrics"]
 
 SKIP_REASONS = ("short", "memory", "idle", "time", "closed", "profiling", "done", "error")
+OVERRUN_CAUSES = ("step", "start-up", "commit", "transfer", "yield")
+"""what held the device longest past a bubble's expected end (:mod:`pipefill_fill.overruns`)"""
 """Why a bubble went unused: too short for any step (``short``); no batch size fits its free memory (``memory``); no
 work (``idle``); no step fits the time left (``time``); closed before the first step (``closed``); a profiling
 step did not complete (``profiling``); the slice was already done (``done``); the workload raised (``error``)."""
@@ -49,6 +51,12 @@ class FillMetrics:
             f"{p}_overrun_seconds",
             "How long past the bubble's expected end the fill kept the device, per used bubble.",
             buckets=_OVERRUN_BUCKETS,
+            registry=registry,
+        )
+        self.overruns = Counter(
+            f"{p}_overruns_total",
+            "Used bubbles the fill overran past the guard, by cause (step, start-up, commit, transfer, yield).",
+            ["cause"],
             registry=registry,
         )
         self.switch_seconds = Histogram(
@@ -101,6 +109,8 @@ class FillMetrics:
         )
         for reason in SKIP_REASONS:
             self.bubbles_skipped.labels(reason)
+        for cause in OVERRUN_CAUSES:
+            self.overruns.labels(cause)
         self._offered_s = 0.0
         self._busy_s = 0.0
 

@@ -21,6 +21,7 @@ from pipefill_fill.dispatch import Dispatcher, JobError
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import FillMetrics
+from pipefill_fill.overruns import overrun_cause
 from pipefill_fill.predict import EndModel, Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
@@ -169,6 +170,10 @@ class Runner:
             job, reason, out, batch = exc.job, "superseded", BubbleOutcome(stop="superseded"), None
         yielded_ns = time.monotonic_ns()
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
+        cause = None
+        if overrun_s > self.settings.guard_s:
+            cause = overrun_cause(out, expected_end_ns=bubble.expected_end_ns, yielded_ns=yielded_ns)
+            self.metrics.overruns.labels(cause).inc()
         used_s = (out.busy_ns + out.commit_ns + out.transfer_ns) / 1e9
         self.link.acknowledge(bubble.id, used_s=used_s, overrun_s=overrun_s, work=out.items)
         self.metrics.bubble(offered_s=offered_s, busy_s=used_s, overrun_s=overrun_s, used=out.steps > 0)
@@ -191,6 +196,8 @@ class Runner:
                 items=out.items,
                 used_s=round(used_s, 9),
                 overrun_s=round(overrun_s, 9),
+                overrun_cause=cause,
+                margin_s=round(out.margin_ns / 1e9, 9),
                 commit_s=round(out.commit_ns / 1e9, 9),
                 stop=out.stop or reason,
                 spans_ns=out.spans_ns,

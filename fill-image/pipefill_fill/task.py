@@ -82,6 +82,8 @@ class FillTask:
         self.writer: CommitWriter | None = None  # the executor's; None: commits are written at once
         self.inflight: Pending | None = None  # the commit staged and not yet settled (at most one)
         self.deferred = 0  # bubbles in a row whose start found a commit due that did not fit
+        self._shapes: set[int] = set()  # batch sizes stepped since the slice was opened
+        self.first_call = False  # the last step was the first of its batch size
 
     def open(self, *, device: torch.device, memory_budget_bytes: int, lock_timeout_s: float | None = None) -> Committed:
         """Recover the slice's store (waiting at most ``lock_timeout_s`` for its commit lock, see
@@ -129,7 +131,10 @@ class FillTask:
 
     def step(self, batch_size: int) -> int:
         """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done."""
-        items = int(self.workload.step(max(1, min(batch_size, self.slice.end - self.progress))))
+        n = max(1, min(batch_size, self.slice.end - self.progress))
+        self.first_call = n not in self._shapes
+        self._shapes.add(n)
+        items = int(self.workload.step(n))
         self.progress += items
         return items
 

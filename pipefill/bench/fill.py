@@ -31,20 +31,13 @@ import yaml
 from pipefill import env
 from pipefill.bench.machine import describe_machine
 from pipefill.events import FILL_EVENTS, TRAINER_EVENTS, BubbleEvent, EventTail, FillEvent, ProfileEvent, read_events
-from pipefill.local.stats import RankStats, merged
+from pipefill.local.stats import RankStats, merged, overrun_summary, quantile
 
 __all__ = ["main"]
 
 _WARMUP_BUBBLES = 20  # at least; then on until the fill's profile is complete and its step model has seen some steps
 _SETTLE_S = 1.0
 _TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _spinner(cpu: int) -> subprocess.Popen[bytes]:
@@ -127,19 +120,20 @@ def _run_one(
     stats.finish()
     summary = stats.summary()
     used = [e for e in fill_log if isinstance(e, FillEvent) and e.open_ns >= t0]
-    overruns = [b.overrun_s * 1e3 for b in used if b.steps]
+    overruns = overrun_summary(used)
     wake = [(b.woke_ns - b.open_ns) / 1e6 for b in used]
     total = summary["idle_breakdown"][-1]
     return {
         "bubble_ms": bubble_ms,
         "load": load,
         "recovery": summary["bubble_recovery"],
-        "overrun_p50_ms": round(_quantile(overruns, 0.5), 3),
-        "overrun_p99_ms": round(_quantile(overruns, 0.99), 3),
-        "overrun_max_ms": round(max(overruns, default=0.0), 3),
+        "overrun_p50_ms": overruns["overrun_p50_ms"],
+        "overrun_p99_ms": overruns["overrun_p99_ms"],
+        "overrun_max_ms": overruns["overrun_max_ms"],
+        "overrun_causes": overruns["causes"],
         "overrun_past_close_s": round(summary["fill_overrun_past_close_s"], 6),
-        "wakeup_p50_ms": round(_quantile(wake, 0.5), 3),
-        "wakeup_p99_ms": round(_quantile(wake, 0.99), 3),
+        "wakeup_p50_ms": round(quantile(wake, 0.5), 3),
+        "wakeup_p99_ms": round(quantile(wake, 0.99), 3),
         "bubbles": total["waits"],
         "bubbles_used": sum(1 for b in used if b.steps),
         "samples": sum(b.items for b in used),

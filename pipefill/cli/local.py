@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipefill.local.manifests import load_manifests
-from pipefill.local.report import write_report
+from pipefill.local.report import overrun_causes, write_report
 from pipefill.local.runner import LocalRun, describe_error
 from pipefill.spec import SpecError
 
@@ -201,10 +201,20 @@ def _summary(report: dict[str, Any]) -> str:
     def num(v: float | None, fmt: str, scale: float = 1.0) -> str:
         return "n/a" if v is None else format(scale * v, fmt)
 
-    fills = ", ".join(f"{n} {r['committed']}/{r['total']}" for n, r in report["fill_jobs"].items()) or "none"
+    fills = ", ".join(f"{n} {r['committed']}/{r['total']}{_overruns(r)}" for n, r in report["fill_jobs"].items())
     return (
         f"steps {report['steps']}, loss {num(report['loss_first'], '.3f')} -> {num(report['loss_last'], '.3f')}, "
         f"step {num(report['step_s_median'], '.1f', 1e3)} ms (median), bubble fraction "
         f"{pct(report['bubble_fraction'])}, bubble recovery {pct(report['bubble_recovery'])} of the idle time, "
-        f"fill jobs: {fills}"
+        f"fill jobs: {fills or 'none'}"
+    )
+
+
+def _overruns(row: dict[str, Any]) -> str:
+    o = row.get("overruns")
+    if not o or not o["bubbles"]:
+        return ""
+    return (
+        f" (overrun p50 {o['overrun_p50_ms']:.2f} / p99 {o['overrun_p99_ms']:.2f} / max {o['overrun_max_ms']:.2f} ms "
+        f"over {o['bubbles']} bubbles; past the guard {overrun_causes(o)})"
     )

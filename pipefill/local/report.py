@@ -27,13 +27,19 @@ from pipefill.events import (
     read_events,
 )
 from pipefill.local.idle import breakdown_markdown
-from pipefill.local.stats import RankStats, merged
+from pipefill.local.stats import RankStats, merged, overrun_summary
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = ["FILL_WORK_DIR", "build_report", "fill_job_status", "rank_log_paths", "write_report"]
+__all__ = ["FILL_WORK_DIR", "build_report", "fill_job_status", "overrun_causes", "rank_log_paths", "write_report"]
 
 FILL_WORK_DIR = "filljobs"
 """The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
+
+
+def overrun_causes(summary: dict[str, Any]) -> str:
+    """``3: step 2, commit 1`` (or ``0``): the bubbles overrun past the guard and their causes."""
+    causes = ", ".join(f"{c} {n}" for c, n in summary["causes"].items())
+    return f"{summary['past_guard']}: {causes}" if causes else "0"
 
 
 def rank_log_paths(out_dir: Path, rank: int) -> tuple[Path, Path]:
@@ -88,10 +94,13 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
     """Everything ``report.json`` holds."""
     ranks = []
     fill_jobs: dict[str, dict[str, Any]] = {}
+    bubbles: dict[str, list[FillEvent]] = {}
     for rank in range(job.world_size):
         trainer, fill = _logs(out_dir, rank)
         ranks.append({"rank": rank, **_rank_stats(trainer, fill)})
         for e in fill:
+            if isinstance(e, FillEvent) and e.job is not None:
+                bubbles.setdefault(e.job, []).append(e)
             if isinstance(e, CommitEvent):
                 row = fill_jobs.setdefault(e.job, {"committed": 0, "total": None, "phase": "Running"})
                 row["committed"] = max(row["committed"], e.end)
@@ -106,6 +115,7 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
             row["committed"] = max(row["committed"], status["committed"])
             row["phase"] = status["phase"]
             row["total"] = status["total"] if status["total"] is not None else row["total"]
+        row["overruns"] = overrun_summary(bubbles.get(name, []))  # every rank's bubbles of the job
     trainer0, _ = _logs(out_dir, 0)
     steps = [e for e in trainer0 if isinstance(e, StepEvent)]
     later = [e.step_s for e in steps[len(steps) // 3 :]] or [e.step_s for e in steps]
@@ -242,9 +252,21 @@ def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
         )
     lines += ["", "Where the idle time goes (share of each rank's measured idle time, by bubble kind):", ""]
     lines += breakdown_markdown([(r["rank"], r["idle_breakdown"]) for r in report["ranks"]])
-    lines += ["", "| fill job | committed | total | phase |", "|---|---:|---:|---|"]
+    lines += [
+        "",
+        "Overruns: how long after a worked bubble's expected end the fill yielded; past the guard, by cause.",
+        "",
+    ]
+    lines += [
+        "| fill job | committed | total | phase | bubbles worked | overrun p50 ms | p99 ms | max ms | past the guard |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
     for name, row in report["fill_jobs"].items():
-        lines.append(f"| {name} | {row['committed']} | {row['total']} | {row['phase']} |")
+        o = row.get("overruns") or overrun_summary([])
+        lines.append(
+            f"| {name} | {row['committed']} | {row['total']} | {row['phase']} | {o['bubbles']} | "
+            f"{o['overrun_p50_ms']:.3f} | {o['overrun_p99_ms']:.3f} | {o['overrun_max_ms']:.3f} | {overrun_causes(o)} |"
+        )
     lines += ["", *(f"- {k}: `{v}`" for k, v in files.items())]
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,32 @@ from typing import Any
 from pipefill.events import BubbleEvent, Event, FillEvent, StepEvent
 from pipefill.local.idle import IdleAccount, breakdown_rows
 
-__all__ = ["RankStats", "merged"]
+__all__ = ["RankStats", "merged", "overrun_summary", "quantile"]
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; 0 for none)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def overrun_summary(bubbles: Iterable[FillEvent]) -> dict[str, Any]:
+    """Overruns of the bubbles ``bubbles`` worked in (``steps`` > 0): p50, p99 and max in ms, how many were past the
+    guard and their causes (the executor records a cause past the guard only)."""
+    worked = [b for b in bubbles if b.steps]
+    ms = [1e3 * b.overrun_s for b in worked]
+    causes: dict[str, int] = defaultdict(int)
+    for b in worked:
+        if b.overrun_cause:
+            causes[b.overrun_cause] += 1
+    return {
+        "bubbles": len(worked),
+        "overrun_p50_ms": round(quantile(ms, 0.5), 3),
+        "overrun_p99_ms": round(quantile(ms, 0.99), 3),
+        "overrun_max_ms": round(max(ms, default=0.0), 3),
+        "past_guard": sum(causes.values()),
+        "causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def merged(*logs: Iterable[Event]) -> list[Event]:

@@ -40,12 +40,16 @@ def open_task(manifest: Path) -> FillTask:
 def bubble(task: FillTask, *, left_s: float, commit_s: float, bubble_id: int = 0) -> BubbleOutcome:
     """One bubble of ``left_s`` from now for ``task``; its commits' device part is predicted to take ``commit_s``."""
     now = time.monotonic_ns()
-    b = Bubble(bubble_id, now, now + int(left_s * 1e9))
+    return run_bubble(task, Bubble(bubble_id, now, now + int(left_s * 1e9)), commit_s=commit_s)
+
+
+def run_bubble(task: FillTask, b: Bubble, *, commit_s: float, model: StepModel | None = None) -> BubbleOutcome:
+    """Steps of ``task`` in ``b`` until its expected end (``model``: by default, a profile of 0.1 ms a sample)."""
     return run_steps(
         b,
         task=task,
         max_batch=8,
-        model=StepModel({1: 1e-4, 8: 1e-3}),
+        model=model or StepModel({1: 1e-4, 8: 1e-3}),
         commit_estimate=Estimator(default_s=commit_s),
         is_open=lambda _id: True,
         deadline_ns=b.expected_end_ns,

@@ -66,6 +66,7 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
             assert b.open_ns <= start < close_ns, f"bubble {b.id}: a step started outside the bubble"
             assert end - b.expected_end_ns < 100e6, f"bubble {b.id}: a step ran {end - b.expected_end_ns} ns over"
         assert b.overrun_s < 0.1
+        assert (b.overrun_cause is not None) == (b.overrun_s > 0.001)  # past the guard (1 ms), and only there
     committed = [e.end for e in events if isinstance(e, CommitEvent)]
     assert committed and committed[-1] > 0
     status = json.loads((jobs / "enc.status.json").read_text())

@@ -1,0 +1,65 @@
+"""Why a bubble overran, and the margin a job whose steps overrun is planned with.
+
+An overrun is how long after the bubble's expected end the fill yielded. Past the guard, its cause is the piece of
+work that held the device longest past the expected end:
+
+* ``step`` — a step that ran past its prediction (the step model sized it to the time left);
+* ``start-up`` — a first call: a profiling step, or a step of a batch size the slice had not run yet (lazy
+  initialization, allocations, kernels chosen for a new shape);
+* ``commit`` — a commit's device part (:mod:`pipefill_fill.commits`);
+* ``transfer`` — offload mode's copy of the job's state to or from the device;
+* ``yield`` — none of these: the time between the last piece of work and the yield (the executor's own code, or the
+  process descheduled).
+
+:class:`Margin` learns how far a job's last step of a bubble ran past the deadline it was sized for, and plans the
+job's bubbles that much earlier where the guard does not cover it (a workload whose step times vary more than the
+step model predicts: data-dependent shapes, a shared device).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.metrics import OVERRUN_CAUSES
+
+__all__ = ["OVERRUN_CAUSES", "Margin", "overrun_cause"]
+
+
+def overrun_cause(out: BubbleOutcome, *, expected_end_ns: int, yielded_ns: int) -> str:
+    """The piece of ``out`` that ran longest in ``[expected_end_ns, yielded_ns]`` (see the module docstring)."""
+    pieces = [(s, e, "start-up" if i in out.startup_steps else "step") for i, (s, e) in enumerate(out.spans_ns)]
+    pieces += [(s, e, "commit") for s, e in out.commits_ns]
+    pieces += [(s, e, "transfer") for s, e in out.transfers_ns]
+    best, cause = 0, "yield"
+    for s, e, what in pieces:
+        past = min(e, yielded_ns) - max(s, expected_end_ns)
+        if past > best:
+            best, cause = past, what
+    return cause
+
+
+class Margin:
+    """The extra margin (seconds) a job's bubbles are planned with: the ``quantile`` of how far the last step of its
+    last ``window`` worked bubbles ran past the deadline it was sized for, less the room the plan already leaves
+    (guard, planned end); 0 until ``warm`` bubbles were seen. Start-up steps stay out (they are one-off)."""
+
+    def __init__(self, *, window: int = 128, quantile: float = 0.99, warm: int = 16) -> None:
+        self.quantile, self.warm = quantile, warm
+        self._past: deque[float] = deque(maxlen=window)  # last step's end − its deadline, s (negative: it ended early)
+        self.warned = False
+
+    def record(self, out: BubbleOutcome, *, deadline_ns: int, room_ns: int) -> None:
+        """A bubble ``out`` whose steps were sized to end by ``deadline_ns``, ``room_ns`` before the expected end."""
+        if not out.spans_ns or (len(out.spans_ns) - 1) in out.startup_steps:
+            return
+        self._past.append((out.spans_ns[-1][1] - deadline_ns - room_ns) / 1e9)
+
+    def extra_s(self) -> float:
+        if len(self._past) < self.warm:
+            return 0.0
+        ordered = sorted(self._past)
+        return max(0.0, ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))])
+
+    def __len__(self) -> int:
+        return len(self._past)

@@ -1,0 +1,91 @@
+"""Overruns (issue #31): each one past the guard gets its cause, a job whose steps overrun is planned with a larger
+margin, and the report sums them up per FillJob."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from commit_helpers import PARAMS, Bubble, open_task, run_bubble
+from fill_helpers import write_job
+
+from pipefill.events import FillEvent
+from pipefill.local.report import overrun_causes
+from pipefill.local.stats import overrun_summary
+from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.overruns import Margin, overrun_cause
+from pipefill_fill.predict import StepModel
+from pipefill_fill.task import FillTask
+
+MS = 1_000_000
+
+
+class _Blind(StepModel):
+    """A step model that never learns: every step is predicted to take 1 µs."""
+
+    def record(self, batch_size: int, duration_s: float, kind: str = "") -> None:
+        pass
+
+
+def _run(task: FillTask, *, left_s: float) -> tuple[BubbleOutcome, int]:
+    """Steps predicted to take 1 µs, so the last one that starts before the deadline ends past it."""
+    now = time.monotonic_ns()
+    b = Bubble(0, now, now + int(left_s * 1e9))
+    return run_bubble(task, b, commit_s=3600.0, model=_Blind({1: 1e-6, 8: 1e-6})), b.expected_end_ns
+
+
+def test_a_step_past_its_prediction_is_the_cause(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters=PARAMS))
+    task.step(8)  # the batch size's first call is made: later ones are plain steps
+    out, end_ns = _run(task, left_s=0.005)
+    assert out.steps and out.spans_ns[-1][1] > end_ns and not out.startup_steps
+    assert overrun_cause(out, expected_end_ns=end_ns, yielded_ns=time.monotonic_ns()) == "step"
+
+
+def test_a_first_call_is_start_up(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters=PARAMS))
+    out, _ = _run(task, left_s=0.002)
+    assert out.steps and 0 in out.startup_steps and 1 not in out.startup_steps  # the first call of size 8 only
+    (start, end), _ = out.spans_ns[0], out.spans_ns[1:]
+    assert (
+        overrun_cause(out, expected_end_ns=start + 1, yielded_ns=end) == "start-up"
+    )  # it held the device past the end
+
+
+def test_commit_transfer_and_yield() -> None:
+    out = BubbleOutcome(spans_ns=[(0, 10 * MS)], commits_ns=[(10 * MS, 14 * MS)], transfers_ns=[(14 * MS, 15 * MS)])
+    assert overrun_cause(out, expected_end_ns=9 * MS, yielded_ns=15 * MS) == "commit"  # 4 ms against 1 and 1
+    assert overrun_cause(out, expected_end_ns=14 * MS, yielded_ns=15 * MS) == "transfer"
+    assert overrun_cause(out, expected_end_ns=15 * MS, yielded_ns=20 * MS) == "yield"
+
+
+def test_a_job_whose_steps_overrun_is_planned_with_a_larger_margin() -> None:
+    margin = Margin(warm=16)
+    late = BubbleOutcome(spans_ns=[(0, 3 * MS)])  # ends 3 ms past a deadline at 0, which is 1 ms before the end
+    first = BubbleOutcome(spans_ns=[(0, 50 * MS)], startup_steps={0})
+    for _ in range(15):
+        margin.record(late, deadline_ns=0, room_ns=MS)
+        margin.record(first, deadline_ns=0, room_ns=MS)  # a first call says nothing of the steps to come
+    assert margin.extra_s() == 0.0 and len(margin) == 15  # not before it has seen enough
+    margin.record(late, deadline_ns=0, room_ns=MS)
+    assert abs(margin.extra_s() - 0.002) < 1e-9  # 3 ms past the deadline, 1 ms of it inside the room left
+    on_time = BubbleOutcome(spans_ns=[(0, MS // 2)])
+    for _ in range(128):
+        margin.record(on_time, deadline_ns=0, room_ns=MS)
+    assert margin.extra_s() == 0.0  # it comes back when the steps do
+
+
+def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1) -> FillEvent:
+    return FillEvent(
+        id=0, kind="steady", open_ns=0, expected_end_ns=0, woke_ns=0, yielded_ns=0, job=job, steps=steps,
+        items=steps, used_s=0.0, overrun_s=overrun_ms / 1e3, overrun_cause=cause, wall_s=0.0, mono_ns=0, pid=1,
+    )  # fmt: skip
+
+
+def test_the_summary_gives_quantiles_and_causes() -> None:
+    events = [_fill("a", 0.1, None) for _ in range(97)]
+    events += [_fill("a", 3.0, "commit"), _fill("a", 7.0, "step"), _fill("a", 9.0, "commit"), _fill("a", 50, None, 0)]
+    got = overrun_summary(events)
+    assert got["bubbles"] == 100 and got["overrun_p50_ms"] == 0.1 and got["overrun_max_ms"] == 9.0
+    assert got["overrun_p99_ms"] == 9.0 and got["causes"] == {"commit": 2, "step": 1}
+    assert overrun_causes(got) == "3: commit 2, step 1"
