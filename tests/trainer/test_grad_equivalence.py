@@ -21,6 +21,7 @@ from _grad_common import batch, hf_config, model_config, provider
 from trainer_procs import HERE, launch, wait_all
 
 from pipefill_trainer.model import StageModule
+from pipefill_trainer.partition import analytic_costs, partition_layers
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +72,26 @@ def _hf(world: int) -> list[dict[str, Any]]:
 
 HF_CONFIGS = {world: _hf(world) for world in (2, 4)}
 
+# our GPT exchanging three tensors between stages (two with gradients, the int64 token ids without): same-rank
+# hand-offs (zbv) and cross-rank streams (1f1b, interleaved)
+MULTI_CONFIGS: dict[int, list[dict[str, Any]]] = {
+    2: [
+        {"id": "3t-1f1b", "model": "gpt-3t", "schedule": "1f1b", "stages": 2, "m": 4, "mb": 2},
+        {"id": "3t-zbv", "model": "gpt-3t", "schedule": "zbv", "stages": 2, "v": 2, "m": 4, "mb": 2, "tied": True},
+    ],
+    4: [
+        {
+            "id": "3t-interleaved",
+            "model": "gpt-3t",
+            "schedule": "interleaved-1f1b",
+            "stages": 4,
+            "v": 2,
+            "m": 4,
+            "mb": 1,
+        }
+    ],
+}
+
 # run in the world-2 launch after the others; expected to come out wrong
 ONE_GROUP = {"id": "zbv-one-group", "schedule": "zbv", "stages": 2, "v": 2, "m": 4, "mb": 2, "transport": "one-group"}
 
@@ -83,7 +104,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     def run(world: int) -> Path:
         if world not in done:
             out = tmp_path_factory.mktemp(f"world{world}")
-            configs = CONFIGS[world] + HF_CONFIGS[world] + ([ONE_GROUP] if world == 2 else [])
+            configs = CONFIGS[world] + HF_CONFIGS[world] + MULTI_CONFIGS[world] + ([ONE_GROUP] if world == 2 else [])
             (out / "configs.json").write_text(json.dumps(configs))
             procs = launch([str(HERE / "_grad_worker.py"), str(out / "configs.json"), str(out)], world=world)
             for rank, (code, output) in enumerate(wait_all(procs, timeout_s=100)):
@@ -126,12 +147,45 @@ def _hf_reference(c: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
     return total, {n: p.grad for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
 
 
+def _chained_reference(c: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The provider's stages for the same cut, run one after another in one process (one copy of a tied weight)."""
+    model = provider(c)
+    n = c["stages"] * c.get("v", 1)
+    ranges = partition_layers(model.layers, n, costs=analytic_costs(model))
+    stages = [
+        model.build_stage(stage_idx=s, num_stages=n, layers=r, device=torch.device("cpu")) for s, r in enumerate(ranges)
+    ]
+    for tie in model.tied_parameters(n):
+        first = stages[tie.owner].get_parameter(tie.names[tie.owner])
+        for s, name in tie.names.items():
+            owner, _, leaf = name.rpartition(".")
+            setattr(stages[s].get_submodule(owner), leaf, first)
+    tokens, targets = batch(c, dp_rank=0)
+    total = 0.0
+    for x, y in zip(tokens, targets, strict=True):
+        out: Any = x
+        for stage in stages:
+            out = stage(*out) if isinstance(out, tuple) else stage(out)
+        loss = model.loss(out, y) / c["m"]
+        loss.backward()
+        total += float(loss.detach())
+    grads = {}
+    for stage in stages:
+        grads.update({n: p.grad for n, p in stage.named_parameters(remove_duplicate=False) if p.grad is not None})
+    return total, grads
+
+
+def _reference_of(c: dict[str, Any]) -> tuple[float, dict[str, torch.Tensor]]:
+    model = c.get("model", "gpt")
+    return _reference(c) if model == "gpt" else _chained_reference(c) if model == "gpt-3t" else _hf_reference(c)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_schedule_matches_single_process_reference(world: int, runs: Callable[[int], Path]) -> None:
     torch.set_num_threads(1)
     tmp_path = runs(world)
-    for c in CONFIGS[world] + HF_CONFIGS[world]:
-        ref_loss, ref_grads = _reference(c) if c.get("model", "gpt") == "gpt" else _hf_reference(c)
+    for c in CONFIGS[world] + HF_CONFIGS[world] + MULTI_CONFIGS[world]:
+        ref_loss, ref_grads = _reference_of(c)
         seen: set[str] = set()
         loss = 0.0
         for rank in range(world):
