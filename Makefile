@@ -46,6 +46,10 @@ demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an infere
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
+demo-hf: $(STAMP) ## train a Llama-style model from its Hugging Face config (random init, 2 stages) and fill its bubbles
+	rm -rf runs/hf-demo runs/fill/embed-corpus
+	$(BIN)/pipefill local -f examples/hf-demo.yaml -f examples/fill-inference.yaml --out runs/hf-demo
+
 demo-embed: $(STAMP) ## the demo's training made wider, its bubbles filled with sentence embeddings by a pretrained MiniLM (embeddings extra)
 	rm -rf runs/embed-demo runs/fill/embed-sentences
 	$(BIN)/pipefill local -f examples/embed-demo.yaml -f examples/fill-embed.yaml --out runs/embed-demo
@@ -112,5 +116,5 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
 .PHONY: cluster-bins cluster cluster-down chart-check

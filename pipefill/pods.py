@@ -179,6 +179,15 @@ def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, 
             "mountPath": _absolute(spec.data.path).rsplit("/", 1)[0] or "/",
             "readOnly": True,
         }
+    hf = spec.model.hugging_face
+    if hf is not None and (hf.claim_name or hf.config_map):  # the model's directory: the trainer's alone, read-only
+        source = (
+            {"persistentVolumeClaim": {"claimName": hf.claim_name, "readOnly": True}}
+            if hf.claim_name
+            else {"configMap": {"name": hf.config_map}}
+        )
+        volumes.append({"name": "model", **source})
+        mounts["model"] = {"name": "model", "mountPath": _absolute(hf.path), "readOnly": True}
     if spec.fill.storage is not None:  # FillJob inputs and outputs, shared by every rank (ReadWriteMany)
         volumes.append({"name": "fill-storage", "persistentVolumeClaim": {"claimName": spec.fill.storage.claim_name}})
         mounts["fill-storage"] = {"name": "fill-storage", "mountPath": spec.fill.storage.mount_path}
@@ -280,8 +289,7 @@ def rank_pod(
     }
     trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", "trainer-tmp", "trainer-home")]
     trainer_mounts.append(mounts["checkpoints"])
-    if "data" in mounts:
-        trainer_mounts.append(mounts["data"])
+    trainer_mounts += [mounts[k] for k in ("data", "model") if k in mounts]
     trainer_res: dict[str, Any] = {"requests": {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}}
     fill_res: dict[str, Any] = {"requests": {"cpu": str(spec.fill.cpu), "memory": str(spec.fill.memory)}}
     security = spec.pod_template.security

@@ -1,4 +1,4 @@
-"""What is trained: the GPT-style decoder, its data and its optimizer."""
+"""What is trained: the GPT-style decoder or a Hugging Face causal LM, its data and its optimizer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
 
-__all__ = ["LAYERS_CEL", "MODEL_PRESETS", "Data", "DataSource", "Model", "Optimizer"]
+__all__ = [
+    "LAYERS_CEL",
+    "MODEL_PRESETS",
+    "Data",
+    "DataSource",
+    "HuggingFace",
+    "Model",
+    "ModelDtype",
+    "ModelWeights",
+    "Optimizer",
+]
 
 # Named GPT-style decoders: preset -> (layers, hidden size, attention heads).
 MODEL_PRESETS: dict[str, tuple[int, int, int]] = {
@@ -30,9 +40,67 @@ class DataSource(enum.StrEnum):
     TEXT = "text"
 
 
+class ModelWeights(enum.StrEnum):
+    RANDOM = "random"
+    PRETRAINED = "pretrained"
+
+
+class ModelDtype(enum.StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+@dataclass
+class HuggingFace:
+    """A Hugging Face causal LM (transformers; docs/trainer.md lists the tested families) from its directory:
+    config.json, optionally *.safetensors weights (save_pretrained layout) and a tokenizer."""
+
+    path: str = field(
+        doc="Directory holding config.json (and *.safetensors for pretrained weights), in the trainer container; "
+        "relative to its working directory.",
+        max_length=4096,
+    )
+    claim_name: str | None = field(
+        doc="PersistentVolumeClaim holding the directory, mounted read-only at path into the trainer only.",
+        max_length=253,
+        default=None,
+    )
+    config_map: str | None = field(
+        doc="ConfigMap whose keys (config.json) are mounted read-only at path into the trainer only: a config alone, "
+        "for random init; excludes claimName.",
+        max_length=253,
+        default=None,
+    )
+    weights: ModelWeights = field(
+        doc="random: initialized from spec.data.seed (the same weights for any cut); pretrained: read from the "
+        "directory's *.safetensors.",
+        default=ModelWeights.RANDOM,
+    )
+    dtype: ModelDtype = field(
+        doc="Weights and activations between stages: float32, or bfloat16 (half the memory and traffic; on a GPU).",
+        default=ModelDtype.FLOAT32,
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="!has(self.claimName) || !has(self.configMap)",
+            message="spec.model.huggingFace: set claimName (a volume with the directory) or configMap (a config "
+            "alone), not both",
+            field_path=".configMap",
+        ),
+        Rule(
+            rule="!has(self.configMap) || !has(self.weights) || self.weights == 'random'",
+            message="spec.model.huggingFace.weights pretrained needs the weights' files: a ConfigMap holds a config "
+            "alone; put the directory on a volume (claimName) or use weights: random",
+            field_path=".weights",
+        ),
+    )
+
+
 @dataclass
 class Model:
-    """The GPT-style decoder to train: a named preset, or layers, hiddenSize and heads."""
+    """The decoder to train: our GPT-style decoder (a named preset, or layers, hiddenSize and heads), or a Hugging
+    Face causal LM (huggingFace)."""
 
     preset: str | None = field(
         doc="Named model size (" + ", ".join(MODEL_PRESETS) + "); excludes layers, hiddenSize and heads.",
@@ -49,14 +117,23 @@ class Model:
         doc="Vocabulary size; 256 is the byte-level tokenizer.", minimum=2, maximum=1048576, default=256
     )
     tied_embeddings: bool = field(
-        doc="Share the token embedding with the output head (on the first and last stage).", default=False
+        doc="Share the token embedding with the output head (on the first and last stage); a Hugging Face model "
+        "ties as its config says (tie_word_embeddings).",
+        default=False,
+    )
+    hugging_face: HuggingFace | None = field(
+        doc="A Hugging Face causal LM instead of our GPT: its shape and vocabulary come from its config.json; "
+        "excludes preset, layers, hiddenSize and heads.",
+        default=None,
     )
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            rule="has(self.preset) ? !has(self.layers) && !has(self.hiddenSize) && !has(self.heads)"
+            rule="has(self.huggingFace) ? !has(self.preset) && !has(self.layers) && !has(self.hiddenSize)"
+            " && !has(self.heads) : has(self.preset) ? !has(self.layers) && !has(self.hiddenSize) && !has(self.heads)"
             " : has(self.layers) && has(self.hiddenSize) && has(self.heads)",
-            message="spec.model: set either preset, or all of layers, hiddenSize and heads (not both)",
+            message="spec.model: set either preset, or all of layers, hiddenSize and heads (not both), or huggingFace"
+            " alone (its config.json gives the shape)",
             reason="FieldValueRequired",
         ),
         Rule(
@@ -70,7 +147,12 @@ class Model:
     )
 
     def dims(self) -> tuple[int, int, int]:
-        """(layers, hidden size, heads), resolving the preset."""
+        """(layers, hidden size, heads), resolving the preset; a Hugging Face model's are in its config.json."""
+        if self.hugging_face is not None:
+            raise ValueError(
+                "spec.model.huggingFace: layers, hidden size and heads are in the model's config.json "
+                f"({self.hugging_face.path}), not in the spec; read them there"
+            )
         if self.preset is not None:
             return MODEL_PRESETS[self.preset]
         if self.layers is None or self.hidden_size is None or self.heads is None:

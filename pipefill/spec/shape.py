@@ -196,8 +196,10 @@ def shape_errors(job: PipelineTrainingJob) -> list[FieldError]:
             from_spec(job)
         except ShapeError as exc:
             errors += exc.errors
-    layers, _, _ = job.spec.model.dims()  # CEL checked layers ≥ stages × virtualStages and the cut's length
     cut = pipe.layers_per_stage
+    if job.spec.model.hugging_face is not None:
+        return errors  # its layers are in its config.json: the trainer checks the cut against them at start
+    layers, _, _ = job.spec.model.dims()  # CEL checked layers ≥ stages × virtualStages and the cut's length
     if cut is not None and (min(cut) < 1 or sum(cut) != layers):
         errors.append(
             _field_error(

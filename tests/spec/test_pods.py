@@ -206,3 +206,25 @@ def test_the_builders_max_active_jobs_reaches_the_fill_sidecar(monkeypatch: pyte
     monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "3")
     trainer, fill = _containers(rank_pod(_job("cpu-demo"), 0))
     assert _env(fill)[env.FILL_MAX_ACTIVE_JOBS] == "3" and env.FILL_MAX_ACTIVE_JOBS not in _env(trainer)
+
+
+@pytest.mark.parametrize(
+    ("source", "volume"),
+    [
+        ({"claimName": "models"}, {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}),
+        ({"configMap": "llama-config"}, {"configMap": {"name": "llama-config"}}),
+    ],
+)
+def test_a_hugging_face_models_directory_is_mounted_read_only_into_the_trainer_alone(
+    source: dict[str, str], volume: dict[str, Any]
+) -> None:
+    model = {"huggingFace": {"path": "models/llama", **source}, "seqLen": 16}
+    pod = rank_pod(_job("cpu-demo", **{"spec.model": model}), 0)
+    trainer, fill = _containers(pod)
+    assert {"name": "model", **volume} in pod["spec"]["volumes"]
+    assert {"name": "model", "mountPath": "/workspace/models/llama", "readOnly": True} in trainer["volumeMounts"]
+    assert all(m["name"] != "model" for m in fill["volumeMounts"])
+    kubernetes_validate.validate(pod, K8S, strict=True)
+    # a path the image holds (a trainer image built FROM ours): nothing to mount
+    baked = rank_pod(_job("cpu-demo", **{"spec.model": {"huggingFace": {"path": "/opt/model"}}}), 0)
+    assert all(v["name"] != "model" for v in baked["spec"]["volumes"])

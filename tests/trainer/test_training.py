@@ -200,3 +200,42 @@ def test_invalid_world_size_is_a_permanent_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == env.EXIT_INVALID_CONFIG
     assert "WORLD_SIZE=3" in proc.stderr
+
+
+HF_SPEC = """\
+apiVersion: pipefill.io/v1alpha1
+kind: PipelineTrainingJob
+metadata: {{name: hf}}
+spec:
+  model: {{huggingFace: {{path: {model}}}, seqLen: 32}}
+  data: {{source: synthetic, seed: 3}}
+  pipeline: {{stages: 2, microbatches: 4, globalBatch: 8, schedule: 1f1b}}
+  optimizer: {{learningRate: 0.01, warmupSteps: 2}}
+  steps: 6
+  checkpoint: {{path: {ckpt}, intervalSteps: 3}}
+  resources: {{gpus: 0, cpu: "1", memory: 1Gi}}
+  gpuSharing: {{mode: none}}
+  fill: {{enabled: false, reservedMemory: 64Mi, minBubbleMilliseconds: 0.1, guardMilliseconds: 0.1}}
+"""
+
+
+def test_a_hugging_face_model_from_its_config_trains_predicts_its_bubbles_and_resumes(tmp_path: Path) -> None:
+    """The Llama of examples/hf-demo.yaml through the trainer's entry point: it runs, its bubbles are predicted from
+    the profile (announcing them is the provider-independent channel's, tested above), and a resume from the step-3
+    checkpoint reproduces the uninterrupted losses."""
+    model = Path(__file__).parents[2] / "examples" / "models" / "llama-tiny"
+    spec = tmp_path / "hf.yaml"
+    spec.write_text(HF_SPEC.format(model=model, ckpt=tmp_path / "ckpt"))
+    run_job(spec, tmp_path / "out")
+    events = tmp_path / "out" / "events.jsonl"
+    whole = losses(events)
+    assert sorted(whole) == list(range(6))  # random tokens: the loss stays near log(256)
+    bubbles = [e for e in read_events(events) if isinstance(e, BubbleEvent)]
+    assert bubbles and all(b.step >= 3 for b in bubbles)  # profiled in steps 0-2, then predicted
+    assert any(b.predicted_s > 0 for b in bubbles), "no bubble of the Hugging Face job was predicted"
+    (tmp_path / "ckpt" / "latest").write_text("3\n")  # back to the step-3 checkpoint
+    run_job(spec, tmp_path / "resumed")
+    resumed = losses(tmp_path / "resumed" / "events.jsonl")
+    assert sorted(resumed) == [3, 4, 5]
+    for step, loss in resumed.items():
+        assert loss == whole[step], f"step {step}: resumed {loss} != uninterrupted {whole[step]}"

@@ -74,8 +74,10 @@ def checkpoint_root(cfg: TrainerConfig) -> Path:
 
 
 def _model_provider(cfg: TrainerConfig) -> ModelProvider:
-    """Our GPT decoder from ``spec.model``."""
+    """``spec.model.huggingFace``'s causal LM, else our GPT decoder from ``spec.model``."""
     spec = cfg.job.spec
+    if spec.model.hugging_face is not None:
+        return _hugging_face(cfg)
     layers, hidden, heads = spec.model.dims()
     gpt = GPTConfig(
         layers=layers,
@@ -90,6 +92,31 @@ def _model_provider(cfg: TrainerConfig) -> ModelProvider:
     return GPTProvider(gpt)
 
 
+def _hugging_face(cfg: TrainerConfig) -> ModelProvider:
+    spec = cfg.job.spec
+    hf = spec.model.hugging_face
+    assert hf is not None
+    try:
+        from pipefill_trainer.hf import HuggingFaceProvider, read_config
+    except ImportError as exc:  # transformers is the huggingface extra
+        raise ConfigError(
+            f"spec.model.huggingFace needs transformers ({exc}); use the trainer image, or install "
+            "pipefill-operator[trainer,huggingface]"
+        ) from None
+    path = Path(hf.path)
+    try:
+        return HuggingFaceProvider(
+            read_config(path),
+            seq_len=spec.model.seq_len,
+            dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[str(hf.dtype)],
+            weights_dir=path if str(hf.weights) == "pretrained" else None,
+            seed=spec.data.seed,
+            activation_checkpointing=spec.pipeline.activation_checkpointing,
+        )
+    except ValueError as exc:  # ModelError, or transformers refusing the config
+        raise ConfigError(str(exc)) from None
+
+
 def _comm_timeout(cfg: TrainerConfig) -> timedelta:
     return timedelta(seconds=cfg.comm_timeout_s)
 
@@ -102,10 +129,10 @@ def _layer_cut(
     n, explicit = shape.schedule.num_stages, cfg.job.spec.pipeline.layers_per_stage
     try:
         check_stage_count(model, n)
+        if explicit is not None:  # a Hugging Face model's layers are first known here
+            return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=explicit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if explicit is not None:
-        return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=explicit)
     saved = checkpoint_root(cfg) / "partition.json"
 
     def measured() -> list[int]:
