@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
 
-__all__ = ["Checkpoint", "RunPolicy"]
+__all__ = ["Checkpoint", "CheckpointFormat", "RunPolicy"]
+
+
+class CheckpointFormat(enum.StrEnum):
+    TORCH = "torch"
+    DCP = "dcp"
 
 
 @dataclass
@@ -21,6 +27,12 @@ class Checkpoint:
         default=None,
     )
     interval_steps: int = field(doc="Save every N steps; 0 saves only at the end.", minimum=0, maximum=10**9, default=0)
+    format: CheckpointFormat | None = field(
+        doc="torch: one file per rank (torch.save); dcp: torch.distributed.checkpoint, the stages' tensors under the "
+        "whole model's names, optimizer state flattened per parameter. Default: dcp for spec.model.huggingFace, "
+        "torch for our GPT. A resume reads whichever format the checkpoint is in.",
+        default=None,
+    )
 
 
 @dataclass

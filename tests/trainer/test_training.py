@@ -20,6 +20,7 @@ from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent, r
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.generators import build_schedule
 from pipefill.schedules.simulate import simulate
+from pipefill_trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +29,12 @@ apiVersion: pipefill.io/v1alpha1
 kind: PipelineTrainingJob
 metadata: {{name: tiny}}
 spec:
-  model: {{layers: 4, hiddenSize: {hidden}, heads: 2, seqLen: {seq}, vocabSize: 64}}
+  model: {{layers: 4, hiddenSize: {hidden}, heads: 2, seqLen: {seq}, vocabSize: 64, tiedEmbeddings: {tied}}}
   data: {{source: synthetic, seed: 3}}
   pipeline: {{stages: {stages}, microbatches: {m}, globalBatch: {batch}, schedule: {schedule}}}
   optimizer: {{learningRate: 0.01, warmupSteps: 2}}
   steps: {steps}
-  checkpoint: {{path: {ckpt}, intervalSteps: {interval}}}
+  checkpoint: {{path: {ckpt}, intervalSteps: {interval}, format: {format}}}
   resources: {{gpus: 0, cpu: "1", memory: 1Gi}}
   gpuSharing: {{mode: none}}
   fill: {{enabled: {fill}, reservedMemory: 64Mi, minBubbleMilliseconds: 0.5, guardMilliseconds: 0.1}}
@@ -52,6 +53,8 @@ def write_spec(tmp: Path, name: str, **kw: object) -> Path:
         "interval": 3,
         "ckpt": tmp / f"{name}-ckpt",
         "fill": "false",
+        "tied": "false",
+        "format": "torch",
     }
     values.update(kw)
     path = tmp / f"{name}.yaml"
@@ -75,12 +78,17 @@ def losses(events: Path) -> dict[int, float]:
     return {e.step: e.loss for e in read_events(events) if isinstance(e, StepEvent)}
 
 
-def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> None:
-    whole = write_spec(tmp_path, "whole", steps=6)
+@pytest.mark.parametrize(
+    ("fmt", "tied"),
+    [("torch", "false"), ("dcp", "true")],  # dcp: both ranks hold the tied wte.weight, saved once
+)
+def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path, fmt: str, tied: str) -> None:
+    whole = write_spec(tmp_path, "whole", steps=6, format=fmt, tied=tied)
     run_job(whole, tmp_path / "whole-out")
-    part = write_spec(tmp_path, "part", steps=6)
+    part = write_spec(tmp_path, "part", steps=6, format=fmt, tied=tied)
     run_job(part, tmp_path / "part-out", args=("--steps", "3"))  # stops after step 2, checkpoint at 3
     assert (tmp_path / "part-ckpt" / "latest").read_text().strip() == "3"
+    assert ckpt.is_dcp(tmp_path / "part-ckpt", 3) == (fmt == "dcp")
     run_job(part, tmp_path / "part-out2")  # resumes at step 3
     expected, resumed = losses(tmp_path / "whole-out" / "events.jsonl"), losses(tmp_path / "part-out2" / "events.jsonl")
     assert sorted(resumed) == [3, 4, 5]
@@ -209,7 +217,7 @@ metadata: {{name: hf}}
 spec:
   model: {{huggingFace: {{path: {model}}}, seqLen: 32}}
   data: {{source: synthetic, seed: 3}}
-  pipeline: {{stages: 2, microbatches: 4, globalBatch: 8, schedule: 1f1b}}
+  pipeline: {{stages: 2, virtualStages: 2, microbatches: 4, globalBatch: 8, schedule: zbv}}
   optimizer: {{learningRate: 0.01, warmupSteps: 2}}
   steps: 6
   checkpoint: {{path: {ckpt}, intervalSteps: 3}}
@@ -222,7 +230,8 @@ spec:
 def test_a_hugging_face_model_from_its_config_trains_predicts_its_bubbles_and_resumes(tmp_path: Path) -> None:
     """The Llama of examples/hf-demo.yaml through the trainer's entry point: it runs, its bubbles are predicted from
     the profile (announcing them is the provider-independent channel's, tested above), and a resume from the step-3
-    checkpoint reproduces the uninterrupted losses."""
+    checkpoint (dcp, the default for Hugging Face models) reproduces the uninterrupted losses. ZB-V: each rank holds
+    two stages, rank 0 the first and the last, so the tied embedding and head are one tensor there."""
     model = Path(__file__).parents[2] / "examples" / "models" / "llama-tiny"
     spec = tmp_path / "hf.yaml"
     spec.write_text(HF_SPEC.format(model=model, ckpt=tmp_path / "ckpt"))
@@ -233,6 +242,7 @@ def test_a_hugging_face_model_from_its_config_trains_predicts_its_bubbles_and_re
     bubbles = [e for e in read_events(events) if isinstance(e, BubbleEvent)]
     assert bubbles and all(b.step >= 3 for b in bubbles)  # profiled in steps 0-2, then predicted
     assert any(b.predicted_s > 0 for b in bubbles), "no bubble of the Hugging Face job was predicted"
+    assert ckpt.is_dcp(tmp_path / "ckpt", 3)
     (tmp_path / "ckpt" / "latest").write_text("3\n")  # back to the step-3 checkpoint
     run_job(spec, tmp_path / "resumed")
     resumed = losses(tmp_path / "resumed" / "events.jsonl")

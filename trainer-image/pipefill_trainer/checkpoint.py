@@ -1,9 +1,15 @@
-"""Per-rank checkpoints, written atomically, and the job-wide pointer to the newest complete one.
+"""Checkpoints, written atomically, and the job-wide pointer to the newest complete one.
 
-Layout under ``spec.checkpoint.path``::
+Layout under ``spec.checkpoint.path``, format ``torch``::
 
     step-00000020/rank-00000.pt   # one file per rank: write to a temporary name, fsync, rename
     latest                        # "20": written (atomically) by rank 0 after every rank saved step 20
+
+Format ``dcp`` (:func:`save_dcp`): ``step-00000020/dcp/`` is one ``torch.distributed.checkpoint`` of the whole
+model, saved by every rank together: each stage's tensors under the whole model's names (stages never collide; data
+parallel replicas and tied copies are saved once) and the optimizer state flattened per parameter
+(``flatten_optimizer_state_dict``: the stages' ``param_groups.0`` would otherwise collide and a stage resume with
+another stage's group); ``step-00000020/rank-00000.extra.pt`` keeps each rank's RNG states.
 
 A rank killed mid-write leaves only a temporary file; ``latest`` names only steps every rank finished, so resume
 never mixes steps. The state holds the step, the stages' weights, the optimizer, and the RNG states; the data position
@@ -19,8 +25,31 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-__all__ = ["latest_step", "load_rank", "rng_state", "save_rank", "set_rng_state", "write_latest"]
+__all__ = [
+    "by_name",
+    "is_dcp",
+    "latest_step",
+    "load_dcp",
+    "load_rank",
+    "rng_state",
+    "save_dcp",
+    "save_rank",
+    "set_rng_state",
+    "write_latest",
+]
+
+_DCP_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _rank_path(root: Path, step: int, rank: int) -> Path:
@@ -59,7 +88,11 @@ def latest_step(root: Path) -> int | None:
 
 
 def load_rank(root: Path, *, step: int, rank: int, map_location: torch.device) -> dict[str, Any]:
-    path = _rank_path(root, step, rank)
+    return _load_file(root, step, _rank_path(root, step, rank), map_location)
+
+
+def _load_file(root: Path, step: int, path: Path, map_location: torch.device) -> dict[str, Any]:
+    """A rank's file of the step ``latest`` names."""
     if not path.is_file():
         raise FileNotFoundError(
             f"checkpoint {path} is missing though {root / 'latest'} names step {step}; the job's ranks changed? "
@@ -82,3 +115,60 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def by_name(params: dict[str, nn.Parameter]) -> nn.Module:
+    """One module holding ``params`` (the same tensors) under their dotted names: a rank's stages as one model whose
+    names are the whole model's, as ``torch.distributed.checkpoint.state_dict`` wants one model per rank."""
+    root = nn.Module()
+    for name, param in params.items():
+        *path, leaf = name.split(".")
+        node = root
+        for part in path:
+            if part not in node._modules:
+                node.add_module(part, nn.Module())
+            child = node._modules[part]
+            assert child is not None
+            node = child
+        node.register_parameter(leaf, param)
+    return root
+
+
+def _dcp_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}" / "dcp"
+
+
+def _extra_path(root: Path, step: int, rank: int) -> Path:
+    return root / f"step-{step:08d}" / f"rank-{rank:05d}.extra.pt"
+
+
+def is_dcp(root: Path, step: int) -> bool:
+    """Whether step ``step`` was saved in the ``dcp`` format."""
+    return (_dcp_dir(root, step) / ".metadata").is_file()
+
+
+def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {
+        "model": get_model_state_dict(model, options=_DCP_OPTIONS),
+        "optim": get_optimizer_state_dict(model, optimizer, options=_DCP_OPTIONS),
+    }
+
+
+def save_dcp(
+    root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+) -> None:
+    """Save the job's weights and optimizer state with every rank (collective), and this rank's ``extra`` beside."""
+    dcp_save(_dcp_state(model, optimizer), checkpoint_id=_dcp_dir(root, step))
+    _atomic_write(_extra_path(root, step, rank), lambda fh: torch.save({"step": step, **extra}, fh))
+
+
+def load_dcp(
+    root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, map_location: torch.device
+) -> dict[str, Any]:
+    """Load this rank's tensors and optimizer state in place (collective); returns its ``extra``. The optimizer's
+    state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a place to go."""
+    state = _dcp_state(model, optimizer)
+    dcp_load(state, checkpoint_id=_dcp_dir(root, step))
+    set_model_state_dict(model, state["model"], options=_DCP_OPTIONS)
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=_DCP_OPTIONS)
+    return _load_file(root, step, _extra_path(root, step, rank), map_location)

@@ -58,6 +58,8 @@ class RankParts:
     producer: Producer | None
     """the bubble channel's producer; None when the fill is disabled (bubbles measured, never announced)"""
     watchdog: Watchdog
+    checkpoint_format: str = "torch"
+    """``spec.checkpoint.format`` resolved: ``dcp`` for a Hugging Face model unless the spec says otherwise"""
 
     def log(self, text: str) -> None:
         prefix = "[replay] " if self.peers.replay else ""
@@ -115,6 +117,13 @@ def _hugging_face(cfg: TrainerConfig) -> ModelProvider:
         )
     except ValueError as exc:  # ModelError, or transformers refusing the config
         raise ConfigError(str(exc)) from None
+
+
+def _checkpoint_format(cfg: TrainerConfig) -> str:
+    spec = cfg.job.spec
+    if spec.checkpoint.format is not None:
+        return str(spec.checkpoint.format)
+    return "dcp" if spec.model.hugging_face is not None else "torch"
 
 
 def _comm_timeout(cfg: TrainerConfig) -> timedelta:
@@ -214,6 +223,7 @@ def build_rank(cfg: TrainerConfig, *, registry: CollectorRegistry | None = None)
             cfg, device=device, stage_idx=pipeline.stage_ids[0], num_stages=shape.schedule.num_stages
         ),
         watchdog=Watchdog(timeout_s=cfg.comm_timeout_s + 30, rank=cfg.rank),
+        checkpoint_format=_checkpoint_format(cfg),
     )
     for st in p2p_streams(shape.schedule):
         if st.reordered and st.dst_rank == topology.pp_rank:

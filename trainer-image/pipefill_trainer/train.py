@@ -72,25 +72,38 @@ class Trainer:
         step = ckpt.latest_step(root)
         if step is None:
             return
-        state = ckpt.load_rank(root, step=step, rank=p.cfg.rank, map_location=p.device)
-        for s, module in p.pipeline.stages.items():
-            module.load_state_dict(state["stages"][s])
-        p.optimizer.load_state_dict(state["optimizer"])
+        if ckpt.is_dcp(root, step):
+            state = ckpt.load_dcp(
+                root, step=step, rank=p.cfg.rank, model=self._one_model(), optimizer=p.optimizer, map_location=p.device
+            )
+        else:
+            state = ckpt.load_rank(root, step=step, rank=p.cfg.rank, map_location=p.device)
+            for s, module in p.pipeline.stages.items():
+                module.load_state_dict(state["stages"][s])
+            p.optimizer.load_state_dict(state["optimizer"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = step
         p.events.write(RestartEvent(step=step, checkpoint=str(root)))
         p.log(f"resumed from {root} at step {step}")
 
+    def _one_model(self) -> torch.nn.Module:
+        """This rank's stages as one module under the whole model's parameter names (for the ``dcp`` format)."""
+        return ckpt.by_name(self.parts.pipeline.named_parameters())
+
     def save(self, step: int) -> None:
         p = self.parts
         root = checkpoint_root(p.cfg)
-        state = {
-            "stages": {s: m.state_dict() for s, m in p.pipeline.stages.items()},
-            "optimizer": p.optimizer.state_dict(),
-            "rng": ckpt.rng_state(),
-            "data_position": step,
-        }
-        ckpt.save_rank(root, step=step, rank=p.cfg.rank, state=state)
+        if p.checkpoint_format == "dcp":
+            extra = {"rng": ckpt.rng_state(), "data_position": step}
+            ckpt.save_dcp(root, step=step, rank=p.cfg.rank, model=self._one_model(), optimizer=p.optimizer, extra=extra)
+        else:
+            state = {
+                "stages": {s: m.state_dict() for s, m in p.pipeline.stages.items()},
+                "optimizer": p.optimizer.state_dict(),
+                "rng": ckpt.rng_state(),
+                "data_position": step,
+            }
+            ckpt.save_rank(root, step=step, rank=p.cfg.rank, state=state)
         p.peers.barrier()
         if p.cfg.rank == 0:
             ckpt.write_latest(root, step)
