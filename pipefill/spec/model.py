@@ -80,6 +80,13 @@ class HuggingFace:
         doc="Weights and activations between stages: float32, or bfloat16 (half the memory and traffic; on a GPU).",
         default=ModelDtype.FLOAT32,
     )
+    export_path: str | None = field(
+        doc="Where the trained weights are written at the end of training as a Hugging Face directory "
+        "(save_pretrained layout: config.json, model.safetensors), loadable as pretrained weights; on a volume the "
+        "trainer writes, e.g. under spec.checkpoint.path. Needs checkpoint format dcp (the default here).",
+        max_length=4096,
+        default=None,
+    )
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(

@@ -97,6 +97,13 @@ class PipelineTrainingJobSpec:
             field_path=".pipeline.stages",
         ),
         Rule(
+            rule="!has(self.model.huggingFace) || !has(self.model.huggingFace.exportPath)"
+            " || !has(self.checkpoint.format) || self.checkpoint.format == 'dcp'",
+            message="spec.model.huggingFace.exportPath reads the final dcp checkpoint: set spec.checkpoint.format dcp"
+            " (or leave it unset) or remove exportPath",
+            field_path=".checkpoint.format",
+        ),
+        Rule(
             rule="self.gpuSharing.mode == 'none' || self.resources.gpus >= 1",
             message="spec.gpuSharing.mode dra or visibleDevices needs spec.resources.gpus >= 1; set mode: none to train on CPU",
             field_path=".gpuSharing.mode",

@@ -156,6 +156,16 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "pretrained needs the weights' files",
     ),
     (
+        "huggingface-export-without-dcp",
+        _with(
+            PTJ,
+            spec__model={"huggingFace": {"path": "/m", "exportPath": "/checkpoints/export"}},
+            spec__checkpoint__format="torch",
+        ),
+        "spec.checkpoint.format",
+        "exportPath reads the final dcp checkpoint",
+    ),
+    (
         "huggingface-unknown-dtype",
         _with(PTJ, spec__model={"huggingFace": {"path": "/m", "dtype": "float16"}}),
         "spec.model.huggingFace.dtype",

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from trainer_procs import launch, wait_all
 
 from pipefill import env
@@ -215,7 +216,7 @@ apiVersion: pipefill.io/v1alpha1
 kind: PipelineTrainingJob
 metadata: {{name: hf}}
 spec:
-  model: {{huggingFace: {{path: {model}}}, seqLen: 32}}
+  model: {{huggingFace: {{path: {model}, exportPath: {export}}}, seqLen: 32}}
   data: {{source: synthetic, seed: 3}}
   pipeline: {{stages: 2, virtualStages: 2, microbatches: 4, globalBatch: 8, schedule: zbv}}
   optimizer: {{learningRate: 0.01, warmupSteps: 2}}
@@ -234,7 +235,8 @@ def test_a_hugging_face_model_from_its_config_trains_predicts_its_bubbles_and_re
     two stages, rank 0 the first and the last, so the tied embedding and head are one tensor there."""
     model = Path(__file__).parents[2] / "examples" / "models" / "llama-tiny"
     spec = tmp_path / "hf.yaml"
-    spec.write_text(HF_SPEC.format(model=model, ckpt=tmp_path / "ckpt"))
+    export = tmp_path / "export"
+    spec.write_text(HF_SPEC.format(model=model, ckpt=tmp_path / "ckpt", export=export))
     run_job(spec, tmp_path / "out")
     events = tmp_path / "out" / "events.jsonl"
     whole = losses(events)
@@ -243,9 +245,41 @@ def test_a_hugging_face_model_from_its_config_trains_predicts_its_bubbles_and_re
     assert bubbles and all(b.step >= 3 for b in bubbles)  # profiled in steps 0-2, then predicted
     assert any(b.predicted_s > 0 for b in bubbles), "no bubble of the Hugging Face job was predicted"
     assert ckpt.is_dcp(tmp_path / "ckpt", 3)
+    _check_export(export, model)
+    first_export = export.rename(tmp_path / "first-export")
     (tmp_path / "ckpt" / "latest").write_text("3\n")  # back to the step-3 checkpoint
     run_job(spec, tmp_path / "resumed")
     resumed = losses(tmp_path / "resumed" / "events.jsonl")
     assert sorted(resumed) == [3, 4, 5]
     for step, loss in resumed.items():
         assert loss == whole[step], f"step {step}: resumed {loss} != uninterrupted {whole[step]}"
+    # the resumed run ends with the uninterrupted run's weights, exported again
+    from safetensors.torch import load_file
+
+    again, before = load_file(export / "model.safetensors"), load_file(first_export / "model.safetensors")
+    assert again.keys() == before.keys() and all(torch.equal(again[k], before[k]) for k in before)
+
+
+def _check_export(export: Path, source: Path) -> None:
+    """The exported directory loads with transformers and as pretrained weights of our provider (cut into stages),
+    and both give the same loss; it holds the trained weights, not the initial ones."""
+    from transformers import AutoModelForCausalLM
+
+    from pipefill_trainer.hf import HuggingFaceProvider, read_config
+
+    torch.set_num_threads(1)
+    trained = AutoModelForCausalLM.from_pretrained(export)
+    provider = HuggingFaceProvider(read_config(export), seq_len=32, weights_dir=export)
+    stages = [
+        provider.build_stage(stage_idx=s, num_stages=2, layers=r, device=torch.device("cpu"))
+        for s, r in enumerate([range(0, 1), range(1, 4)])
+    ]
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(5))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        ours = provider.loss(stages[1](stages[0](x)), y)
+        theirs = torch.nn.functional.cross_entropy(trained(x).logits.flatten(0, 1), y.flatten())
+        torch.testing.assert_close(ours, theirs)
+        initial = HuggingFaceProvider(read_config(source), seq_len=32, seed=3)
+        start = initial.build_stage(stage_idx=0, num_stages=1, layers=range(4), device=torch.device("cpu"))
+        assert not torch.equal(start.state_dict()["model.norm.weight"], trained.state_dict()["model.norm.weight"])

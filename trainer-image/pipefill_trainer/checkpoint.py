@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 __all__ = [
     "by_name",
+    "dcp_dir",
     "is_dcp",
     "latest_step",
     "load_dcp",
@@ -134,7 +135,8 @@ def by_name(params: dict[str, nn.Parameter]) -> nn.Module:
     return root
 
 
-def _dcp_dir(root: Path, step: int) -> Path:
+def dcp_dir(root: Path, step: int) -> Path:
+    """The ``dcp`` checkpoint of ``step``."""
     return root / f"step-{step:08d}" / "dcp"
 
 
@@ -144,7 +146,7 @@ def _extra_path(root: Path, step: int, rank: int) -> Path:
 
 def is_dcp(root: Path, step: int) -> bool:
     """Whether step ``step`` was saved in the ``dcp`` format."""
-    return (_dcp_dir(root, step) / ".metadata").is_file()
+    return (dcp_dir(root, step) / ".metadata").is_file()
 
 
 def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -158,7 +160,7 @@ def save_dcp(
     root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
 ) -> None:
     """Save the job's weights and optimizer state with every rank (collective), and this rank's ``extra`` beside."""
-    dcp_save(_dcp_state(model, optimizer), checkpoint_id=_dcp_dir(root, step))
+    dcp_save(_dcp_state(model, optimizer), checkpoint_id=dcp_dir(root, step))
     _atomic_write(_extra_path(root, step, rank), lambda fh: torch.save({"step": step, **extra}, fh))
 
 
@@ -168,7 +170,7 @@ def load_dcp(
     """Load this rank's tensors and optimizer state in place (collective); returns its ``extra``. The optimizer's
     state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a place to go."""
     state = _dcp_state(model, optimizer)
-    dcp_load(state, checkpoint_id=_dcp_dir(root, step))
+    dcp_load(state, checkpoint_id=dcp_dir(root, step))
     set_model_state_dict(model, state["model"], options=_DCP_OPTIONS)
     set_optimizer_state_dict(model, optimizer, state["optim"], options=_DCP_OPTIONS)
     return _load_file(root, step, _extra_path(root, step, rank), map_location)

@@ -16,6 +16,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ from pipefill_trainer import checkpoint as ckpt
 from pipefill_trainer.baseline import NoFillSteps
 from pipefill_trainer.channel_link import free_bytes_fn
 from pipefill_trainer.failure import EXIT_SIGTERM
+from pipefill_trainer.hf import HuggingFaceProvider
+from pipefill_trainer.hf_export import export_pretrained
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
 from pipefill_trainer.profile import own_stage_profiles, predict
 from pipefill_trainer.runtime import RankParts, checkpoint_root
@@ -127,7 +130,21 @@ class Trainer:
             if result.stop:
                 self.parts.log(f"stopped by SIGTERM after step {step}; checkpoint saved")
                 return EXIT_SIGTERM
+        self.export()
         return 0
+
+    def export(self) -> None:
+        """Rank 0 writes ``spec.model.huggingFace.exportPath`` from the last checkpoint (the other ranks are done)."""
+        p = self.parts
+        hf = p.cfg.job.spec.model.hugging_face
+        if hf is None or hf.export_path is None or p.cfg.rank != 0 or p.peers.replay:
+            return
+        root = checkpoint_root(p.cfg)
+        step = ckpt.latest_step(root)
+        if step is None or not isinstance(p.model, HuggingFaceProvider):
+            return
+        export_pretrained(p.model, checkpoints=root, step=step, out_dir=Path(hf.export_path))
+        p.log(f"exported the weights of step {step} to {hf.export_path} (save_pretrained layout)")
 
     def step(self, step: int) -> StepResult:
         """One optimizer step."""
