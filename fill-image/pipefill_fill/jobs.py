@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipefill.env import fill_max_active_jobs
-from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent
+from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent, StartupEvent
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
@@ -139,6 +139,7 @@ class Jobs:
 
     def _start(self, spec: TaskSpec) -> None:
         job = JobDir(spec)
+        t0 = time.monotonic_ns()
         try:
             task = None if job.done() else self._claim(spec, job)
         except LockBusy as exc:  # a previous owner of its slice hangs inside a commit: this job waits, others go on
@@ -157,10 +158,38 @@ class Jobs:
         self.active[spec.name] = a
         self.metrics.job_started(spec.name, total=spec.total, committed=job.committed())
         self.generation += 1
+        if not self._warm_up(a, t0):
+            return
         if a.profile is not None:
             self.profiled(a)
         self.events.write(JobEvent(job=spec.name, phase="Running", committed=job.committed(), total=spec.total))
         self._report(spec, job, FillJobPhase.RUNNING, start_time=a.started)
+
+    def _warm_up(self, a: ActiveJob, started_ns: int) -> bool:
+        """A slice just opened (since ``started_ns``: claim, recovery, setup): the first call of each batch size it
+        will run — its profile's, or the profiler's candidates — here, between bubbles and before its first, at the
+        executor's priority, so that none is paid inside a bubble. False when the workload raised (the job failed)."""
+        opened_ns = time.monotonic_ns()
+        sizes = [p.batch_size for p in a.profile.points] if a.profile is not None else a.task.batch_sizes()
+        try:
+            warmed = a.task.warm_up(sizes, device=self.device)
+        except Exception as exc:
+            self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
+            return False
+        end_ns = time.monotonic_ns()
+        s = a.slice
+        self.events.write(
+            StartupEvent(
+                job=a.name,
+                slice=[s.start, s.end],
+                start_ns=started_ns,
+                end_ns=end_ns,
+                open_s=round((opened_ns - started_ns) / 1e9, 6),
+                warm_s=round((end_ns - opened_ns) / 1e9, 6),
+                batch_sizes=warmed,
+            )
+        )
+        return True
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
         """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
@@ -257,6 +286,7 @@ class Jobs:
         self.source.release(a.name, s)
         self.events.write(SliceEvent(job=a.name, start=s.start, end=s.end, phase="done", position=a.task.committed))
         log.info("job %s: slice %s done", a.name, s)
+        t0 = time.monotonic_ns()
         try:
             task = None if complete else self._claim(a.spec, a.job)
         except Exception as exc:
@@ -265,6 +295,8 @@ class Jobs:
         if task is not None:  # the next slice: same workload and device, so the profile and estimates carry over
             a.task = task
             a.profiler, a.offloader = self._tools(task)
+            if not self._warm_up(a, t0):
+                return
             if a.profile is not None and a.offloader is not None:
                 a.offloader.to_host()
             self._report(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)  # its assignment moved

@@ -202,6 +202,7 @@ class BubbleProfiler:
             self._items = int(self.task.workload.step(bs))
             _sync(self.device)
             duration_s = (self.clock() - t0) / 1e9
+            self.task.saw_shape(bs)
         except torch.OutOfMemoryError:
             log.info("profile %s: batch %d ran out of device memory", self.task.spec.name, bs)
             self.stopped_by = "memory"

@@ -207,6 +207,39 @@ class FillTask:
         if callable(finalize):
             finalize()
 
+    def warm_up(self, sizes: list[int], *, device: torch.device, max_step_s: float = 1.0) -> list[int]:
+        """The first call of each batch size in ``sizes`` (lazy initialization, first allocations, kernels chosen for
+        a shape), made outside any bubble: from the state now, outputs dropped, the state restored after. Stops after
+        a size that runs out of device memory or takes over ``max_step_s`` (larger ones would take longer still).
+        Returns the sizes called."""
+        if self.done():
+            return []
+        snapshot = self.snapshot()
+        self.begin_profiling()
+        warmed: list[int] = []
+        try:
+            for bs in sizes:
+                n = max(1, min(bs, self.slice.end - self.progress))
+                self.workload.restore(dict(snapshot))
+                t0 = time.perf_counter()
+                try:
+                    self.workload.step(n)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                except torch.OutOfMemoryError:
+                    break
+                self.saw_shape(n)
+                warmed.append(n)
+                if time.perf_counter() - t0 > max_step_s:
+                    break
+        finally:
+            self.end_profiling(snapshot)
+        return warmed
+
+    def saw_shape(self, batch_size: int) -> None:
+        """A step of ``batch_size`` ran (its first call is behind)."""
+        self._shapes.add(batch_size)
+
     def snapshot(self) -> dict[str, Any]:
         """The workload state now, for the profiler to go back to after measuring."""
         return dict(self.workload.state())

@@ -17,6 +17,7 @@ from pipefill.events.records import (
     RestartEvent,
     SliceEvent,
     StartEvent,
+    StartupEvent,
     StepEvent,
     WorkEvent,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RestartEvent",
     "SliceEvent",
     "StartEvent",
+    "StartupEvent",
     "StepEvent",
     "WorkEvent",
     "parse_event",

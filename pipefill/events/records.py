@@ -27,6 +27,7 @@ __all__ = [
     "RestartEvent",
     "SliceEvent",
     "StartEvent",
+    "StartupEvent",
     "StepEvent",
     "WorkEvent",
 ]
@@ -155,6 +156,24 @@ class SliceEvent(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StartupEvent(Event):
+    """A slice's start-up, between bubbles and before its first: claim, recovery, the workload's setup (model build,
+    weights, dataset), then the first call of each batch size it will run (outputs dropped, state restored)."""
+
+    EVENT = "startup"
+    job: str
+    slice: Sequence[int]
+    start_ns: int
+    end_ns: int
+    open_s: float
+    """claim, recovery and the workload's setup"""
+    warm_s: float
+    """the first calls"""
+    batch_sizes: Sequence[int] = ()
+    """the batch sizes called once (a size that ran out of memory or took over a second ends the list)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProfileEvent(Event):
     """A fill job's profile (step time and peak memory per batch size) is complete."""
 
@@ -275,6 +294,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RestartEvent,
         StartEvent,
         JobEvent,
+        StartupEvent,
         SliceEvent,
         ProfileEvent,
         AssignEvent,

@@ -26,6 +26,7 @@ from pipefill.events import (
     RestartEvent,
     SliceEvent,
     StartEvent,
+    StartupEvent,
     StepEvent,
     WorkEvent,
     read_events,
@@ -39,6 +40,7 @@ SAMPLES: list[Event] = [
     StartEvent(device="cpu", cpus=[0], memory_budget_bytes=1 << 20, guard_s=5e-4, training_job="demo", rank=1),
     JobEvent(job="embed", phase="Running", committed=0, total=100),
     SliceEvent(job="embed", start=0, end=50, phase="claimed", position=0, adopted=0, removed=1),
+    StartupEvent(job="embed", slice=[0, 50], start_ns=1, end_ns=9, open_s=5e-9, warm_s=3e-9, batch_sizes=[1, 4]),
     ProfileEvent(job="embed", cached=False, device="cpu", points=[{"batch_size": 4, "step_s": 0.01, "peak_bytes": 9}]),
     AssignEvent(classes={"12.500ms": "embed"}, jobs=["embed"]),
     FillEvent(
