@@ -2,15 +2,23 @@
 
 For each bubble length and each machine load, a synthetic trainer (:mod:`pipefill.bench.synthetic_trainer`: the real
 channel producer in another process) emits bubbles of that length, each followed by fixed-length compute, pinned to
-the same core as the fill executor running ``encoder-inference``. Loads: ``idle`` (nothing else of ours runs) and
+the same core as the fill executor running ``--workload`` (each builtin, or ``user-code``: examples/user-code's
+word-stats loaded from the checkout as a FillJob's ``code.path``). Loads: ``idle`` (nothing else of ours runs) and
 ``busy`` (a process spinning on another core the whole time: shared caches, memory bandwidth, the host's scheduling
-of the second vCPU). Bubbles spent on the workload's first steps and its in-bubble profile are left out; then
-``--bubbles`` are measured per configuration, so a p99 is a real percentile, not the maximum of a few dozen.
+of the second vCPU).
+
+Two modes. *Steady* (the default): one job that never finishes; bubbles spent on the workload's first steps and its
+in-bubble profile are left out, then ``--bubbles`` are measured per configuration, so a p99 is a real percentile,
+not the maximum of a few dozen. *Whole life* (``--life``): ``--jobs`` jobs of ``--total`` units each, run one after
+the other (``PIPEFILL_FILL_MAX_ACTIVE_JOBS=1``; an inference job split into slices for ``--split`` ranks, which the
+one executor runs in turn), and every bubble counts, from the first job's start to the last job's completion:
+start-up, profile, slice ends, final commits and the switch to the next job included.
 
 Per configuration, in the same run: **recovery** = the fill's step time inside the bubbles ÷ their length, with
 the idle-time account of ``pipefill local``'s report (:class:`pipefill.local.idle.IdleAccount`, the synthetic trainer
 writes the trainer's ``bubble`` records); **overrun** = how long after a bubble's expected end the fill yielded
 (p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running.
+Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield).
 Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_max_ms", ...}, ...]}``.
 """
 
@@ -26,11 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipefill import env
+from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
 from pipefill.bench.machine import describe_machine
-from pipefill.events import FILL_EVENTS, TRAINER_EVENTS, BubbleEvent, EventTail, FillEvent, ProfileEvent, read_events
+from pipefill.events import (
+    FILL_EVENTS,
+    TRAINER_EVENTS,
+    BubbleEvent,
+    EventTail,
+    FillEvent,
+    JobEvent,
+    ProfileEvent,
+    read_events,
+)
 from pipefill.local.stats import RankStats, merged, overrun_summary, quantile
 
 __all__ = ["main"]
@@ -57,27 +73,23 @@ def _start_measuring_after_profile(work: Path, trainer: subprocess.Popen[bytes])
         time.sleep(0.05)
 
 
-def _job(work: Path, params: dict[str, Any]) -> Path:
-    jobs = work / "jobs"
-    jobs.mkdir(parents=True)
-    job = {
-        "apiVersion": "pipefill.io/v1alpha1",
-        "kind": "FillJob",
-        "metadata": {"name": "bench"},
-        "spec": {
-            "workload": {"kind": "inference", "builtin": "encoder-inference", "parameters": params},
-            "output": {"path": str(work / "out")},
-            "totalSamples": 500_000,
-        },
-    }
-    (jobs / "bench.yaml").write_text(yaml.safe_dump(job))
-    return jobs
+def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[str]) -> None:
+    """Whole life: let the synthetic trainer stop once every job succeeded (or the fill gave one up)."""
+    tail, ended = EventTail(work / "fill" / FILL_EVENTS), set[str]()
+    while trainer.poll() is None and not ended >= set(names):
+        ended |= {
+            e.job for e in tail.read() if isinstance(e, JobEvent) and e.phase in ("Succeeded", "Failed", "Queued")
+        }
+        time.sleep(0.05)
+    (work / "stop").touch()
 
 
 def _run_one(
     work: Path, a: argparse.Namespace, *, bubble_ms: float, load: str, params: dict[str, Any]
 ) -> dict[str, Any]:
-    jobs = _job(work, params)
+    names = [f"life-{i}" for i in range(a.jobs)] if a.life else ["bench"]
+    total = (a.total or life_total(a.workload)) if a.life else None
+    jobs = write_jobs(work, a.workload, names=names, total=total, encoder=params, split=a.split if a.life else 1)
     environ = dict(os.environ, OMP_NUM_THREADS="1")
     fill_env = {
         **environ,
@@ -89,6 +101,8 @@ def _run_one(
         env.FILL_CPU_PRIORITY: "normal",  # a GPU cannot preempt a fill step: an overrun is measured, not hidden
         env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
+        env.FILL_STORAGE_DIR: str(REPO),  # user-code's code.path is examples/user-code
+        **({env.FILL_MAX_ACTIVE_JOBS: "1"} if a.life else {}),  # one job after the other: switches are measured
     }
     others = sorted(os.sched_getaffinity(0) - {a.cpu})
     spinner = _spinner(others[0]) if load == "busy" and others else None
@@ -96,12 +110,19 @@ def _run_one(
         fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
-            "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--count", str(a.bubbles),
-            "--warmup-bubbles", str(_WARMUP_BUBBLES), "--cpu", str(a.cpu),
-            "--events", str(work / "trainer" / TRAINER_EVENTS), "--measure-after", str(work / "measure"),
+            "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
+            "--events", str(work / "trainer" / TRAINER_EVENTS),
         ]  # fmt: skip
+        if a.life:  # every bubble, until the jobs are done
+            producer += ["--count", str(10**9), "--stop-when", str(work / "stop")]
+        else:
+            producer += ["--count", str(a.bubbles), "--warmup-bubbles", str(_WARMUP_BUBBLES)]
+            producer += ["--measure-after", str(work / "measure")]
         trainer_proc = subprocess.Popen(producer, env=environ, stdout=subprocess.DEVNULL)
-        _start_measuring_after_profile(work, trainer_proc)
+        if a.life:
+            _stop_when_done(work, trainer_proc, names)
+        else:
+            _start_measuring_after_profile(work, trainer_proc)
         if trainer_proc.wait() != 0:
             raise RuntimeError(f"the synthetic trainer exited {trainer_proc.returncode}")
         fill.wait(timeout=120)
@@ -111,7 +132,7 @@ def _run_one(
             spinner.wait()
     trainer = read_events(work / "trainer" / TRAINER_EVENTS)
     fill_log = read_events(work / "fill" / FILL_EVENTS)
-    # the trainer logs only the measured bubbles, which begin once the fill's profile is complete
+    # the trainer logs only the measured bubbles: once the fill's profile is complete (steady), or all (life)
     t0 = min((e.start_ns for e in trainer if isinstance(e, BubbleEvent)), default=0)
     stats = RankStats()
     for e in merged(trainer, fill_log):
@@ -131,6 +152,10 @@ def _run_one(
         "overrun_p99_ms": overruns["overrun_p99_ms"],
         "overrun_max_ms": overruns["overrun_max_ms"],
         "overrun_causes": overruns["causes"],
+        "per_job": {n: overrun_summary(b for b in used if b.job == n) for n in names} if a.life else None,
+        "jobs_succeeded": sorted(
+            e.job for e in fill_log if isinstance(e, JobEvent) and e.phase == "Succeeded" and e.job in names
+        ),
         "overrun_past_close_s": round(summary["fill_overrun_past_close_s"], 6),
         "wakeup_p50_ms": round(quantile(wake, 0.5), 3),
         "wakeup_p99_ms": round(quantile(wake, 0.99), 3),
@@ -148,7 +173,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     p.add_argument("--bubbles-ms", default="10,20,50", help="bubble lengths to run, ms (default 10,20,50)")
     p.add_argument("--loads", default="idle,busy", help="idle, busy (a process spinning on another core) or both")
-    p.add_argument("--bubbles", type=int, default=1000, help="measured bubbles per configuration (default 1000)")
+    p.add_argument("--bubbles", type=int, default=1000, help="steady: measured bubbles per configuration (1000)")
+    p.add_argument("--workload", default="encoder-inference", choices=WORKLOADS, help="what the fill runs")
+    p.add_argument("--life", action="store_true", help="whole job lives: every bubble from start to completion")
+    p.add_argument("--jobs", type=int, default=2, help="life: jobs run one after the other (default 2)")
+    p.add_argument("--total", type=int, default=0, help="life: units of each job (default: a few seconds of work)")
+    p.add_argument("--split", type=int, default=2, help="life: an inference job's maxParallelRanks (its slices)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
     p.add_argument("--guard-ms", type=float, default=0.5, help="PIPEFILL_FILL_GUARD_MS of the executor (default 0.5)")
     p.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the core both processes share")
@@ -159,6 +189,10 @@ def main(argv: list[str]) -> int:
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads or set(loads) - {"idle", "busy"} or args.bubbles < 1:
         p.error(f"--loads {args.loads!r}: use idle, busy or both; --bubbles must be ≥ 1")
+    if args.jobs < 1 or args.total < 0 or args.split < 1:
+        p.error(
+            f"--jobs {args.jobs}, --total {args.total}, --split {args.split}: use --jobs ≥ 1, --split ≥ 1, --total ≥ 0"
+        )
     params = {"layers": args.layers, "hiddenSize": args.hidden, "heads": 4, "seqLen": args.seq_len}
     machine = describe_machine(cores_used=[args.cpu], gpus=[])
     runs = []
@@ -173,7 +207,13 @@ def main(argv: list[str]) -> int:
         "benchmark": "fill",
         "emulation": "CPU: one core plays one GPU; producer and fill executor pinned to it",
         "machine": machine,
-        "workload": {"builtin": "encoder-inference", **params},
+        "workload": {"name": args.workload, **(params if args.workload == "encoder-inference" else {})},
+        "mode": "life" if args.life else "steady",
+        **(
+            {"jobs": args.jobs, "total": args.total or life_total(args.workload), "split": args.split}
+            if args.life
+            else {}
+        ),
         "compute_ms": args.compute_ms,
         "guard_ms": args.guard_ms,
         "cpu": args.cpu,

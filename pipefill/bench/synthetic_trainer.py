@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait-consumer-s", type=float, default=30.0, help="wait this long for the fill to attach")
     p.add_argument("--warmup-bubbles", type=int, default=0, help="bubbles before the logged ones (not logged)")
     p.add_argument("--measure-after", type=Path, default=None, help="and go on warming up until this file exists")
+    p.add_argument("--stop-when", type=Path, default=None, help="stop after the bubble during which this file appears")
     p.add_argument("--job-name", default="synthetic")
     p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
     args = p.parse_args(argv)
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                     events.flush()
             _spin_until(close_ns + compute_ns)
             i += 1
+            if args.stop_when is not None and args.stop_when.exists():
+                break
     if log is not None:
         log.close()
     events.close()

@@ -34,6 +34,27 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
         assert run["idle_share"].get("fill_steps", 0.0) == pytest.approx(run["recovery"], abs=1e-3)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
+    cpu = str(min(os.sched_getaffinity(0)))
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
+         "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu],
+        capture_output=True, text=True, timeout=140,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["mode"] == "life" and out["workload"] == {"name": "user-code"} and out["total"] == 2000
+    (run,) = out["runs"]
+    assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
+    assert run["samples"] >= 4000  # every sample of both jobs (profiling steps are not counted as work)
+    assert set(run["per_job"]) == {"life-0", "life-1"} and all(j["bubbles"] > 0 for j in run["per_job"].values())
+    assert sum(j["bubbles"] for j in run["per_job"].values()) == run["bubbles_used"]
+    assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
+    assert set(run["overrun_causes"]) <= {"step", "start-up", "commit", "transfer", "yield"}
+
+
 def test_bench_fill_refuses_an_unknown_load() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill", "--loads", "heavy"], capture_output=True, text=True
