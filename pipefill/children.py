@@ -140,7 +140,9 @@ def spec_document(job: PipelineTrainingJob) -> str:
     meta = job.metadata
     obj["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if meta.get(k)}
     obj.pop("status", None)
-    return yaml.safe_dump(obj, sort_keys=False)
+    # libyaml's emitter where PyYAML has it (its wheels do): the pure-Python one took 20 ms a job, a quarter of the
+    # operator's own CPU while it created a thousand jobs
+    return yaml.dump(obj, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
 
 
 def schedule_csv_of(job: PipelineTrainingJob, config_map: dict[str, Any] | None) -> str | None:

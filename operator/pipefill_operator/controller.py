@@ -27,9 +27,14 @@ from pipefill_operator.reconcile import Key, Outcome, Reconciler
 from pipefill_operator.statusreader import JobFigures, StatusReader
 from pipefill_operator.workqueue import Backoff, WorkQueue
 
-__all__ = ["Controller", "OperatorConfig"]
+__all__ = ["POD_BATCH_S", "Controller", "OperatorConfig"]
 
 log = logging.getLogger("pipefill_operator")
+
+POD_BATCH_S = 0.25
+"""A job's reconcile waits this long after the first event of one of its pods for the rest of the burst: the
+scheduler binds a gang's pods together and they start together, and a reconcile per pod event was 11 000
+reconciles for 1 000 jobs of 8 ranks (each reading the job's pods and deciding anew, for nothing new)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,11 @@ class Controller:
     # -- routing (called by the kopf handlers) ---------------------------------------------------------------------
     def enqueue(self, key: Key) -> None:
         self.queue.add(key)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def pod_changed(self, key: Key) -> None:
+        """A rank pod of job ``key`` changed: reconcile once the burst it belongs to is in (POD_BATCH_S)."""
+        self.queue.add_batched(key, POD_BATCH_S)
         self.metrics.queue_depth.set(len(self.queue))
 
     def job_changed(self, key: Key, body: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ the loop on those. Handlers are registered into a registry passed in, so a test 
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ import kopf
 from pipefill.children import JOB_LABEL
 from pipefill_operator.controller import Controller
 
-__all__ = ["WatchOnlyDiffBase", "configure", "register"]
+__all__ = ["WatchOnlyDiffBase", "configure", "register", "settle_heap"]
 
 log = logging.getLogger("pipefill_operator")
 
@@ -57,6 +58,17 @@ def configure(settings: kopf.OperatorSettings, *, clusterwide: bool) -> None:
     del clusterwide  # the node watch is registered only cluster-wide (register)
 
 
+def settle_heap() -> None:
+    """Keep Python's cycle collector off the long-lived heap. What exists once the operator has started (every
+    module, kopf's and the official client's included, and the first list of pods and jobs) is moved out of its
+    reach (``gc.freeze``), and full collections run a tenth as often. Nearly all the operator's garbage is acyclic,
+    freed by reference counting; with the defaults, full collections of the whole heap took 40 % of the event
+    loop's CPU while 2 400 rank pods started (52 collections of 150 ms)."""
+    gc.freeze()
+    young, middle, _old = gc.get_threshold()
+    gc.set_threshold(young, middle, 100)
+
+
 def _key(body: Any) -> tuple[str, str]:
     meta = body["metadata"]
     return str(meta.get("namespace", "")), str(meta["name"])
@@ -85,6 +97,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> dict[st
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, clusterwide=controller.config.clusterwide)
         await controller.start()
+        settle_heap()
         where = ", ".join(controller.config.namespaces) or "all namespaces"
         log.info("pipefill operator ready: serving %s on %s", where, controller.kube.server)
 
@@ -108,7 +121,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> dict[st
     @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_event(type: str | None, body: Any, **_: Any) -> None:
         pod, changed = cache.event("pods", type, body)
-        controller.enqueue((str(pod["metadata"]["namespace"]), str(pod["metadata"]["labels"][JOB_LABEL])))
+        controller.pod_changed((str(pod["metadata"]["namespace"]), str(pod["metadata"]["labels"][JOB_LABEL])))
         if fill is not None and changed:
             fill.wake()
 

@@ -5,7 +5,9 @@ once. Handlers only :meth:`WorkQueue.add` the job's key; workers take keys off t
 read. A key added while it is queued is not queued twice (a burst of pod events is one reconcile); a key added
 while a worker is on it is queued again once the worker is done (no event is lost, and no job is reconciled by
 two workers at once — controller-runtime's work queue does the same). Delayed adds serve deadlines, TTLs and retry
-back-off.
+back-off. Batched adds gather a burst that a worker would otherwise take apart: the first add of a key opens a short
+window, the key is queued when it closes, and the adds inside it are that one (the ranks of a gang report Running
+within milliseconds of each other: one reconcile, not eight).
 
 The queue lives on the event loop: its sets and the asyncio.Queue inside are not thread-safe, and a key put from
 another thread can wake no worker or be lost between the sets. The handlers run on the loop; an :meth:`add` from
@@ -29,6 +31,7 @@ class WorkQueue:
         self._dirty: set[Hashable] = set()  # queued, or to queue again after processing
         self._processing: set[Hashable] = set()
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._batches: dict[Hashable, asyncio.TimerHandle] = {}  # open batch windows (see add_batched)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._idle = asyncio.Event()
@@ -51,6 +54,21 @@ class WorkQueue:
         self._dirty.add(key)
         if key not in self._processing:
             self._queue.put_nowait(key)
+
+    def add_batched(self, key: Hashable, window_s: float) -> None:
+        """Add ``key`` once ``window_s`` has passed since the first of the batched adds that found it neither queued
+        nor in a window; the queue is not idle while a window is open."""
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.add_batched, key, window_s)
+            return
+        if key in self._batches or (key in self._dirty and key not in self._processing):
+            return  # already on its way to a worker: this add is part of that reconcile
+        self._idle.clear()
+        self._batches[key] = asyncio.get_running_loop().call_later(max(window_s, 0.0), self._close_batch, key)
+
+    def _close_batch(self, key: Hashable) -> None:
+        self._batches.pop(key, None)
+        self.add(key)
 
     def add_after(self, key: Hashable, delay_s: float) -> None:
         """Add ``key`` in ``delay_s`` seconds; an earlier pending add of the same key wins."""
@@ -80,23 +98,27 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.put_nowait(key)
-        elif not self._dirty and not self._processing:
+        elif not self._dirty and not self._processing and not self._batches:
             self._idle.set()
 
     async def wait_idle(self) -> None:
-        """Return once no key is queued or being processed (delayed adds not counted)."""
+        """Return once no key is queued, in a batch window or being processed (delayed adds not counted)."""
         await self._idle.wait()
 
     def forget(self, key: Hashable) -> None:
         """Drop a pending delayed add (the object is gone)."""
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        for timers in (self._timers, self._batches):
+            timer = timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+        if not self._dirty and not self._processing and not self._batches:
+            self._idle.set()
 
     def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        for timers in (self._timers, self._batches):
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
 
 
 class Backoff:

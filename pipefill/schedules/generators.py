@@ -8,6 +8,7 @@ Where torch rejects a combination, :func:`build_schedule` rejects it too, with t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from pipefill.schedules.csvio import load_csv
@@ -87,6 +88,13 @@ def build_schedule(
     if csv_text is not None:
         raise ValueError(f"csv_text is only read by schedule 'custom', not {canon!r}; drop it or use 'custom'")
     v = virtual_stages if virtual_stages is not None else (2 if canon == "zbv" else 1)
+    return _generated(canon, ranks, microbatches, v)
+
+
+@functools.lru_cache(maxsize=256)
+def _generated(canon: str, ranks: int, microbatches: int, v: int) -> Schedule:
+    """A generated schedule, built and validated once per shape (a Schedule is immutable): the operator derives the
+    shape of every job it admits and reconciles, and a thousand jobs of one shape are common."""
     orders = [_GENERATORS[canon](r, ranks, microbatches, v) for r in range(ranks)]
     placement = v_placement(ranks, v) if canon == "zbv" else looped_placement(ranks, v)
     schedule = Schedule.from_orders(canon, orders, placement, microbatches)

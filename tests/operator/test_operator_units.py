@@ -45,6 +45,31 @@ def test_work_queue_dedups_serializes_and_requeues_a_key_added_while_processing(
     assert asyncio.run(scenario()) == ["a", "c"]
 
 
+def test_batched_adds_of_a_burst_are_one_key_and_the_queue_is_busy_meanwhile() -> None:
+    async def scenario() -> list[str]:
+        queue = WorkQueue()
+        queue.add_after("a", 30)  # a deadline of the same key: a batch neither moves nor drops it
+        for _ in range(5):
+            queue.add_batched("a", 0.05)
+        assert len(queue) == 0  # the window is open: nothing to take yet ...
+        idle = asyncio.ensure_future(queue.wait_idle())
+        await asyncio.sleep(0)
+        assert not idle.done()  # ... but the queue is not idle
+        first = await asyncio.wait_for(queue.get(), 2)
+        assert len(queue) == 0  # the five adds are one key
+        queue.add_batched("a", 0.01)  # an event while a worker is on it: a new batch, taken after done
+        await asyncio.sleep(0.05)
+        queue.done(first)
+        second = await asyncio.wait_for(queue.get(), 2)
+        queue.done(second)
+        await asyncio.wait_for(idle, 2)
+        assert "a" in queue._timers  # the deadline still stands
+        queue.close()
+        return [str(first), str(second)]
+
+    assert asyncio.run(scenario()) == ["a", "a"]
+
+
 def test_backoff_doubles_to_a_cap_and_resets() -> None:
     backoff = Backoff(base_s=0.5, max_s=3)
     assert [backoff.next_delay_s("k") for _ in range(5)] == [0.5, 1, 2, 3, 3]
