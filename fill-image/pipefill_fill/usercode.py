@@ -8,9 +8,10 @@
   whose keys are the module files): the module is loaded from there when the job starts.
 
 Code from the storage or a ConfigMap is imported as a private package named after a digest of its files
-(``_pipefill_code_<digest>``), never on ``sys.path``: two jobs whose modules share a name (``embed.py``) but not their
-contents each get their own, and a job's code cannot shadow a module of the executor or of another job. Its modules
-therefore import each other relatively (``from . import helpers``).
+(``_pipefill_code_<digest>``, :mod:`pipefill.usercode`, shared with the trainer), never on ``sys.path``: two jobs
+whose modules share a name (``embed.py``) but not their contents each get their own, and a job's code cannot shadow a
+module of the executor or of another job. Its modules therefore import each other relatively
+(``from . import helpers``).
 
 Every failure (a module that does not import, raises while importing, or a class that breaks the SDK's contract)
 becomes one :class:`ValueError` that names the FillJob, the field, the value and the fix; the executor fails that job
@@ -19,27 +20,18 @@ alone (:meth:`pipefill_fill.jobs.Jobs.fail`) and goes on with the others.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.machinery
 import importlib.metadata
 import os
-import shutil
-import sys
-import tempfile
-import types
 from pathlib import Path
 
 from pipefill import env
 from pipefill.spec.filljob import ENTRY_POINT_GROUP
+from pipefill.usercode import PACKAGE_PREFIX, directory_files, import_attr, private_package
 from pipefill_fill.configmaps import read_config_map
 from pipefill_fill.work import TaskSpec
 from pipefill_fill.workload import check_workload_class, load_workload_class, split_import_path
 
 __all__ = ["ENTRY_POINT_GROUP", "PACKAGE_PREFIX", "fill_storage_dir", "load_job_workload"]
-
-PACKAGE_PREFIX = "_pipefill_code_"
-_MAX_CODE_BYTES = 16 * 2**20  # what one job's code may weigh (a ConfigMap holds at most 1 MiB)
 
 
 def fill_storage_dir() -> Path:
@@ -98,33 +90,11 @@ def _from_code(spec: TaskSpec) -> type:
         field, value = "spec.workload.code.configMap", spec.code_config_map
         files = _config_map_files(spec.code_config_map, namespace=spec.namespace)
     module_name, attr = split_import_path(spec.import_path)
-    package = _package(files)
+    package = private_package(files, doc="FillJob code (pipefill_fill.usercode)")
     where = f"{field} {value!r}"
-    if (
-        not (package.root / (module_name.replace(".", "/") + ".py")).is_file()
-        and not (package.root / module_name.replace(".", "/") / "__init__.py").is_file()
-    ):
-        listing = ", ".join(sorted(str(p) for p in files)[:20]) or "no .py files"
-        raise ValueError(
-            f"spec.workload.importPath: module {module_name!r} is not in {where} (it holds {listing}); "
-            f"add {module_name.replace('.', '/')}.py there or fix importPath"
-        )
-    qualified = f"{package.name}.{module_name}"
-    try:
-        module = importlib.import_module(qualified)
-    except BaseException as exc:  # SystemExit too: user code must not end the executor
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        for key in [k for k in sys.modules if k == qualified or k.startswith(qualified + ".")]:
-            del sys.modules[key]
-        raise ValueError(
-            f"spec.workload.importPath: module {module_name!r} from {where} raised while importing "
-            f"({type(exc).__name__}: {exc}); fix the code (its modules import each other relatively: "
-            "from . import helpers)"
-        ) from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"spec.workload.importPath: module {module_name!r} from {where} has no class {attr!r}")
+    cls = import_attr(
+        package, files, module_name=module_name, attr=attr, field="spec.workload.importPath", where=where, noun="class"
+    )
     return check_workload_class(
         cls, what=f"{spec.import_path!r} from {where}", field="spec.workload.importPath", kind=spec.kind
     )
@@ -133,19 +103,13 @@ def _from_code(spec: TaskSpec) -> type:
 def _storage_files(rel: str) -> dict[Path, bytes]:
     """The ``.py`` files under ``rel`` on the fill storage (relative path → contents)."""
     storage = fill_storage_dir()
-    root = (storage / rel).resolve()
-    field = f"spec.workload.code.path: {rel!r}"
-    if not root.is_relative_to(storage.resolve()):
-        raise ValueError(f"{field} leads out of the fill storage ({storage}); give a directory under it")
-    if not root.is_dir():
-        raise ValueError(
-            f"{field}: {root} is not a directory on the fill storage ({storage}); copy the code there "
-            '(docs/fill.md, "User code") or fix the path'
-        )
-    files = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*.py")) if p.is_file()}
-    if sum(len(b) for b in files.values()) > _MAX_CODE_BYTES:
-        raise ValueError(f"{field}: its .py files weigh more than {_MAX_CODE_BYTES} bytes; ship big code in an image")
-    return files
+    return directory_files(
+        storage / rel,
+        field=f"spec.workload.code.path: {rel!r}",
+        base=storage,
+        base_name="fill storage",
+        fix='copy the code there (docs/fill.md, "User code")',
+    )
 
 
 def _config_map_files(name: str, *, namespace: str | None) -> dict[Path, bytes]:
@@ -157,38 +121,3 @@ def _config_map_files(name: str, *, namespace: str | None) -> dict[Path, bytes]:
             "name each key after its module (embed.py) and keep other data elsewhere"
         )
     return {Path(k): v.encode() for k, v in data.items()}
-
-
-class _Package:
-    def __init__(self, name: str, root: Path) -> None:
-        self.name, self.root = name, root
-
-
-def _package(files: dict[Path, bytes]) -> _Package:
-    """The private package holding ``files``, written once per content under a temporary directory."""
-    digest = hashlib.sha256()
-    for path, data in sorted(files.items()):
-        digest.update(str(path).encode() + b"\0" + hashlib.sha256(data).digest())
-    name = PACKAGE_PREFIX + digest.hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / "pipefill-code" / name
-    if not root.is_dir():
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=_mkdir(root.parent)))
-        for path, data in files.items():
-            (staging / path).parent.mkdir(parents=True, exist_ok=True)
-            (staging / path).write_bytes(data)
-        try:
-            staging.rename(root)
-        except OSError:  # another executor wrote the same content first
-            shutil.rmtree(staging, ignore_errors=True)
-    if name not in sys.modules:
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = [str(root)]
-        module = types.ModuleType(name, "FillJob code (pipefill_fill.usercode)")
-        module.__spec__, module.__path__, module.__package__ = spec, [str(root)], name
-        sys.modules[name] = module
-    return _Package(name, root)
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
