@@ -1,7 +1,8 @@
 """Per bubble: which active job gets it and at which batch size, then its steps (:mod:`pipefill_fill.inbubble`).
 
-Profiling comes first (it is short and everything waits on it). With several profiled jobs, each bubble goes to the
-job :func:`pipefill.plan.assign_jobs` gave the class nearest its length, recomputed from the channel's ring of
+Profiling comes first (it is short and everything waits on it), then a slice whose work is done and whose last commit
+is still to be made (its device part needs a bubble). With several profiled jobs, each bubble goes to the job
+:func:`pipefill.plan.assign_jobs` gave the class nearest its length, recomputed from the channel's ring of
 measured bubbles every 64 bubbles and whenever the active jobs change.
 """
 
@@ -82,7 +83,9 @@ class Dispatcher:
                 if a.profile is not None:
                     self.jobs.profiled(a)
                 return name, "profiling", out, None
-        chosen = self._job_for(bubble)
+        # a slice whose work is done waits only for its last commit: it goes first, whatever the classes say
+        finishing = [n for n, a in active.items() if a.profile and a.task.done() and a.task.commit_due()]
+        chosen = finishing[0] if finishing else self._job_for(bubble)
         if chosen is None:
             return None, "memory", BubbleOutcome(), None
         name, a = chosen, active[chosen]

@@ -41,6 +41,7 @@ __all__ = ["ActiveJob", "Jobs"]
 log = logging.getLogger("pipefill_fill")
 
 _REPORT_EVERY_S = 2.0
+_WRITER_CLOSE_S = 30.0
 LOCK_RETRY_S = 30.0
 """After a slice's commit lock was found held past the time limit (a previous owner hanging inside a commit), its job
 is not tried again for this long: each try waits out the limit, which the other jobs' bubbles would pay."""
@@ -173,6 +174,7 @@ class Jobs:
         sizes = [p.batch_size for p in a.profile.points] if a.profile is not None else a.task.batch_sizes()
         try:
             warmed = a.task.warm_up(sizes, device=self.device)
+            a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
@@ -186,7 +188,7 @@ class Jobs:
                 end_ns=end_ns,
                 open_s=round((opened_ns - started_ns) / 1e9, 6),
                 warm_s=round((end_ns - opened_ns) / 1e9, 6),
-                batch_sizes=warmed,
+                batch_sizes=list(warmed),
             )
         )
         return True
@@ -361,7 +363,8 @@ class Jobs:
         """Commit what is done, so a restart or another rank continues from there; then give the jobs back."""
         for a in list(self.active.values()):
             self._stop_job(a)
-        self.writer.close()
+        if not self.writer.close(timeout_s=_WRITER_CLOSE_S):  # commits of jobs let go; the storage does not answer
+            log.warning("commits still being written after %.0f s at shutdown; not waiting longer", _WRITER_CLOSE_S)
 
     def _stop_job(self, a: ActiveJob) -> None:
         self._remove(a.name)

@@ -150,6 +150,8 @@ class BubbleProfiler:
         self.task, self.device, self.clock = task, device, clock
         self.budget, self.warmup, self.repeats, self.max_step_s = memory_budget_bytes, warmup, repeats, max_step_s
         self.first_guess_s = first_guess_s
+        self.hints: dict[int, float] = {}
+        """batch size → seconds of a warm step, measured before the first bubble (``FillTask.warm_up``)"""
         self.result: Profile | None = load_cached(task, device)
         self.candidates = task.batch_sizes()
         self._i = 0
@@ -178,16 +180,19 @@ class BubbleProfiler:
         The very first step of a fresh job pays one-off costs (lazy initialization, first allocations) that can make
         it ten times slower than the next: it is never taken as a prediction, or a job whose bubbles are a few
         milliseconds long would wait for bubbles that fit its slow first step, and give up. Later, the lower median
-        of what was measured: a step that another process interrupted would otherwise do the same."""
+        of what was measured: a step that another process interrupted would otherwise do the same. A candidate not
+        measured yet is predicted by its warm step before the first bubble (:attr:`hints`), or, larger, by the
+        previous candidate scaled linearly (a size that grows worse than linearly would otherwise overrun)."""
         usable = self._times if self._points else self._times[1:]
         if len(usable) >= 3:  # the lower median: one step another process interrupted must not stop the profile
             return statistics.median_low(usable)
         if usable:  # warm-up: the fastest so far
             return min(usable)
+        hint = self.hints.get(self.batch_size)  # measured outside bubbles: the larger of it and the scaling
         if self._points:
             last = self._points[-1]
-            return last.step_s * self.batch_size / last.batch_size
-        return self.first_guess_s
+            return max(last.step_s * self.batch_size / last.batch_size, hint or 0.0)
+        return hint if hint is not None else self.first_guess_s
 
     def measure_one(self) -> float:
         """One measured step of the current candidate; returns its duration in seconds."""

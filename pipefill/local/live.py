@@ -14,7 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -54,6 +54,7 @@ class _Overruns:
     count: int = 0
     worst_s: float = 0.0
     warned_at: float = -math.inf  # time.monotonic() of the last warning
+    causes: dict[str, int] = field(default_factory=dict)  # of those past the executor's guard
 
 
 class LiveState:
@@ -87,14 +88,18 @@ class LiveState:
                 if isinstance(e, FillEvent) and e.overrun_s > OVERRUN_WARN_S and e.wall_s >= self._since_unix_s:
                     overruns.count += 1
                     overruns.worst_s = max(overruns.worst_s, e.overrun_s)
+                    if e.overrun_cause:
+                        overruns.causes[e.overrun_cause] = overruns.causes.get(e.overrun_cause, 0) + 1
             if final:
                 stats.finish()
             if overruns.count and (final or now - overruns.warned_at >= _OVERRUN_WARN_EVERY_S):
+                causes = ", ".join(f"{c} {n}" for c, n in sorted(overruns.causes.items(), key=lambda kv: -kv[1]))
                 messages.append(
                     f"{time.strftime('%H:%M:%S')} warning: rank {rank} fill overran {overruns.count} bubble(s), "
                     f"worst {1e3 * overruns.worst_s:.1f} ms past the expected end"
+                    + (f" (by {causes})" if causes else "")
                 )
-                overruns.count, overruns.worst_s, overruns.warned_at = 0, 0.0, now
+                overruns.count, overruns.worst_s, overruns.warned_at, overruns.causes = 0, 0.0, now, {}
         self._read_status()
         return messages
 

@@ -8,7 +8,7 @@ import torch
 from fill_helpers import write_job
 
 from pipefill.spec import load_file
-from pipefill_fill.profiler import profile_task
+from pipefill_fill.profiler import BubbleProfiler, profile_task
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -54,3 +54,18 @@ def test_profile_stops_at_remaining_samples_and_budget(jobs_dir: Path) -> None:
     after = clf.workload.state()
     assert after["steps"] == before["steps"] == 0
     assert all(torch.equal(after["model"][k], before["model"][k]) for k in before["model"])
+
+
+def test_warm_up_calls_each_size_outside_bubbles_and_its_times_predict_the_profile(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "w", total=100, parameters=PARAMS))
+    warmed = task.warm_up([1, 4, 16], device=torch.device("cpu"))
+    assert list(warmed) == [1, 4, 16] and all(s > 0 for s in warmed.values())
+    assert task.workload.state() == {"next_sample": 0} and task.store.pending == 0 and task.progress == 0  # no work
+    task.step(4)
+    assert not task.first_call  # its first call was the warm-up's
+    profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30)
+    profiler.hints = {1: 0.5, 4: 9.0}
+    assert profiler.predict_s() == 0.5  # the first step of a fresh job: its warm time, not "unknown"
+    while profiler.batch_size == 1:
+        profiler.measure_one()
+    assert profiler.predict_s() == 9.0  # above the linear scaling of size 1: the hint

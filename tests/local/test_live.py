@@ -139,11 +139,11 @@ def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> Non
     _, fill_log = rank_log_paths(tmp_path, 0)
     log = EventWriter(fill_log)
 
-    def bubble(overrun_s: float) -> None:
+    def bubble(overrun_s: float, cause: str | None = None) -> None:
         log.write(
             FillEvent(
                 id=0, kind="steady", open_ns=0, expected_end_ns=1, woke_ns=0, yielded_ns=1, steps=2, items=2,
-                used_s=1e-9, overrun_s=overrun_s,
+                used_s=1e-9, overrun_s=overrun_s, overrun_cause=cause,
             )
         )  # fmt: skip
 
@@ -159,12 +159,14 @@ def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> Non
     assert first[0] == outcome.events[0]
     # an overrun before the view started is history; one below the threshold is not worth a line
     assert len(first) == 2 and "overran 1 bubble(s), worst 4.0 ms" in first[1]
-    bubble(0.003)
-    bubble(0.007)
+    assert "(by" not in first[1]  # no cause recorded (below the executor's guard)
+    bubble(0.003, "commit")
+    bubble(0.007, "step")
+    bubble(0.009, "step")
     log.close()
     assert state.poll([], outcome) == []  # within the rate limit: held back
     last = state.poll([], outcome, final=True)
-    assert len(last) == 1 and "overran 2 bubble(s), worst 7.0 ms" in last[0]
+    assert len(last) == 1 and "overran 3 bubble(s), worst 9.0 ms past the expected end (by step 2, commit 1)" in last[0]
 
 
 @pytest.mark.slow
