@@ -33,6 +33,7 @@ __all__ = [
     "JOB_NAME",
     "LOG_LEVEL",
     "METRICS_PORT",
+    "MODEL_CODE_DIR",
     "OUT_DIR",
     "PARENT_PID",
     "POD_NAMESPACE",
@@ -64,6 +65,8 @@ LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, IN
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 SPEC_FILE = "PIPEFILL_SPEC_FILE"  # the PipelineTrainingJob manifest (YAML), mounted from a ConfigMap
 TRAINER_LATE_ANNOUNCE_US = "PIPEFILL_TRAINER_LATE_ANNOUNCE_US"  # a wait not announced, still going after this: announced late; 0: never (trainer.md)
+MODEL_CODE_DIR = "PIPEFILL_MODEL_CODE_DIR"  # spec.model.python.code's module files (a mounted ConfigMap or a
+# directory on the fill storage); unset: the function's module is importable in the trainer image
 SCHEDULE_FILE = "PIPEFILL_SCHEDULE_FILE"  # CSV of schedule custom; default: customSchedule.key beside SPEC_FILE
 COMM_TIMEOUT_S = "PIPEFILL_COMM_TIMEOUT_S"  # seconds a rank waits on a silent peer before exiting 75; default 300
 BASELINE_EVERY_STEPS = "PIPEFILL_BASELINE_EVERY_STEPS"  # one step in this many announces no bubble (the no-fill

@@ -32,6 +32,7 @@ __all__ = [
     "CHANNEL_MOUNT",
     "GENERATION_LABEL",
     "MASTER_PORT",
+    "MODEL_CODE_MOUNT",
     "RANK_LABEL",
     "SPEC_MOUNT",
     "ContainerPlan",
@@ -44,6 +45,7 @@ __all__ = [
 
 CHANNEL_MOUNT = env.DEFAULT_CHANNEL_DIR
 SPEC_MOUNT = "/etc/pipefill"
+MODEL_CODE_MOUNT = "/etc/pipefill-model-code"  # spec.model.python.code.configMap, in the trainer
 SPEC_KEY = "job.yaml"
 MASTER_PORT = 29500
 TRAINER_METRICS_PORT = 9400
@@ -108,6 +110,11 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
         env.METRICS_PORT: str(trainer_port),
         env.DEVICE: "cuda" if spec.resources.gpus > 0 else "cpu",
     }
+    code = spec.model.python.code if spec.model.python is not None else None
+    if code is not None and code.config_map:
+        trainer_env[env.MODEL_CODE_DIR] = MODEL_CODE_MOUNT
+    elif code is not None and code.path and spec.fill.storage is not None:
+        trainer_env[env.MODEL_CODE_DIR] = f"{spec.fill.storage.mount_path.rstrip('/')}/{code.path}"
     plans = []
     if spec.fill.enabled:
         fill_env = {
@@ -191,6 +198,12 @@ def _volumes(job: PipelineTrainingJob) -> tuple[list[dict[str, Any]], dict[str, 
     if spec.fill.storage is not None:  # FillJob inputs and outputs, shared by every rank (ReadWriteMany)
         volumes.append({"name": "fill-storage", "persistentVolumeClaim": {"claimName": spec.fill.storage.claim_name}})
         mounts["fill-storage"] = {"name": "fill-storage", "mountPath": spec.fill.storage.mount_path}
+    code = spec.model.python.code if spec.model.python is not None else None
+    if code is not None and code.config_map:  # the model's code, for the trainer alone
+        volumes.append({"name": "model-code", "configMap": {"name": code.config_map}})
+        mounts["model-code"] = {"name": "model-code", "mountPath": MODEL_CODE_MOUNT, "readOnly": True}
+    elif code is not None and code.path and "fill-storage" in mounts:  # read-only: the trainer never writes there
+        mounts["model-code"] = {**mounts["fill-storage"], "readOnly": True}
     # Only the fill executor talks to the API server, so only it gets a token.
     volumes.append(
         {
@@ -289,7 +302,7 @@ def rank_pod(
     }
     trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", "trainer-tmp", "trainer-home")]
     trainer_mounts.append(mounts["checkpoints"])
-    trainer_mounts += [mounts[k] for k in ("data", "model") if k in mounts]
+    trainer_mounts += [mounts[k] for k in ("data", "model", "model-code") if k in mounts]
     trainer_res: dict[str, Any] = {"requests": {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}}
     fill_res: dict[str, Any] = {"requests": {"cpu": str(spec.fill.cpu), "memory": str(spec.fill.memory)}}
     security = spec.pod_template.security

@@ -21,7 +21,15 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_CODE_BYTES", "PACKAGE_PREFIX", "CodePackage", "directory_files", "import_attr", "private_package"]
+__all__ = [
+    "MAX_CODE_BYTES",
+    "PACKAGE_PREFIX",
+    "CodePackage",
+    "directory_files",
+    "import_attr",
+    "import_installed",
+    "private_package",
+]
 
 PACKAGE_PREFIX = "_pipefill_code_"
 MAX_CODE_BYTES = 16 * 2**20
@@ -103,4 +111,20 @@ def import_attr(
     found = getattr(module, attr, None)
     if found is None:
         raise ValueError(f"{field}: module {module_name!r} from {where} has no {noun} {attr!r}")
+    return found
+
+
+def import_installed(module_name: str, attr: str, *, field: str, noun: str, image: str) -> object:
+    """``module_name.attr`` from what is installed (``image``: where to install it, for the message)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{field}: cannot import module {module_name!r} ({exc}); install it in the {image}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"{field}: module {module_name!r} raised while importing ({type(exc).__name__}: {exc}); fix the code"
+        ) from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise ValueError(f"{field}: module {module_name!r} has no {noun} {attr!r}")
     return found

@@ -19,7 +19,6 @@ Rules a workload must keep for the exactly-once guarantee:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from pipefill.usercode import import_installed
 
 __all__ = [
     "BUILTINS",
@@ -239,16 +240,9 @@ def load_workload_class(*, builtin: str | None, import_path: str | None, kind: s
         import_path = BUILTINS[builtin]
     assert import_path is not None  # for mypy: set just above
     module_name, attr = split_import_path(import_path)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"spec.workload.{field_name}: cannot import module {module_name!r} ({exc}); install it in the fill image"
-        ) from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"spec.workload.{field_name}: {import_path!r}: module {module_name!r} has no class {attr!r}")
-    return check_workload_class(cls, what=repr(import_path), field=f"spec.workload.{field_name}", kind=kind)
+    spec_field = f"spec.workload.{field_name}"
+    cls = import_installed(module_name, attr, field=spec_field, noun="class", image="fill image")
+    return check_workload_class(cls, what=repr(import_path), field=spec_field, kind=kind)
 
 
 def split_import_path(import_path: str) -> tuple[str, str]:

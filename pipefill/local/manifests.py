@@ -111,6 +111,14 @@ def load_manifests(paths: list[str]) -> LocalManifests:
     ref = job.spec.pipeline.custom_schedule
     used = {ref.name} if ref is not None and job.spec.pipeline.schedule == Schedule.CUSTOM else set()
     code = {f.spec.workload.code.config_map for f in out.fills if f.spec.workload.code is not None}
+    model_code = job.spec.model.python.code if job.spec.model.python is not None else None
+    if model_code is not None and model_code.config_map:
+        if model_code.config_map not in config_maps:
+            raise ValueError(
+                f"spec.model.python.code.configMap {model_code.config_map!r}: no such ConfigMap among the files; "
+                "pass its manifest with -f"
+            )
+        code.add(model_code.config_map)
     for name, (_, obj, source) in config_maps.items():
         if name in code:
             out.config_maps.append(obj)

@@ -69,6 +69,18 @@ class LocalProcess:
             self.log = None
 
 
+MODEL_CODE_DIR = "model-code"  # under the work directory: spec.model.python.code.configMap's files
+
+
+def model_code_dir(job: PipelineTrainingJob, work_dir: Path) -> Path | None:
+    """Where the trainer finds ``spec.model.python.code`` locally: the ConfigMap's files (written by the runner under
+    the work directory) or ``code.path`` under the working directory (as a FillJob's code.path); None: no code."""
+    code = job.spec.model.python.code if job.spec.model.python is not None else None
+    if code is None:
+        return None
+    return work_dir / MODEL_CODE_DIR if code.config_map else Path.cwd() / (code.path or "")
+
+
 def schedule_file(job: PipelineTrainingJob, spec_dir: Path) -> Path | None:
     """Where a custom schedule's CSV lies: under its ConfigMap key beside ``job.yaml``, as in the pod's mount of the
     spec ConfigMap; None unless ``schedule: custom``."""
@@ -124,6 +136,9 @@ def local_processes(
                 csv = schedule_file(job, spec_file.parent)
                 if csv is not None:  # as the pod sets it (never one inherited from this shell)
                     child[env.SCHEDULE_FILE] = str(csv)
+                code = model_code_dir(job, work_dir)
+                if code is not None:  # the ConfigMap's files written by the runner, or the working directory's
+                    child[env.MODEL_CODE_DIR] = str(code)
             else:
                 child[env.WORK_SOURCE] = f"files:{work_dir}"
             argv = [sys.executable, *plan.argv[1:]]

@@ -20,7 +20,7 @@ import yaml
 
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
-from pipefill.local.procs import LocalProcess, free_port, local_processes, schedule_file, stop_all
+from pipefill.local.procs import LocalProcess, free_port, local_processes, model_code_dir, schedule_file, stop_all
 from pipefill.local.report import FILL_WORK_DIR
 from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
 
@@ -68,10 +68,20 @@ def prepare(
         target = work_dir / f"{fill.name}.yaml"
         if not target.exists():  # keep progress of an earlier, interrupted run
             target.write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
+    model_code = job.spec.model.python.code if job.spec.model.python is not None else None
     for config_map in config_maps:  # always this run's: code fixed between runs is picked up
         target = work_dir / CONFIG_MAPS_DIR / f"{config_map['metadata']['name']}.yaml"
         target.parent.mkdir(exist_ok=True)
         target.write_text(yaml.safe_dump(config_map, sort_keys=False), encoding="utf-8")
+        if model_code is not None and config_map["metadata"]["name"] == model_code.config_map:
+            code_dir = model_code_dir(job, work_dir)  # as the pod mounts it: one file per key
+            assert code_dir is not None
+            shutil.rmtree(code_dir, ignore_errors=True)
+            code_dir.mkdir(parents=True)
+            for key, text in (config_map.get("data") or {}).items():
+                if "/" in key or key in (".", ".."):
+                    raise ValueError(f"ConfigMap {model_code.config_map!r}: key {key!r} is not a file name")
+                (code_dir / key).write_text(str(text), encoding="utf-8")
     return spec_file, work_dir
 
 

@@ -8,7 +8,37 @@ from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
 
-__all__ = ["MAX_NAME_LENGTH", "NAME_RULE", "Condition", "LabelSelector", "LabelSelectorRequirement", "Location"]
+__all__ = [
+    "CONFIG_MAP_NAME_PATTERN",
+    "MAX_NAME_LENGTH",
+    "NAME_RULE",
+    "Condition",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "Location",
+    "code_source_rules",
+]
+
+CONFIG_MAP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+def code_source_rules(field_name: str) -> tuple[Rule, ...]:
+    """The rules of a user code source (a FillJob's workload code, a model provider's code): exactly one of a
+    directory on the fill storage and a ConfigMap; the directory relative and without ``..``."""
+    return (
+        Rule(
+            rule="has(self.path) != has(self.configMap)",
+            message=f"{field_name}: set exactly one of path and configMap",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
+            message=f"{field_name}.path must be relative to the fill storage and must not contain '..'; "
+            "give the directory's path under the storage's mount",
+            field_path=".path",
+        ),
+    )
+
 
 # Pods are named "<job>-<replica>-<rank>" plus a restart suffix; this keeps every derived name under 63 characters.
 MAX_NAME_LENGTH = 48

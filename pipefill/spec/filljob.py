@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipefill.spec._schema import Rule, field
-from pipefill.spec.common import NAME_RULE, LabelSelector, Location
+from pipefill.spec.common import CONFIG_MAP_NAME_PATTERN, NAME_RULE, LabelSelector, Location, code_source_rules
 from pipefill.spec.fillstatus import Assignment, FillJobPhase, FillJobStatus
 
 __all__ = [
@@ -58,23 +58,11 @@ class WorkloadCode:
         doc="A ConfigMap in the FillJob's namespace whose keys are the module files (name.py) of importPath; the fill "
         "executor reads it at job start (pipefill local: the ConfigMap manifests given with -f).",
         max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=CONFIG_MAP_NAME_PATTERN,
         default=None,
     )
 
-    __rules__: ClassVar[tuple[Rule, ...]] = (
-        Rule(
-            rule="has(self.path) != has(self.configMap)",
-            message="spec.workload.code: set exactly one of path and configMap",
-            reason="FieldValueRequired",
-        ),
-        Rule(
-            rule="!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
-            message="spec.workload.code.path must be relative to the fill storage and must not contain '..'; "
-            "give the directory's path under the storage's mount",
-            field_path=".path",
-        ),
-    )
+    __rules__: ClassVar[tuple[Rule, ...]] = code_source_rules("spec.workload.code")
 
 
 _SOURCES_CEL = "[has(self.builtin), has(self.importPath), has(self.entryPoint)].filter(x, x).size() == 1"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
+from pipefill.spec.common import CONFIG_MAP_NAME_PATTERN, code_source_rules
 
 __all__ = [
     "LAYERS_CEL",
@@ -15,9 +16,11 @@ __all__ = [
     "DataSource",
     "HuggingFace",
     "Model",
+    "ModelCode",
     "ModelDtype",
     "ModelWeights",
     "Optimizer",
+    "PythonModel",
 ]
 
 # Named GPT-style decoders: preset -> (layers, hidden size, attention heads).
@@ -105,6 +108,44 @@ class HuggingFace:
 
 
 @dataclass
+class ModelCode:
+    """Where the module of ``spec.model.python.function`` comes from when the trainer image does not hold it."""
+
+    path: str | None = field(
+        doc="A directory on the job's fill storage (spec.fill.storage; mounted read-only into the trainer too), "
+        "relative to its mount (pipefill local: the working directory); its modules import each other relatively.",
+        max_length=1024,
+        default=None,
+    )
+    config_map: str | None = field(
+        doc="A ConfigMap whose keys are the module files (name.py), mounted read-only into the trainer (pipefill "
+        "local: the ConfigMap manifest given with -f).",
+        max_length=253,
+        pattern=CONFIG_MAP_NAME_PATTERN,
+        default=None,
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = code_source_rules("spec.model.python.code")
+
+
+@dataclass
+class PythonModel:
+    """Your own model: a function that returns a model provider (docs/trainer.md, "User code")."""
+
+    function: str = field(
+        doc="package.module:function returning the model provider (pipefill_trainer.provider.ModelProvider); called "
+        "with the keyword arguments seq_len (spec.model.seqLen) and seed (spec.data.seed).",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=512,
+    )
+    code: ModelCode | None = field(
+        doc="Where the function's module comes from when the trainer image does not hold it (an image built FROM "
+        "ours): a directory on the fill storage or a ConfigMap.",
+        default=None,
+    )
+
+
+@dataclass
 class Model:
     """The decoder to train: our GPT-style decoder (a named preset, or layers, hiddenSize and heads), or a Hugging
     Face causal LM (huggingFace)."""
@@ -133,14 +174,20 @@ class Model:
         "excludes preset, layers, hiddenSize and heads.",
         default=None,
     )
+    python: PythonModel | None = field(
+        doc="Your own model, from your code, instead of our GPT: excludes huggingFace, preset, layers, hiddenSize and "
+        "heads.",
+        default=None,
+    )
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            rule="has(self.huggingFace) ? !has(self.preset) && !has(self.layers) && !has(self.hiddenSize)"
-            " && !has(self.heads) : has(self.preset) ? !has(self.layers) && !has(self.hiddenSize) && !has(self.heads)"
+            rule="has(self.huggingFace) || has(self.python) ? !(has(self.huggingFace) && has(self.python))"
+            " && !has(self.preset) && !has(self.layers) && !has(self.hiddenSize) && !has(self.heads)"
+            " : has(self.preset) ? !has(self.layers) && !has(self.hiddenSize) && !has(self.heads)"
             " : has(self.layers) && has(self.hiddenSize) && has(self.heads)",
             message="spec.model: set either preset, or all of layers, hiddenSize and heads (not both), or huggingFace"
-            " alone (its config.json gives the shape)",
+            " or python alone (the model gives its shape)",
             reason="FieldValueRequired",
         ),
         Rule(
@@ -159,6 +206,10 @@ class Model:
             raise ValueError(
                 "spec.model.huggingFace: layers, hidden size and heads are in the model's config.json "
                 f"({self.hugging_face.path}), not in the spec; read them there"
+            )
+        if self.python is not None:
+            raise ValueError(
+                f"spec.model.python: the shape of the model is its provider's ({self.python.function}), not the spec's"
             )
         if self.preset is not None:
             return MODEL_PRESETS[self.preset]

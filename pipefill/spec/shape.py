@@ -197,8 +197,8 @@ def shape_errors(job: PipelineTrainingJob) -> list[FieldError]:
         except ShapeError as exc:
             errors += exc.errors
     cut = pipe.layers_per_stage
-    if job.spec.model.hugging_face is not None:
-        return errors  # its layers are in its config.json: the trainer checks the cut against them at start
+    if job.spec.model.hugging_face is not None or job.spec.model.python is not None:
+        return errors  # its layers are the model's (config.json, provider): the trainer checks the cut at start
     layers, _, _ = job.spec.model.dims()  # CEL checked layers ≥ stages × virtualStages and the cut's length
     if cut is not None and (min(cut) < 1 or sum(cut) != layers):
         errors.append(

@@ -97,6 +97,13 @@ class PipelineTrainingJobSpec:
             field_path=".pipeline.stages",
         ),
         Rule(
+            rule="!has(self.model.python) || !has(self.model.python.code) || !has(self.model.python.code.path)"
+            " || has(self.fill.storage)",
+            message="spec.model.python.code.path is a directory on the fill storage: set spec.fill.storage (a claim) "
+            "or use code.configMap or an image that holds the code",
+            field_path=".model.python.code.path",
+        ),
+        Rule(
             rule="!has(self.model.huggingFace) || !has(self.model.huggingFace.exportPath)"
             " || !has(self.checkpoint.format) || self.checkpoint.format == 'dcp'",
             message="spec.model.huggingFace.exportPath reads the final dcp checkpoint: set spec.checkpoint.format dcp"

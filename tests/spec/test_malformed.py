@@ -141,7 +141,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "huggingface-and-layers",
         _with(PTJ, spec__model__huggingFace={"path": "/models/llama"}),
         "spec.model",
-        "or huggingFace alone",
+        "or huggingFace or python alone",
     ),
     (
         "huggingface-claim-and-configmap",
@@ -164,6 +164,30 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         ),
         "spec.checkpoint.format",
         "exportPath reads the final dcp checkpoint",
+    ),
+    (
+        "python-and-huggingface",
+        _with(PTJ, spec__model={"python": {"function": "m:build"}, "huggingFace": {"path": "/m"}}),
+        "spec.model",
+        "or huggingFace or python alone",
+    ),
+    (
+        "python-code-path-without-storage",
+        _with(PTJ, spec__model={"python": {"function": "m:build", "code": {"path": "models"}}}),
+        "spec.model.python.code.path",
+        "is a directory on the fill storage: set spec.fill.storage",
+    ),
+    (
+        "python-code-both",
+        _with(PTJ, spec__model={"python": {"function": "m:build", "code": {"path": "m", "configMap": "m"}}}),
+        "spec.model.python.code",
+        "set exactly one of path and configMap",
+    ),
+    (
+        "python-function-without-colon",
+        _with(PTJ, spec__model={"python": {"function": "mymodel.build"}}),
+        "spec.model.python.function",
+        "should match",
     ),
     (
         "huggingface-unknown-dtype",

@@ -228,3 +228,25 @@ def test_a_hugging_face_models_directory_is_mounted_read_only_into_the_trainer_a
     # a path the image holds (a trainer image built FROM ours): nothing to mount
     baked = rank_pod(_job("cpu-demo", **{"spec.model": {"huggingFace": {"path": "/opt/model"}}}), 0)
     assert all(v["name"] != "model" for v in baked["spec"]["volumes"])
+
+
+def test_the_model_code_is_mounted_read_only_into_the_trainer_and_named_in_its_environment() -> None:
+    from pipefill.pods import MODEL_CODE_MOUNT
+
+    model = {"python": {"function": "mymodel:build", "code": {"configMap": "my-model"}}, "seqLen": 16}
+    pod = rank_pod(_job("cpu-demo", **{"spec.model": model}), 0)
+    trainer, fill = _containers(pod)
+    assert {"name": "model-code", "configMap": {"name": "my-model"}} in pod["spec"]["volumes"]
+    assert {"name": "model-code", "mountPath": MODEL_CODE_MOUNT, "readOnly": True} in trainer["volumeMounts"]
+    assert _env(trainer)[env.MODEL_CODE_DIR] == MODEL_CODE_MOUNT
+    assert all(m["name"] != "model-code" for m in fill["volumeMounts"]) and env.MODEL_CODE_DIR not in _env(fill)
+    kubernetes_validate.validate(pod, K8S, strict=True)
+    # code on the fill storage: the storage, read-only, in the trainer as well
+    model = {"python": {"function": "mymodel:build", "code": {"path": "models/v1"}}, "seqLen": 16}
+    storage = {"claimName": "fill-data", "mountPath": "/data/fill"}
+    pod = rank_pod(_job("cpu-demo", **{"spec.model": model, "spec.fill.storage": storage}), 0)
+    trainer, fill = _containers(pod)
+    assert {"name": "fill-storage", "mountPath": "/data/fill", "readOnly": True} in trainer["volumeMounts"]
+    assert {"name": "fill-storage", "mountPath": "/data/fill"} in fill["volumeMounts"]
+    assert _env(trainer)[env.MODEL_CODE_DIR] == "/data/fill/models/v1"
+    kubernetes_validate.validate(pod, K8S, strict=True)

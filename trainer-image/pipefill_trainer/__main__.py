@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipefill_trainer.config import ConfigError, TrainerConfig
     from pipefill_trainer.failure import peer_failure_message
+    from pipefill_trainer.provider import ProviderError
 
     try:
         cfg = TrainerConfig.from_env(
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         trainer.resume()
         return trainer.train()
-    except ConfigError as exc:
+    except (ConfigError, ProviderError) as exc:  # a model provider's: permanent, as a bad spec
         print(f"invalid configuration: {exc}", file=sys.stderr, flush=True)
         return env.EXIT_INVALID_CONFIG
     except (RuntimeError, dist.DistError, ConnectionError, TimeoutError) as exc:

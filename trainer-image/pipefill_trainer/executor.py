@@ -27,7 +27,7 @@ from pipefill.schedules.validate import p2p_streams
 from pipefill_trainer.comm import RecvHandle, Stream, Transport
 from pipefill_trainer.devsync import DeviceSync, device_sync
 from pipefill_trainer.model import WeightGradStore, set_grad_store
-from pipefill_trainer.provider import ModelProvider, TensorMeta
+from pipefill_trainer.provider import ModelProvider, TensorMeta, check_outputs
 
 __all__ = ["NoHooks", "PipelineExecutor", "StepHooks", "StepTiming"]
 
@@ -328,14 +328,7 @@ class PipelineExecutor:
 
     def _check_outputs(self, stage_idx: int, outs: Tensors) -> None:
         """The stage's outputs are what the provider declared (the receiver posted buffers of those shapes)."""
-        metas = self.act_meta[stage_idx]
-        got = [(tuple(t.shape), t.dtype) for t in outs]
-        if got != [(meta.shape, meta.dtype) for meta in metas]:
-            raise ValueError(
-                f"model provider {self.provider.name!r}: stage {stage_idx} returned {len(outs)} tensors "
-                f"{[(list(shape), str(dtype)) for shape, dtype in got]}, but its activations() declare "
-                f"{[(list(m.shape), str(m.dtype)) for m in metas]}; make the stage's outputs match its declaration"
-            )
+        check_outputs(self.provider.name, stage_idx, self.act_meta[stage_idx], outs)
 
     def _backward(self, st: _StepState, a: Action, plan: _Plan, received: Tensors | None) -> None:
         """``B`` (or ``I``: the input gradient only, weight gradients deferred to ``W``): the outputs' gradients (the

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipefill_trainer.provider import LayerCosts, ModelProvider, TensorMeta
+from pipefill_trainer.provider import LayerCosts, ModelProvider, ProviderError, TensorMeta, check_outputs
 
 __all__ = [
     "LayerCosts",
@@ -45,7 +45,21 @@ def measure_parts(provider: ModelProvider, *, mb_size: int, device: torch.device
     """Time forward and backward of one block, the embeddings and the head (with the loss) on ``device``, each the
     median of ``repeats`` after one warm-up. The parts are the provider's own stages of a three-stage cut: the first
     and last with no block (embeddings; final norm, head and loss), the middle one with one block (with activation
-    checkpointing its backward re-runs the forward)."""
+    checkpointing its backward re-runs the forward). The provider's code failing here, or a stage not returning what
+    it declares, is a :class:`~pipefill_trainer.provider.ProviderError` (permanent: retrying cannot help)."""
+    try:
+        return _measure_parts(provider, mb_size=mb_size, device=device, repeats=repeats)
+    except ProviderError:
+        raise
+    except Exception as exc:
+        raise ProviderError(
+            f"model provider {provider.name!r} failed while its parts were measured (its stages of a three-stage cut "
+            f"with stand-in inputs of the declared activations): {type(exc).__name__}: {exc}; check build_stage and "
+            "that activations() declares what each stage takes and returns"
+        ) from None
+
+
+def _measure_parts(provider: ModelProvider, *, mb_size: int, device: torch.device, repeats: int) -> PartSeconds:
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, provider.vocab_size, (mb_size, provider.seq_len), generator=gen).to(device)
 
@@ -58,6 +72,11 @@ def measure_parts(provider: ModelProvider, *, mb_size: int, device: torch.device
 
     first, block, last = stage(0, range(0)), stage(1, range(1)), stage(2, range(0))
     block_in, last_in = inputs(1), inputs(2)
+    with torch.no_grad():  # each stage returns what it declares (else the shapes below would be wrong too)
+        for s, module, args in ((0, first, [tokens]), (1, block, block_in)):
+            out = module(*args)
+            metas = provider.activations(stage_idx=s, num_stages=3, mb_size=mb_size)
+            check_outputs(provider.name, s, metas, out if isinstance(out, tuple) else (out,))
 
     def sync() -> None:
         if device.type == "cuda":

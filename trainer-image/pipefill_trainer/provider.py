@@ -25,7 +25,20 @@ from torch import nn
 
 from pipefill_trainer.model import GPTConfig, StageModule
 
-__all__ = ["GPTProvider", "LayerCosts", "ModelProvider", "TensorMeta", "TiedParameter"]
+__all__ = [
+    "GPTProvider",
+    "LayerCosts",
+    "ModelProvider",
+    "ProviderError",
+    "TensorMeta",
+    "TiedParameter",
+    "check_outputs",
+]
+
+
+class ProviderError(ValueError):
+    """A model provider that cannot work: it does not load, raises, is not a provider, or its stages do not return
+    what it declares. Permanent (exit 2); the message names the provider and the fix."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,19 @@ class TensorMeta:
         for n in self.shape:
             numel *= n
         return numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def check_outputs(
+    provider_name: str, stage_idx: int, metas: tuple[TensorMeta, ...], outs: tuple[torch.Tensor, ...]
+) -> None:
+    """A :class:`ProviderError` unless stage ``stage_idx``'s outputs are what its provider declared."""
+    got = [(tuple(t.shape), t.dtype) for t in outs]
+    if got != [(meta.shape, meta.dtype) for meta in metas]:
+        raise ProviderError(
+            f"model provider {provider_name!r}: stage {stage_idx} returned {len(outs)} tensors "
+            f"{[(list(shape), str(dtype)) for shape, dtype in got]}, but its activations() declare "
+            f"{[(list(m.shape), str(m.dtype)) for m in metas]}; make the stage's outputs match its declaration"
+        )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
+from pipefill import env
 from pipefill.channel import Producer
 from pipefill.events import TRAINER_EVENTS, EventWriter
 from pipefill.schedules.validate import p2p_streams
@@ -33,6 +34,7 @@ from pipefill_trainer.partition import analytic_costs, check_stage_count, measur
 from pipefill_trainer.peers import Peers, open_peers
 from pipefill_trainer.pipeline import PipelineRank, Topology
 from pipefill_trainer.provider import GPTProvider, ModelProvider
+from pipefill_trainer.userprovider import load_provider
 
 __all__ = ["RankParts", "build_rank", "checkpoint_root"]
 
@@ -80,6 +82,14 @@ def _model_provider(cfg: TrainerConfig) -> ModelProvider:
     spec = cfg.job.spec
     if spec.model.hugging_face is not None:
         return _hugging_face(cfg)
+    if spec.model.python is not None:
+        code_dir = os.environ.get(env.MODEL_CODE_DIR)
+        return load_provider(
+            spec.model.python.function,
+            code_dir=Path(code_dir) if code_dir else None,
+            seq_len=spec.model.seq_len,
+            seed=spec.data.seed,
+        )
     layers, hidden, heads = spec.model.dims()
     gpt = GPTConfig(
         layers=layers,
