@@ -1,4 +1,5 @@
-"""Training tokens: a memory-mapped token file, a text file read as bytes, or synthetic tokens.
+"""Training tokens: a memory-mapped token file, a text file read as bytes, JSON lines tokenized with the model's
+tokenizer, or synthetic tokens.
 
 Each step's samples are windows of ``seq_len + 1`` tokens at offsets drawn from a generator seeded by
 (seed, step): the data position *is* the step number, so resuming at step ``k`` reads exactly what an uninterrupted run
@@ -6,10 +7,14 @@ reads, and no rank needs to load the file — ``numpy.memmap`` pages in only the
 as large as the disk.
 
 The byte-level tokenizer (vocabulary 256) maps text to its UTF-8 bytes; good enough for the demo's loss to fall.
+JSON lines (``source: jsonl``): each line's ``textField`` is tokenized with a Hugging Face ``tokenizer.json`` (the
+``tokenizers`` library; the model's own by default) at start, the documents joined with the tokenizer's end-of-text
+token where it has one, and held in memory (int32): sequences are windows of that stream, so documents are packed.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -36,16 +41,28 @@ class TokenSource:
     share the step's samples (their batches are disjoint slices of the same ``replica_batch × replicas`` draw).
     """
 
-    def __init__(self, data: Data, *, vocab_size: int, seq_len: int, replica_batch: int, replicas: int) -> None:
+    def __init__(
+        self,
+        data: Data,
+        *,
+        vocab_size: int,
+        seq_len: int,
+        replica_batch: int,
+        replicas: int,
+        tokenizer: Path | None = None,
+    ) -> None:
         self.source, self.seed = DataSource(data.source), data.seed
         self.vocab_size, self.seq_len = vocab_size, seq_len
         self.global_batch, self.per_replica = replica_batch * replicas, replica_batch
         self._tokens: np.ndarray | None = None
+        """``tokenizer``: the tokenizer.json of source jsonl"""
         if self.source != DataSource.SYNTHETIC:
             path = Path(data.path or "")
             if not path.is_file():
                 raise FileNotFoundError(f"spec.data.path {str(path)!r} is not a file; mount the data or fix the path")
-            if self.source == DataSource.TEXT:
+            if self.source == DataSource.JSONL:
+                self._tokens = _tokenize_jsonl(path, field=data.text_field, tokenizer=tokenizer)
+            elif self.source == DataSource.TEXT:
                 if vocab_size < 256:
                     raise ValueError(
                         f"spec.model.vocabSize {vocab_size} is too small for source text (byte-level tokens 0..255); "
@@ -83,3 +100,48 @@ class TokenSource:
                 "raise vocabSize to the tokenizer's vocabulary"
             )
         return torch.from_numpy(rows)
+
+
+_END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")  # what tokenizers call the document separator
+
+
+def _tokenize_jsonl(path: Path, *, field: str, tokenizer: Path | None) -> np.ndarray:
+    """Every line's ``field`` tokenized and the documents concatenated, each followed by the end-of-text token."""
+    if tokenizer is None or not tokenizer.is_file():
+        raise ValueError(
+            f"spec.data.source jsonl needs a tokenizer: {str(tokenizer) if tokenizer else 'none given'} is not a file; "
+            "set spec.data.tokenizer to a tokenizer.json, or put the model's tokenizer.json in spec.model.huggingFace.path"
+        )
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError(
+            "spec.data.source jsonl needs the tokenizers library: use the trainer image, or install "
+            "pipefill-operator[trainer,huggingface]"
+        ) from None
+    tok = Tokenizer.from_file(str(tokenizer))
+    end = next((i for name in _END_OF_TEXT if (i := tok.token_to_id(name)) is not None), None)
+    texts = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)[field]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"spec.data.path {str(path)!r} line {line_no}: not a JSON object with a string {field!r} "
+                    f"({type(exc).__name__}: {exc}); fix the line or set spec.data.textField"
+                ) from None
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"spec.data.path {str(path)!r} line {line_no}: {field!r} is a {type(text).__name__}, not text; "
+                    "fix the line or set spec.data.textField"
+                )
+            texts.append(text)
+    ids: list[int] = []
+    for encoding in tok.encode_batch(texts, add_special_tokens=False):
+        ids += encoding.ids
+        if end is not None:
+            ids.append(end)
+    return np.asarray(ids, dtype=np.int32)

@@ -129,6 +129,31 @@ def _hugging_face(cfg: TrainerConfig) -> ModelProvider:
         raise ConfigError(str(exc)) from None
 
 
+def _data(cfg: TrainerConfig, model: ModelProvider, shape: PipelineShape) -> TokenSource:
+    """The rank's data; a file that is missing or does not fit the model is a permanent error (exit 2)."""
+    try:
+        return TokenSource(
+            cfg.job.spec.data,
+            vocab_size=model.vocab_size,
+            seq_len=model.seq_len,
+            replica_batch=shape.replica_batch,
+            replicas=shape.data_parallel,
+            tokenizer=_tokenizer(cfg),
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _tokenizer(cfg: TrainerConfig) -> Path | None:
+    """The tokenizer.json of ``source: jsonl``: spec.data.tokenizer, else the Hugging Face model's own."""
+    spec = cfg.job.spec
+    if spec.data.tokenizer:
+        return Path(spec.data.tokenizer)
+    if spec.model.hugging_face is not None:
+        return Path(spec.model.hugging_face.path) / "tokenizer.json"
+    return None
+
+
 def _checkpoint_format(cfg: TrainerConfig) -> str:
     spec = cfg.job.spec
     if spec.checkpoint.format is not None:
@@ -220,13 +245,7 @@ def build_rank(cfg: TrainerConfig, *, registry: CollectorRegistry | None = None)
         layer_ranges=layer_ranges,
         pipeline=pipeline,
         optimizer=_optimizer(cfg, pipeline),
-        data=TokenSource(
-            cfg.job.spec.data,
-            vocab_size=model.vocab_size,
-            seq_len=model.seq_len,
-            replica_batch=shape.replica_batch,
-            replicas=shape.data_parallel,
-        ),
+        data=_data(cfg, model, shape),
         metrics=metrics,
         events=EventWriter(cfg.out_dir / TRAINER_EVENTS if cfg.out_dir else None, flush_each=False),
         producer=connect_producer(
