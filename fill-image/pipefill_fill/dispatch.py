@@ -80,9 +80,7 @@ class Dispatcher:
             if a.profile is None:
                 with _guard(name):
                     out = run_profile_steps(bubble, profiler=a.profiler, is_open=self.is_open, deadline_ns=deadline_ns)
-                if a.profile is not None:
-                    self.jobs.profiled(a)
-                return name, "profiling", out, None
+                return name, "profiling", out, None  # a complete profile is taken in after the bubble
         # a slice whose work is done waits only for its last commit: it goes first, whatever the classes say
         finishing = [n for n, a in active.items() if a.profile and a.task.done() and a.task.commit_due()]
         chosen = finishing[0] if finishing else self._job_for(bubble)

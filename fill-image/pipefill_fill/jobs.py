@@ -17,6 +17,7 @@ from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, Sl
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
+from pipefill_fill import collect
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.device import step_clock
@@ -61,6 +62,7 @@ class ActiveJob:
     commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
     transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
     margin: Margin = field(default_factory=Margin)
+    profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)
     started: str = field(default_factory=now_rfc3339)
     reported_at: float = 0.0
     rate_units: int = 0
@@ -178,6 +180,7 @@ class Jobs:
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
+        collect.after_startup()  # the slice's objects live as long as it: frozen, out of later collections
         end_ns = time.monotonic_ns()
         s = a.slice
         self.events.write(
@@ -204,8 +207,9 @@ class Jobs:
     # -- progress -------------------------------------------------------------------------------------------------
     def profiled(self, a: ActiveJob) -> None:
         """The job's profile is complete: predict steps from it, or give the job up when no batch size fits."""
-        if a.profile is None:
+        if a.profile is None or a.profile_taken:
             return
+        a.profile_taken = True
         points = a.profile.points
         a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
         self.metrics.profile(a.name, [(p.batch_size, p.step_s, p.peak_bytes) for p in points])
@@ -239,6 +243,9 @@ class Jobs:
     def after_bubble(self, name: str, out: BubbleOutcome) -> None:
         """After a bubble of job ``name``: account for commits written since, move on when its slice is durable."""
         a = self.active.get(name)
+        if a is not None and a.profile is not None and not a.profile_taken:
+            self.profiled(a)  # its last measurement was in this bubble: reports and files, after the bubble
+            a = self.active.get(name)  # gone when it fits none of this rank's bubbles
         if a is not None:
             self._settle(a)
 

@@ -17,6 +17,7 @@ import torch
 
 from pipefill.events import EventWriter, ExitEvent, FillEvent, HoldEvent
 from pipefill.plan import ObservedBubble
+from pipefill_fill import collect
 from pipefill_fill.dispatch import Dispatcher, JobError
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.jobs import Jobs
@@ -112,7 +113,9 @@ class Runner:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self._request_stop("SIGTERM"))
         dead_since: float | None = None
+        collect.start()  # the garbage collector runs between bubbles only
         while not self._stop:
+            collect.between_bubbles()
             if time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
@@ -141,6 +144,7 @@ class Runner:
                 continue
             self._on_bubble(bubble, woke_ns=time.monotonic_ns())
         self.jobs.shutdown()
+        collect.stop()
         self.events.write(ExitEvent(reason=self._stop))
         self.source.close()
         return 0

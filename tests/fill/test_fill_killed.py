@@ -115,11 +115,13 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
         if rng.random() < 0.25:  # during start-up: attach, claim, recovery, profiling
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while it works: inside steps, commits, between slices
-            # this life's first commit, then at most 0.3 s more: each working life leaves committed progress (a
+            # this life's first commit, then at most 0.1 s more: each working life leaves committed progress (a
             # slice half done for the next one), and none does so much that the job ends before the third kill (an
-            # executor on an idle 2-core machine does ~2 000 samples a second; lives of up to a second of work did)
+            # executor on an idle 2-core machine does ~2 000 samples a second; lives of up to a second of work did).
+            # The first commit lands about a third into a slice of 750 (commits at most once a second); 0.3 s more
+            # finished the slice before the kill in every life of one run, leaving no slice half done
             _wait("a commit", lambda d=log_dir: any(isinstance(e, CommitEvent) for e in _events(d)), fill)
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 0.1))
         if _status(jobs).get("phase") == "Succeeded":
             break
         _kill(fill)
