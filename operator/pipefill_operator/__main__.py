@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         help="read each running job's rank metrics this often (default %(default)s)",
     )
     p.add_argument(
+        "--status-rate",
+        type=float,
+        default=defaults.status_rate,
+        metavar="PER_SECOND",
+        help="read at most this many rank metrics endpoints a second, over all jobs (default %(default)s)",
+    )
+    p.add_argument(
         "--policy",
         default=os.environ.get(POLICY_ENV) or "fifo",
         help=f"FillJob queue policy: {', '.join(POLICIES)} (docs/fill.md); default ${POLICY_ENV}, else %(default)s",
@@ -72,11 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("kopf").setLevel(logging.WARNING)
-    if args.workers < 1 or args.status_interval <= 0 or args.fill_period <= 0:
-        print("--workers must be >= 1, --status-interval and --fill-period > 0", file=sys.stderr)
+    if args.workers < 1 or args.status_interval <= 0 or args.fill_period <= 0 or args.status_rate <= 0:
+        print("--workers must be >= 1, --status-interval, --status-rate and --fill-period > 0", file=sys.stderr)
         return 2
     config = OperatorConfig(
-        namespaces=tuple(args.namespace), workers=args.workers, status_interval_s=args.status_interval
+        namespaces=tuple(args.namespace),
+        workers=args.workers,
+        status_interval_s=args.status_interval,
+        status_rate=args.status_rate,
     )
     try:
         queue_config = QueueConfig(

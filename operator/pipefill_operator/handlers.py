@@ -1,5 +1,6 @@
-"""kopf's part: log in, watch the job kind, its pods, FillJobs, ConfigMaps, PersistentVolumeClaims and nodes, and
-route every event to a job key (and the cache the reconciles and the fill queue's pass read).
+"""kopf's part: log in, watch the job kind, its pods, FillJobs and nodes, and route every event to a job key (and
+the cache the reconciles and the fill queue's pass read). The ConfigMaps and claims jobs wait for are watched one by
+one, by name, while they are awaited (:mod:`pipefill_operator.awaited`), not all of the cluster's.
 
 Only watching handlers (``kopf.on.event``) are used: they keep no progress in annotations and add no finalizer, so
 deleting a job never waits for the operator and leaves nothing behind (the children go by garbage collection).
@@ -53,8 +54,6 @@ def configure(settings: kopf.OperatorSettings, *, clusterwide: bool) -> None:
     # all, as one parsed answer, at once
     settings.watching.chunk_size = 500
     settings.watching.label_selectors[("v1", "pods")] = JOB_LABEL  # only rank pods, filtered by the API server
-    # the spec ConfigMaps the operator makes itself (one per job) wake no job: only the users' are watched
-    settings.watching.label_selectors[("v1", "configmaps")] = f"!{JOB_LABEL}"
     del clusterwide  # the node watch is registered only cluster-wide (register)
 
 
@@ -135,15 +134,6 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> dict[st
 
         handlers["fill_job_event"] = fill_job_event
 
-    @kopf.on.event("v1", "configmaps", registry=registry)
-    async def config_map_event(body: Any, **_: Any) -> None:
-        controller.object_changed("ConfigMap", *_key(body))
-
-    @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
-    async def claim_event(body: Any, **_: Any) -> None:
-        controller.object_changed("PersistentVolumeClaim", *_key(body))
-
-    handlers.update(config_map_event=config_map_event, claim_event=claim_event)
     if controller.config.clusterwide:
 
         @kopf.on.event("v1", "nodes", registry=registry)

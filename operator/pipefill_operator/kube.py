@@ -8,6 +8,9 @@ Answers stay plain dicts (the typed APIs would turn every pod into model objects
 The client is synchronous, so each request runs in a thread of a pool as large as the connection pool: at most
 ``connections`` requests are in flight, the rest wait their turn without blocking kopf's event loop. Every call is
 timed, so the reconcile can tell its own time from the time it waits on the API server.
+
+A watch holds its connection for minutes, so it does not take a thread: :meth:`Kube.watch` streams it with aiohttp
+(kopf's own HTTP client) on the event loop, with the same server, CA, client certificate and token.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -139,6 +144,7 @@ class Kube:
         self.requests = 0
         # called with (HTTP method, seconds) after every request: the operator's metrics time the API server
         self.on_request: Callable[[str, float], None] | None = None
+        self._streams: aiohttp.ClientSession | None = None  # watches (see watch)
 
     def authorization(self) -> str | None:
         """The Authorization header's value (``Bearer …``); the loader's hook refreshes an expiring token."""
@@ -154,6 +160,66 @@ class Kube:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
         self._api.rest_client.close()
+        if self._streams is not None:
+            await self._streams.close()
+            self._streams = None
+
+    def _stream_session(self) -> aiohttp.ClientSession:
+        if self._streams is None:
+            context: ssl.SSLContext | bool = False
+            if self.server.startswith("https"):
+                context = ssl.create_default_context(cafile=self.cfg.ssl_ca_cert or None)
+                if not self.cfg.verify_ssl:
+                    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+                if self.cfg.cert_file:
+                    context.load_cert_chain(self.cfg.cert_file, self.cfg.key_file or None)
+            # an event is a whole object on one line: room for the largest (a ConfigMap holds up to 1 MiB)
+            self._streams = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context), read_bufsize=2**23)
+        return self._streams
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (``{"type", "object"}``) of ``res`` from ``resource_version`` until the server ends the
+        watch (after about ``timeout_s``); an error answer, a 410 Gone included, raises :class:`ApiError`."""
+        path = res.path(namespace)
+        params = {"watch": "1", "timeoutSeconds": str(timeout_s), "allowWatchBookmarks": "false"}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if auth := self.authorization():
+            headers["Authorization"] = auth
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout_s, sock_read=timeout_s + self._timeout_s)
+        try:
+            async with self._stream_session().get(
+                self.server + path, params=params, headers=headers, timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    raise _error(response.status, await response.read(), str(response.reason), "WATCH", path)
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event: dict[str, Any] = json.loads(line)
+                    if event.get("type") == "ERROR":  # e.g. 410 Gone: the version is too old to watch from
+                        obj = event.get("object") or {}
+                        raise ApiError(
+                            int(obj.get("code") or 500),
+                            str(obj.get("reason") or "Error"),
+                            str(obj.get("message") or ""),
+                            method="WATCH",
+                            path=path,
+                        )
+                    yield event
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(0, type(exc).__name__, str(exc), method="WATCH", path=path) from exc
 
     def _send(
         self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str

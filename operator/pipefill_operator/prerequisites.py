@@ -56,13 +56,21 @@ class Prerequisites:
     def __init__(self, kube: Kube, nodes: NodeIndex | None) -> None:
         self.kube, self.nodes = kube, nodes
         self._served: set[str] = set()
+        # the resourceVersion of each ConfigMap and claim as last read here (None: it did not exist); the watch of
+        # an awaited object wakes its jobs when the object is no longer what they saw
+        self.seen: dict[tuple[str, str, str], str | None] = {}
+
+    async def _get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        obj = await self.kube.get(resource_of("v1", kind), name, namespace)
+        self.seen[(kind, namespace, name)] = None if obj is None else str(obj["metadata"].get("resourceVersion"))
+        return obj
 
     async def schedule_csv(self, job: PipelineTrainingJob, namespace: str) -> tuple[str | None, tuple[str, str] | None]:
         """(CSV of schedule custom, waiting reason and message if its ConfigMap or key is missing)."""
         ref = job.spec.pipeline.custom_schedule
         if ref is None:
             return None, None
-        config_map = await self.kube.get(resource_of("v1", "ConfigMap"), ref.name, namespace)
+        config_map = await self._get("ConfigMap", ref.name, namespace)
         try:
             return schedule_csv_of(job, config_map), None
         except LookupError as exc:
@@ -114,4 +122,4 @@ class Prerequisites:
         name = job.spec.checkpoint.claim_name
         if name is None:
             return None
-        return await self.kube.get(resource_of("v1", "PersistentVolumeClaim"), name, namespace)
+        return await self._get("PersistentVolumeClaim", name, namespace)

@@ -74,7 +74,7 @@ class Reconciler:
         self.now = now or (lambda: datetime.datetime.now(datetime.UTC))
         self._parsed: dict[tuple[str, int], PipelineTrainingJob] = {}
         self._problems: dict[tuple[str, int, str | None], list[str]] = {}
-        # objects jobs wait for: (kind, namespace, name) -> job keys (the ConfigMap and PVC watches wake them)
+        # objects jobs wait for: (kind, namespace, name) -> job keys (their watches wake them: awaited.py)
         self.waiting_for: dict[tuple[str, str, str], set[Key]] = {}
         self.bodies: dict[Key, dict[str, Any]] = {}  # the latest copy of each job (see remember)
 
@@ -93,8 +93,11 @@ class Reconciler:
 
     def forget(self, key: Key, uid: str | None = None) -> None:
         self.bodies.pop(key, None)
-        for waiters in self.waiting_for.values():
+        for ref, waiters in list(self.waiting_for.items()):
             waiters.discard(key)
+            if not waiters:
+                del self.waiting_for[ref]
+                self.prereqs.seen.pop(ref, None)
         if uid is not None:
             self.apply.forget(uid)
             self._parsed = {k: v for k, v in self._parsed.items() if k[0] != uid}

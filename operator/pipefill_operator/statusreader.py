@@ -9,14 +9,14 @@ after ``timeout_s``. :func:`job_figures` turns the samples into the three status
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["JobFigures", "StatusReader", "job_figures", "metric_sums", "scrape_targets"]
+__all__ = ["JobFigures", "StatusReader", "job_figures", "metric_sums", "paced", "scrape_targets"]
 
 STEP = "pipefill_trainer_step"
 STEP_SECONDS_SUM = "pipefill_trainer_step_seconds_sum"
@@ -56,6 +56,22 @@ def job_figures(trainers: Sequence[dict[str, float]], fills: Sequence[dict[str, 
         bubble_fraction=round(sum(fractions) / len(fractions), 4) if fractions else None,
         fill_utilization=round(sum(recoveries) / len(recoveries), 4) if recoveries else None,
     )
+
+
+T = TypeVar("T")
+
+
+async def paced(items: Iterable[T], cost: Callable[[T], int], rate: float) -> AsyncIterator[T]:
+    """``items`` in order, each once the costs of those before it are due at ``rate`` per second (its own cost is
+    taken at its turn): the first at once, the next after cost(first) ÷ rate seconds, and so on."""
+    loop = asyncio.get_running_loop()
+    began, spent = loop.time(), 0
+    for item in items:
+        due = began + spent / rate - loop.time()
+        if due > 0:
+            await asyncio.sleep(due)
+        spent += cost(item)
+        yield item
 
 
 def scrape_targets(pods: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:

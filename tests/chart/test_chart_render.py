@@ -118,6 +118,7 @@ def test_the_deployment_is_one_recreated_non_root_pod_with_the_images_writable_p
     assert container["args"] == [
         "--workers=8",
         "--status-interval=30",
+        "--status-rate=100",
         "--metrics-address=$(POD_IP):9402",
         "--liveness=http://$(POD_IP):8080/healthz",
     ]
@@ -148,6 +149,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
             "namespaces": ["ml"],
             "workers": 3,
             "statusIntervalSeconds": 2.5,
+            "statusReadsPerSecond": 400,
             "policy": "makespan",
             "verbose": True,
             "ipFamily": "IPv6",
@@ -164,6 +166,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
         "--namespace=ml",
         "--workers=3",
         "--status-interval=2.5",
+        "--status-rate=400",
         "--policy=makespan",
         "--metrics-address=$(POD_IP):9500",
         "--liveness=http://[$(POD_IP)]:8081/healthz",
@@ -173,7 +176,7 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
     off = _operator_container(
         render({"operator": {"metrics": {"enabled": False}, "liveness": {"enabled": False}}}, tmp_path)
     )
-    assert off["args"] == ["--workers=8", "--status-interval=30", "--metrics-address=127.0.0.1:0"]
+    assert off["args"] == ["--workers=8", "--status-interval=30", "--status-rate=100", "--metrics-address=127.0.0.1:0"]
     assert "ports" not in off and "livenessProbe" not in off
 
 

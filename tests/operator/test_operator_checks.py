@@ -78,6 +78,13 @@ def test_waiting_for_the_custom_schedule_configmap_clears_when_it_appears(
     pod = kube.core.read_namespaced_pod("train-0", namespace)
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert env["PIPEFILL_SCHEDULE_FILE"] == "/etc/pipefill/order.csv"
+    # the operator followed that one ConfigMap while the job waited for it, and no other
+    follows = [
+        e for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace)
+        if e["objectRef"].get("resource") == "configmaps" and e["verb"] in ("list", "watch")
+    ]  # fmt: skip
+    assert {e["verb"] for e in follows} == {"list", "watch"}
+    assert all("fieldSelector=metadata.name%3Dorder" in e["requestURI"] for e in follows), follows
 
 
 def test_a_gpu_resource_no_node_offers_is_waited_for_until_a_node_offers_it(

@@ -15,7 +15,7 @@ from pipefill.spec import JobPhase, PipelineTrainingJobStatus
 from pipefill_operator.apply import status_patch
 from pipefill_operator.metrics import OperatorMetrics
 from pipefill_operator.prerequisites import NodeIndex
-from pipefill_operator.statusreader import StatusReader, job_figures, metric_sums, scrape_targets
+from pipefill_operator.statusreader import StatusReader, job_figures, metric_sums, paced, scrape_targets
 from pipefill_operator.workqueue import Backoff, WorkQueue
 
 
@@ -68,6 +68,18 @@ def test_batched_adds_of_a_burst_are_one_key_and_the_queue_is_busy_meanwhile() -
         return [str(first), str(second)]
 
     assert asyncio.run(scenario()) == ["a", "a"]
+
+
+def test_status_reads_are_paced_to_their_rate() -> None:
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        costs = {"a": 2, "b": 0, "c": 4, "d": 1}
+        return [round(loop.time() - began, 2) async for _ in paced(costs, costs.__getitem__, 20.0)]
+
+    at = asyncio.run(scenario())
+    # a at once; b once a's 2 endpoints are due (0.1 s); c at the same time (b read none); d after c's 4 (0.3 s)
+    assert at[0] < 0.05 and 0.1 <= at[1] < 0.2 and 0.1 <= at[2] < 0.2 and 0.3 <= at[3] < 0.45, at
 
 
 def test_backoff_doubles_to_a_cap_and_resets() -> None:

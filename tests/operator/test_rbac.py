@@ -60,7 +60,7 @@ def _serve_trainer_metrics(pods: list[dict[str, Any]], step: int) -> Iterator[No
 
 
 def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorProcess) -> None:
-    """Every path that calls the API: children of every kind, waiting, restart, status from the ranks, Events,
+    """Every path that calls the API: children of every kind, waiting (for a ConfigMap, for a claim), restart, status from the ranks, Events,
     InvalidSpec, TTL deletion, a FillJob placed by the queue, and a restart of the operator (it then finds its
     children and updates them)."""
     cp.apply(
@@ -99,12 +99,19 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
     )  # fmt: skip
     kube.create_job(namespace, full)
     kube.create_job(namespace, job_manifest("restart"))
+    # a claim not there yet: the operator lists and watches that one claim until it is
+    kube.create_job(namespace, job_manifest("late", checkpoint={"path": "/ckpt", "claimName": "late"}))
     # the fill queue: lists and watches FillJobs, writes their status (plan, assignments, condition)
     fill = Fill(kube, namespace)
     fill.create(fill_manifest("embed"))
     invalid = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}  # admission accepts it
     kube.create_job(namespace, job_manifest("invalid", pipeline=invalid))
     kube.wait_job(namespace, "full", phase("Waiting"))
+    kube.wait_job(namespace, "late", phase("Waiting"))
+    claim = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": ""}
+    cp.apply([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "late", "namespace": namespace},
+               "spec": claim}])  # fmt: skip
+    kube.wait_job(namespace, "late", lambda j: (j.get("status") or {}).get("phase") != "Waiting")
     kube.wait_job(namespace, "invalid", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
     pods = kube.wait_pods(namespace, "restart", running(2))
     fill.wait("embed", assigned(1))
