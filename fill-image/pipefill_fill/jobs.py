@@ -173,7 +173,7 @@ class Jobs:
         will run — its profile's, or the profiler's candidates — here, between bubbles and before its first, at the
         executor's priority, so that none is paid inside a bubble. False when the workload raised (the job failed)."""
         opened_ns = time.monotonic_ns()
-        sizes = [p.batch_size for p in a.profile.points] if a.profile is not None else a.task.batch_sizes()
+        sizes = _tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
         try:
             warmed = a.task.warm_up(sizes, device=self.device)
             a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
@@ -212,6 +212,12 @@ class Jobs:
         a.profile_taken = True
         points = a.profile.points
         a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
+        if a.model is not None and (tail := [b for b in _tail_sizes(a) if not a.task.saw(b)]):
+            try:  # between bubbles: the first calls of the sizes its bubbles' tails will run
+                a.task.warm_up(tail, device=self.device)
+            except Exception as exc:
+                self.fail(a.name, f"warming up batch sizes {tail[0]}..{tail[-1]} failed: {type(exc).__name__}: {exc}")
+                return
         self.metrics.profile(a.name, [(p.batch_size, p.step_s, p.peak_bytes) for p in points])
         rows = [{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points]
         self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))
@@ -466,3 +472,20 @@ class Jobs:
         pointers = tuple(SliceProgress(st.slice.start, st.slice.end, st.committed) for st in states)
         done = sum(st.units for st in states) if committed is None else committed
         return ProgressReport(phase, done, spec.total, rate, message, start_time, completion_time, slices=pointers)
+
+
+_WARM_TAILS_S = 1.0
+"""At most this much (predicted) goes to the first calls of every batch size below the largest profiled one."""
+
+
+def _tail_sizes(a: ActiveJob) -> list[int]:
+    """The batch sizes a profiled job's steps will run: its profiled ones, and — for a job whose steps may run any
+    size (the tails of bubbles) — every size up to the largest when their first calls are predicted to take at most
+    :data:`_WARM_TAILS_S` (twice each: ``FillTask.warm_up`` times a second call)."""
+    points = a.profile.points if a.profile is not None else ()
+    profiled = [p.batch_size for p in points]
+    if not profiled or not a.any_batch_size:
+        return profiled
+    model = StepModel({p.batch_size: p.step_s for p in points})
+    every = list(range(1, max(profiled) + 1))
+    return every if 2 * sum(model.base_s(b) for b in every) <= _WARM_TAILS_S else profiled

@@ -245,6 +245,10 @@ class FillTask:
         """A step of ``batch_size`` ran (its first call is behind)."""
         self._shapes.add(batch_size)
 
+    def saw(self, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` ran since the slice was opened."""
+        return batch_size in self._shapes
+
     def snapshot(self) -> dict[str, Any]:
         """The workload state now, for the profiler to go back to after measuring."""
         return dict(self.workload.state())
