@@ -79,17 +79,13 @@ def losses(events: Path) -> dict[int, float]:
     return {e.step: e.loss for e in read_events(events) if isinstance(e, StepEvent)}
 
 
-@pytest.mark.parametrize(
-    ("fmt", "tied"),
-    [("torch", "false"), ("dcp", "true")],  # dcp: both ranks hold the tied wte.weight, saved once
-)
-def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path, fmt: str, tied: str) -> None:
-    whole = write_spec(tmp_path, "whole", steps=6, format=fmt, tied=tied)
+def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> None:
+    whole = write_spec(tmp_path, "whole", steps=6)
     run_job(whole, tmp_path / "whole-out")
-    part = write_spec(tmp_path, "part", steps=6, format=fmt, tied=tied)
+    part = write_spec(tmp_path, "part", steps=6)
     run_job(part, tmp_path / "part-out", args=("--steps", "3"))  # stops after step 2, checkpoint at 3
     assert (tmp_path / "part-ckpt" / "latest").read_text().strip() == "3"
-    assert ckpt.is_dcp(tmp_path / "part-ckpt", 3) == (fmt == "dcp")
+    assert not ckpt.is_dcp(tmp_path / "part-ckpt", 3)  # format torch, our GPT's default
     run_job(part, tmp_path / "part-out2")  # resumes at step 3
     expected, resumed = losses(tmp_path / "whole-out" / "events.jsonl"), losses(tmp_path / "part-out2" / "events.jsonl")
     assert sorted(resumed) == [3, 4, 5]
@@ -171,8 +167,12 @@ def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tm
     assert received and {b.id for b in received} <= {h.id for h in history}
 
 
-def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "kill", steps=100000, interval=0)
+def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it_and_the_restarted_gang_resumes(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of rank 1: rank 0 exits 75 naming it; the gang started again resumes from the last dcp checkpoint and
+    its steps equal an uninterrupted run's. Tied embeddings: both ranks hold wte.weight, saved once."""
+    spec = write_spec(tmp_path, "kill", steps=100000, interval=2, format="dcp", tied="true")
     out = tmp_path / "out"
     procs = launch(
         ["-m", "pipefill_trainer"],
@@ -182,7 +182,10 @@ def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Pa
     try:
         deadline = time.monotonic() + 60
         events = out / "events.jsonl"
-        while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 3:
+        while time.monotonic() < deadline and (
+            sum(isinstance(e, StepEvent) for e in read_events(events)) < 3
+            or ckpt.latest_step(tmp_path / "kill-ckpt") is None
+        ):
             assert procs[0].poll() is None, procs[0].communicate()[0]
             time.sleep(0.2)
         procs[1].send_signal(signal.SIGKILL)
@@ -196,6 +199,16 @@ def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it(tmp_path: Pa
             p.communicate()
     assert procs[0].returncode == env.EXIT_RETRYABLE, output[-3000:]
     assert "peer rank 1" in output, output[-3000:]
+    resume_at = ckpt.latest_step(tmp_path / "kill-ckpt")
+    assert resume_at is not None and resume_at >= 2 and ckpt.is_dcp(tmp_path / "kill-ckpt", resume_at)
+    end = str(resume_at + 3)
+    run_job(spec, tmp_path / "restarted", args=("--steps", end))  # the gang again: every rank from the checkpoint
+    whole = write_spec(tmp_path, "whole", steps=100000, interval=2, format="dcp", tied="true")
+    run_job(whole, tmp_path / "whole-out", args=("--steps", end))
+    expected, resumed = losses(tmp_path / "whole-out" / "events.jsonl"), losses(tmp_path / "restarted" / "events.jsonl")
+    assert sorted(resumed) == list(range(resume_at, resume_at + 3))
+    for step, loss in resumed.items():
+        assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
 
 def test_invalid_world_size_is_a_permanent_error(tmp_path: Path) -> None:

@@ -18,14 +18,19 @@ is the step (see data.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -144,6 +149,16 @@ def _extra_path(root: Path, step: int, rank: int) -> Path:
     return root / f"step-{step:08d}" / f"rank-{rank:05d}.extra.pt"
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without the warnings torch gives about what is intended here: a replayed rank (no process group) saving and
+    loading alone (``no_dist``), and a save overwriting the step directory a killed save left."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)
+        yield
+
+
 def is_dcp(root: Path, step: int) -> bool:
     """Whether step ``step`` was saved in the ``dcp`` format."""
     return (dcp_dir(root, step) / ".metadata").is_file()
@@ -160,7 +175,10 @@ def save_dcp(
     root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
 ) -> None:
     """Save the job's weights and optimizer state with every rank (collective), and this rank's ``extra`` beside."""
-    dcp_save(_dcp_state(model, optimizer), checkpoint_id=dcp_dir(root, step))
+    # a step directory that ``latest`` does not name is one a killed save left: overwrite it
+    writer = FileSystemWriter(dcp_dir(root, step), overwrite=True)
+    with _quiet():
+        dcp_save(_dcp_state(model, optimizer), storage_writer=writer, no_dist=not dist.is_initialized())
     _atomic_write(_extra_path(root, step, rank), lambda fh: torch.save({"step": step, **extra}, fh))
 
 
@@ -170,7 +188,8 @@ def load_dcp(
     """Load this rank's tensors and optimizer state in place (collective); returns its ``extra``. The optimizer's
     state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a place to go."""
     state = _dcp_state(model, optimizer)
-    dcp_load(state, checkpoint_id=dcp_dir(root, step))
+    with _quiet():
+        dcp_load(state, checkpoint_id=dcp_dir(root, step), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state["model"], options=_DCP_OPTIONS)
     set_optimizer_state_dict(model, optimizer, state["optim"], options=_DCP_OPTIONS)
     return _load_file(root, step, _extra_path(root, step, rank), map_location)
