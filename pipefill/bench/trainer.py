@@ -2,7 +2,9 @@
 
 Two CPU processes (``python -m pipefill_trainer.bench_worker``), each pinned to its own core, one gloo process group.
 Both engines train the *same* stage modules (the model, schedule and microbatches are identical); runs alternate in
-blocks (ours, torch, ours, …) so drift in the machine's speed hits both, and medians are reported:
+blocks (ours, torch, ours, …) so drift in the machine's speed hits both, and medians are reported. ``--model llama``
+trains a Llama-style Hugging Face model of the same shape (its config.json written here, random init; the
+``huggingface`` extra) instead of our GPT, through the same model provider interface:
 ``{"ours_step_s", "torch_step_s", "ratio", "bubble_prediction_error_median", ...}``.
 Our step is the full optimizer step (actions, step-end all-reduce, AdamW); torch's is ``schedule.step()`` plus the same
 AdamW step. The prediction error is |predicted − measured| ÷ measured over the bubbles measured in our blocks.
@@ -29,7 +31,7 @@ apiVersion: pipefill.io/v1alpha1
 kind: PipelineTrainingJob
 metadata: {{name: bench-trainer}}
 spec:
-  model: {{layers: {layers}, hiddenSize: {hidden}, heads: {heads}, seqLen: {seq}, vocabSize: 256}}
+  model: {model}
   data: {{source: synthetic}}
   pipeline: {{stages: 2, microbatches: {m}, globalBatch: {batch}, schedule: {schedule}}}
   steps: 1000000
@@ -44,6 +46,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pipefill bench trainer", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print only the JSON result")
     p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"], help="schedule (one stage per rank)")
+    p.add_argument(
+        "--model", default="gpt", choices=["gpt", "llama"], help="our GPT, or a Llama of the same shape (Hugging Face)"
+    )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -55,16 +60,34 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _model(args: argparse.Namespace, tmp: Path) -> str:
+    """``spec.model`` of the benchmark: our GPT, or a Llama of the same shape from a config.json written to ``tmp``."""
+    if args.model == "gpt":
+        return f"{{layers: {args.layers}, hiddenSize: {args.hidden}, heads: {args.heads}, seqLen: {args.seq}, vocabSize: 256}}"
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": args.hidden,
+        "intermediate_size": 4 * args.hidden,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.heads,
+        "max_position_embeddings": max(args.seq, 256),
+        "tie_word_embeddings": False,
+    }
+    (tmp / "llama").mkdir()
+    (tmp / "llama" / "config.json").write_text(json.dumps(config))
+    return f"{{huggingFace: {{path: {tmp / 'llama'}}}, seqLen: {args.seq}}}"
+
+
 def main(argv: list[str]) -> int:
     args = _args(argv)
     with tempfile.TemporaryDirectory(prefix="pipefill-bench-") as tmp:
         spec = Path(tmp) / "job.yaml"
         spec.write_text(
             _SPEC.format(
-                layers=args.layers,
-                hidden=args.hidden,
-                heads=args.heads,
-                seq=args.seq,
+                model=_model(args, Path(tmp)),
                 m=args.microbatches,
                 batch=args.batch,
                 schedule=args.schedule,
