@@ -5,7 +5,8 @@ namespaces, under a ServiceAccount bound to operator/rbac/clusterrole.yaml), the
 ``--ranks`` ranks created at once from a thread pool. It reports the seconds until every job is Running (per job:
 p50, p95, last), how long the control plane took to schedule the pods apart from the operator's own work
 (reconcile wall time, and that time minus the waits on the API server), reconciles per second, the operator's CPU
-seconds and peak resident memory, the API requests per job and the ERROR lines and tracebacks in the operator's log;
+seconds and peak resident memory, each control-plane component's CPU seconds meanwhile (they share the machine's
+cores), the API requests per job and the ERROR lines and tracebacks in the operator's log;
 for a job that never became Running, why its pods wait. kwok plays the kubelet: pods are bound and reported Running,
 never run.
 
@@ -98,6 +99,17 @@ def _proc_usage(pid: int) -> tuple[float, int]:
         if line.startswith("VmHWM:"):
             peak = int(line.split()[1]) * 1024
     return cpu_s, peak
+
+
+def _components_cpu_s(cp: ControlPlane) -> dict[str, float]:
+    """CPU seconds each control-plane component has used so far (the kube multi-call binary's three by name)."""
+    out = {}
+    for proc in cp.processes:
+        try:
+            out[proc.name] = _proc_usage(proc.pid)[0]
+        except OSError:  # it ended
+            continue
+    return out
 
 
 def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -273,6 +285,7 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             except OSError:
                 time.sleep(0.1)
         cpu_idle_s, _ = _proc_usage(operator.pid)
+        components_before = _components_cpu_s(cp)
         before = _metrics(metrics_port)
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
@@ -282,6 +295,7 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         running = _wait_running(custom, args.jobs, started, args.timeout)
         elapsed_s = time.monotonic() - started
         cpu_s, peak_rss = _proc_usage(operator.pid)
+        components = _components_cpu_s(cp)
         after = _metrics(metrics_port)
         reconciles = sum(v for (n, _), v in after.items() if n == "pipefill_operator_reconciles_total") - sum(
             v for (n, _), v in before.items() if n == "pipefill_operator_reconciles_total"
@@ -311,6 +325,10 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "api_requests_per_job": round((requests(after) - requests(before)) / args.jobs, 1),
                 "operator_cpu_s": round(cpu_s - cpu_idle_s, 2),
                 "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
+                # where the machine's CPU went meanwhile: every component shares its cores with the operator
+                "control_plane_cpu_s": {
+                    name: round(used - components_before.get(name, 0.0), 1) for name, used in components.items()
+                },
                 "load_after": [round(x, 2) for x in os.getloadavg()],
                 "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             }

@@ -40,4 +40,8 @@ def test_150_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
     assert result["all_running"] and result["jobs_running"] == 150 and result["pods"] == 1200, result
     assert done.returncode == 0, done.stderr[-3000:]
     assert result["reconciles"] > 0 and result["operator_peak_rss_mib"] > 0
+    # where the CPU went: every component of the control plane was measured and worked while the jobs started
+    cpu = result["control_plane_cpu_s"]
+    assert set(cpu) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}, cpu
+    assert cpu["kube-apiserver"] > 0 and cpu["kube-scheduler"] > 0 and cpu["kwok"] > 0, cpu
     assert not list(tmp_path.glob("pipefill-bench-operator-*")), "the control plane's directory was left behind"
