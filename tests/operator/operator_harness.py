@@ -161,6 +161,20 @@ class OperatorProcess:
                     return float(sample.value)
         return None
 
+    def wait_metric(
+        self, name: str, labels: dict[str, str] | None, ok: Callable[[float], bool], timeout_s: float = 30
+    ) -> float:
+        """The sample's value once ``ok`` holds for it (absent counts as 0). A metric has no watch: it is read every
+        50 ms, the operator's own endpoint on loopback."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.metric(name, labels) or 0.0
+            if ok(value):
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name}{labels or ''} stayed {value} for {timeout_s} s")
+            time.sleep(0.05)
+
 
 class Kube:
     """The test's own API client (the admin): create jobs, wait on them, play the kubelet."""
