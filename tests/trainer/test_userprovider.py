@@ -145,3 +145,13 @@ def test_a_stage_that_breaks_its_declaration_fails_the_job_permanently_naming_th
     assert expected in text, text[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["outcome"]["job_restarts"] == 0, report["outcome"]  # permanent: no restart storm
+
+
+def test_any_providers_linear_layers_get_the_zero_bubble_split_and_the_rest_is_named() -> None:
+    from torch import nn
+
+    from pipefill_trainer.model import DeferrableLinear, make_deferrable, undeferred
+
+    stage = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4), nn.Conv1d(4, 4, 2), nn.LayerNorm(4))
+    assert make_deferrable(stage) == 1 and isinstance(stage[1], DeferrableLinear)
+    assert undeferred(stage) == ["Conv1d (2)"]  # embeddings and norms: computed in I by design

@@ -27,6 +27,7 @@ __all__ = [
     "build_stage",
     "make_deferrable",
     "set_grad_store",
+    "undeferred",
 ]
 
 _SEED_WTE, _SEED_WPE, _SEED_HEAD = 1_000_001, 1_000_002, 1_000_003
@@ -152,6 +153,18 @@ def make_deferrable(module: nn.Module) -> int:
             sub.__class__ = DeferrableLinear
             count += 1
     return count
+
+
+def undeferred(module: nn.Module) -> list[str]:
+    """Submodules with weight matrices of their own (2 or more dimensions) whose gradients are not deferred to ``W``
+    (``I`` computes them): convolutions, ``nn.Linear`` subclasses, custom layers; as ``Type (name)``. Embeddings and
+    norms are left out: their gradients are small and computed in ``I`` by design."""
+    return [
+        f"{type(sub).__name__} ({name})"
+        for name, sub in module.named_modules()
+        if not isinstance(sub, Linear | DeferrableLinear | nn.Embedding)
+        and any(p.dim() >= 2 for p in sub.parameters(recurse=False))
+    ]
 
 
 def set_grad_store(module: nn.Module, store: WeightGradStore | None) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 from pipefill.schedules.model import Schedule
 from pipefill_trainer.comm import Transport
 from pipefill_trainer.executor import PipelineExecutor
+from pipefill_trainer.model import make_deferrable, undeferred
 from pipefill_trainer.provider import ModelProvider, TiedParameter
 
 __all__ = ["PipelineRank", "Topology"]
@@ -91,6 +92,8 @@ class PipelineRank:
             s: provider.build_stage(stage_idx=s, num_stages=n, layers=layer_ranges[s], device=device, dtype=dtype)
             for s in self.stage_ids
         }
+        for module in self.stages.values():  # any provider's nn.Linear layers get the zero-bubble split
+            make_deferrable(module)
         self.tied = provider.tied_parameters(n)
         for tie in self.tied:
             held = [s for s in tie.names if s in self.stages]
@@ -128,6 +131,10 @@ class PipelineRank:
                 group = dist.new_group([dp * topo.stages + pp for pp in holders], timeout=timeout)
                 if dp == topo.dp_rank and topo.pp_rank in holders:
                     self._tied_groups.append((tie, group))
+
+    def undeferred(self) -> list[str]:
+        """What ``W`` cannot take: this rank's modules whose weight gradients ``I`` computes (zero-bubble schedules)."""
+        return [f"stage {s}: {what}" for s in self.stage_ids for what in undeferred(self.stages[s])]
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """This rank's parameters, each once."""

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from pipefill import env
 from pipefill.channel import Producer
 from pipefill.events import TRAINER_EVENTS, EventWriter
+from pipefill.schedules.model import Kind
 from pipefill.schedules.validate import p2p_streams
 from pipefill.spec.shape import PipelineShape, ShapeError, from_spec
 from pipefill_trainer.channel_link import connect_producer
@@ -254,6 +255,9 @@ def build_rank(cfg: TrainerConfig, *, registry: CollectorRegistry | None = None)
         watchdog=Watchdog(timeout_s=cfg.comm_timeout_s + 30, rank=cfg.rank),
         checkpoint_format=_checkpoint_format(cfg),
     )
+    if any(a.kind == Kind.W for a in pipeline.executor.actions) and (late := pipeline.undeferred()):
+        shown = ", ".join(late[:6]) + (f" and {len(late) - 6} more" if len(late) > 6 else "")
+        parts.log(f"zero-bubble split: I computes the weight gradients of {shown} (not nn.Linear); W the rest")
     for st in p2p_streams(shape.schedule):
         if st.reordered and st.dst_rank == topology.pp_rank:
             parts.log(f"{st}: consumed in microbatch order {st.recv_order}, posted in send order {st.send_order}")
