@@ -42,6 +42,7 @@ class DataSource(enum.StrEnum):
     TOKEN_FILE = "tokenFile"
     TEXT = "text"
     JSONL = "jsonl"
+    PARQUET = "parquet"
 
 
 class ModelWeights(enum.StrEnum):
@@ -224,8 +225,8 @@ class Data:
     """Where training tokens come from."""
 
     source: DataSource = field(
-        doc="synthetic (random tokens), tokenFile (uint16 tokens, memory-mapped), text (UTF-8 bytes) or jsonl (JSON "
-        "lines whose textField is tokenized with the tokenizer and packed into sequences).",
+        doc="synthetic (random tokens), tokenFile (uint16 tokens, memory-mapped), text (UTF-8 bytes), jsonl (JSON "
+        "lines) or parquet (a Parquet file): their textField tokenized with the tokenizer and packed into sequences.",
         default=DataSource.SYNTHETIC,
     )
     path: str | None = field(
@@ -237,9 +238,11 @@ class Data:
         default=None,
     )
     seed: int = field(doc="Seed for synthetic tokens and data order.", minimum=0, maximum=2**31 - 1, default=0)
-    text_field: str = field(doc="source jsonl: the key of each line's text.", max_length=256, default="text")
+    text_field: str = field(
+        doc="source jsonl or parquet: the key of each line's text, or the text column.", max_length=256, default="text"
+    )
     tokenizer: str | None = field(
-        doc="source jsonl: a tokenizer.json (Hugging Face tokenizers) in the trainer container; default: the one in "
+        doc="source jsonl or parquet: a tokenizer.json (Hugging Face tokenizers) in the trainer container; default: the one in "
         "spec.model.huggingFace.path.",
         max_length=4096,
         default=None,

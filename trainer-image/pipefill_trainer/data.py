@@ -7,7 +7,7 @@ reads, and no rank needs to load the file — ``numpy.memmap`` pages in only the
 as large as the disk.
 
 The byte-level tokenizer (vocabulary 256) maps text to its UTF-8 bytes; good enough for the demo's loss to fall.
-JSON lines (``source: jsonl``): each line's ``textField`` is tokenized with a Hugging Face ``tokenizer.json`` (the
+JSON lines (``source: jsonl``) and Parquet (``source: parquet``, the ``textField`` column): each text is tokenized with a Hugging Face ``tokenizer.json`` (the
 ``tokenizers`` library; the model's own by default) at start, the documents joined with the tokenizer's end-of-text
 token where it has one, and held in memory (int32): sequences are windows of that stream, so documents are packed.
 """
@@ -60,8 +60,13 @@ class TokenSource:
             path = Path(data.path or "")
             if not path.is_file():
                 raise FileNotFoundError(f"spec.data.path {str(path)!r} is not a file; mount the data or fix the path")
-            if self.source == DataSource.JSONL:
-                self._tokens = _tokenize_jsonl(path, field=data.text_field, tokenizer=tokenizer)
+            if self.source in (DataSource.JSONL, DataSource.PARQUET):
+                texts = (
+                    _jsonl(path, data.text_field)
+                    if self.source == DataSource.JSONL
+                    else _parquet(path, data.text_field)
+                )
+                self._tokens = _tokenize(texts, tokenizer=tokenizer, source=str(self.source))
             elif self.source == DataSource.TEXT:
                 if vocab_size < 256:
                     raise ValueError(
@@ -105,22 +110,33 @@ class TokenSource:
 _END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")  # what tokenizers call the document separator
 
 
-def _tokenize_jsonl(path: Path, *, field: str, tokenizer: Path | None) -> np.ndarray:
-    """Every line's ``field`` tokenized and the documents concatenated, each followed by the end-of-text token."""
+def _tokenize(texts: list[str], *, tokenizer: Path | None, source: str) -> np.ndarray:
+    """The documents tokenized and concatenated, each followed by the end-of-text token."""
     if tokenizer is None or not tokenizer.is_file():
         raise ValueError(
-            f"spec.data.source jsonl needs a tokenizer: {str(tokenizer) if tokenizer else 'none given'} is not a file; "
-            "set spec.data.tokenizer to a tokenizer.json, or put the model's tokenizer.json in spec.model.huggingFace.path"
+            f"spec.data.source {source} needs a tokenizer: {str(tokenizer) if tokenizer else 'none given'} is not a "
+            "file; set spec.data.tokenizer to a tokenizer.json, or put the model's tokenizer.json in "
+            "spec.model.huggingFace.path"
         )
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise ValueError(
-            "spec.data.source jsonl needs the tokenizers library: use the trainer image, or install "
+            f"spec.data.source {source} needs the tokenizers library: use the trainer image, or install "
             "pipefill-operator[trainer,huggingface]"
         ) from None
     tok = Tokenizer.from_file(str(tokenizer))
     end = next((i for name in _END_OF_TEXT if (i := tok.token_to_id(name)) is not None), None)
+    ids: list[int] = []
+    for encoding in tok.encode_batch(texts, add_special_tokens=False):
+        ids += encoding.ids
+        if end is not None:
+            ids.append(end)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _jsonl(path: Path, field: str) -> list[str]:
+    """Every line's ``field``."""
     texts = []
     with path.open(encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
@@ -139,9 +155,28 @@ def _tokenize_jsonl(path: Path, *, field: str, tokenizer: Path | None) -> np.nda
                     "fix the line or set spec.data.textField"
                 )
             texts.append(text)
-    ids: list[int] = []
-    for encoding in tok.encode_batch(texts, add_special_tokens=False):
-        ids += encoding.ids
-        if end is not None:
-            ids.append(end)
-    return np.asarray(ids, dtype=np.int32)
+    return texts
+
+
+def _parquet(path: Path, column: str) -> list[str]:
+    """The text column of a Parquet file (pyarrow; only that column is read)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(
+            "spec.data.source parquet needs pyarrow: use the trainer image, or install pipefill-operator[trainer,data]"
+        ) from None
+    schema = pq.read_schema(path)
+    if column not in schema.names:
+        raise ValueError(
+            f"spec.data.path {str(path)!r} has no column {column!r} (columns: {', '.join(schema.names)}); "
+            "set spec.data.textField to the text column"
+        )
+    values: list[str] = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    bad = next(((i, v) for i, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise ValueError(
+            f"spec.data.path {str(path)!r} row {bad[0]}: column {column!r} holds a {type(bad[1]).__name__}, not "
+            "text; set spec.data.textField to a string column"
+        )
+    return values

@@ -1,5 +1,6 @@
-"""spec.data.source jsonl: each line's text tokenized with a Hugging Face tokenizer.json (the tokenizers library),
-documents packed into one stream with the end-of-text token between them; bad input named by field, line and fix."""
+"""spec.data.source jsonl and parquet: each document (a line's field, a column's value) tokenized with a Hugging Face
+tokenizer.json (the tokenizers library), packed into one stream with the end-of-text token between documents; bad
+input named by field, line or row, and fix."""
 
 from __future__ import annotations
 
@@ -57,3 +58,23 @@ def test_a_missing_tokenizer_or_a_bad_line_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"line 1: 'text' is a int, not text"):
         _source(tmp_path, [json.dumps({"text": 3})], tokenizer=tok)
     assert _source(tmp_path, [json.dumps({"body": d}) for d in DOCS], tokenizer=tok, field="body")._tokens is not None
+
+
+def test_a_parquet_text_column_is_tokenized_and_packed_like_json_lines(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tok = _tokenizer(tmp_path)
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2], "body": DOCS}), path)
+    spec = Data(source=DataSource.PARQUET, path=str(path), text_field="body")
+    source = TokenSource(spec, vocab_size=len(WORDS), seq_len=4, replica_batch=2, replicas=1, tokenizer=tok)
+    jsonl = _source(tmp_path, [json.dumps({"text": d}) for d in DOCS], tokenizer=tok)
+    assert source._tokens is not None and jsonl._tokens is not None
+    assert source._tokens.tolist() == jsonl._tokens.tolist()
+    with pytest.raises(ValueError, match=r"has no column 'text' \(columns: id, body\); set spec.data.textField"):
+        TokenSource(Data(source=DataSource.PARQUET, path=str(path)), vocab_size=10, seq_len=4, replica_batch=2,
+                    replicas=1, tokenizer=tok)  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 0: column 'id' holds a int, not text"):
+        TokenSource(Data(source=DataSource.PARQUET, path=str(path), text_field="id"), vocab_size=10, seq_len=4,
+                    replica_batch=2, replicas=1, tokenizer=tok)  # fmt: skip
