@@ -177,6 +177,8 @@ class Jobs:
         try:
             warmed = a.task.warm_up(sizes, device=self.device)
             a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
+            if not a.commit_estimate:  # measured, not assumed: the first commit is planned into a bubble by it
+                a.commit_estimate.record(a.task.dry_commit_s())
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False

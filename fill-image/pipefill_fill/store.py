@@ -54,7 +54,16 @@ import torch
 from pipefill_fill.atomic import TMP_SUFFIX, atomic_write_bytes
 from pipefill_fill.locks import locked
 
-__all__ = ["Committed", "ProgressStore", "Staged", "Superseded", "read_outputs", "read_pointer", "slice_rows"]
+__all__ = [
+    "Committed",
+    "ProgressStore",
+    "Staged",
+    "Superseded",
+    "read_outputs",
+    "read_pointer",
+    "serialized",
+    "slice_rows",
+]
 
 
 class Superseded(RuntimeError):
@@ -217,8 +226,7 @@ class ProgressStore:
             )
         if end == self.staged:
             return None
-        buf = io.BytesIO()
-        torch.save(state, buf)  # device tensors are copied to the host here
+        state_bytes = serialized(state)
         chunk = None
         if self.with_outputs:
             values = np.concatenate(self._values)
@@ -229,7 +237,7 @@ class ProgressStore:
             np.save(out, rows, allow_pickle=False)
             chunk = out.getvalue()
             self._clear()
-        staged = Staged(self.staged, end, buf.getvalue(), chunk)
+        staged = Staged(self.staged, end, state_bytes, chunk)
         self.staged = end
         return staged
 
@@ -325,6 +333,13 @@ class ProgressStore:
     def _prune_states(self) -> None:
         for n in [n for n in self._states() if n <= self.committed][: -self.keep_states]:
             _unlink(self._state_path(n))
+
+
+def serialized(state: dict[str, Any]) -> bytes:
+    """A workload state as a state file holds it (``torch.save``; device tensors are copied to the host here)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
 
 
 def read_pointer(directory: Path, *, start: int) -> tuple[int, bool]:

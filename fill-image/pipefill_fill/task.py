@@ -12,7 +12,7 @@ import torch
 
 from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.slices import JobDir
-from pipefill_fill.store import Committed, ProgressStore
+from pipefill_fill.store import Committed, ProgressStore, serialized
 from pipefill_fill.usercode import load_job_workload
 from pipefill_fill.work import Slice, TaskSpec
 from pipefill_fill.workload import WorkloadContext, WorkloadProtocol
@@ -239,6 +239,15 @@ class FillTask:
         self.workload.step(batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    def dry_commit_s(self) -> float:
+        """What a commit's device part costs, measured between bubbles without committing: the state to the host and
+        to bytes, twice (the first pays one-off costs), the second timed. The first commit's prediction."""
+        t0 = time.perf_counter()
+        for _ in range(2):
+            t0 = time.perf_counter()
+            serialized(self.workload.state())
         return time.perf_counter() - t0
 
     def saw_shape(self, batch_size: int) -> None:

@@ -134,3 +134,11 @@ def test_a_slice_waiting_for_its_last_commit_gets_the_next_bubble(jobs_dir: Path
         if expect == "done":
             assert out.commits_ns and not out.steps and done.inflight is not None
     # then the bubbles go to the class's job again
+
+
+def test_a_commits_device_part_is_measured_before_the_first(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=64, parameters=PARAMS))
+    task.step(8)
+    assert task.dry_commit_s() > 0  # what start-up records as the first commit's prediction
+    assert (task.committed, task.store.staged, task.store.pending, task.inflight) == (0, 0, 8, None)  # nothing made
+    assert not list((task.store.dir / "checkpoints").iterdir())
