@@ -155,3 +155,12 @@ def test_any_providers_linear_layers_get_the_zero_bubble_split_and_the_rest_is_n
     stage = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4), nn.Conv1d(4, 4, 2), nn.LayerNorm(4))
     assert make_deferrable(stage) == 1 and isinstance(stage[1], DeferrableLinear)
     assert undeferred(stage) == ["Conv1d (2)"]  # embeddings and norms: computed in I by design
+
+
+def test_the_examples_configmap_holds_its_module_and_the_image_form_loads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = ROOT / "examples" / "user-model"
+    config_map = yaml.safe_load((example / "model-configmap.yaml").read_text())
+    assert config_map["data"]["tinymixer.py"] == (example / "tinymixer.py").read_text()
+    monkeypatch.syspath_prepend(str(example))  # as the Dockerfile's PYTHONPATH puts it on the image's path
+    provider = load_provider("tinymixer:build", code_dir=None, seq_len=16, seed=0)
+    assert (provider.name, provider.layers, provider.vocab_size) == ("tinymixer", 4, 256)
