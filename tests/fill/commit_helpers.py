@@ -7,13 +7,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from pipefill.events import EventWriter
+from pipefill.plan import ProfilePoint
 from pipefill.spec import load_file
 from pipefill_fill.commits import CommitWriter
+from pipefill_fill.dispatch import Dispatcher
 from pipefill_fill.inbubble import BubbleOutcome, run_steps
+from pipefill_fill.overruns import Margin
 from pipefill_fill.predict import Estimator, StepModel
+from pipefill_fill.settings import Settings
 from pipefill_fill.store import ProgressStore, Staged
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -70,3 +76,29 @@ class HeldWriter(CommitWriter):
         self.started.set()
         self.release.wait(self.limit_s)
         return store.write(staged)
+
+
+def stub_dispatcher(tmp_path: Path, tasks: dict[str, FillTask], *, guard_s: float = 0.0) -> Dispatcher:
+    """The executor's dispatcher over ``tasks`` as active, profiled jobs (steps of 0.125 ms a sample, batch 8)."""
+
+    def active(task: FillTask) -> SimpleNamespace:
+        return SimpleNamespace(
+            task=task, profile=SimpleNamespace(points=[ProfilePoint(8, 1e-3, 0)]), model=StepModel({8: 1e-3}),
+            commit_estimate=Estimator(default_s=0.0), margin=Margin(), any_batch_size=True, offloader=None,
+            transfer_estimate=Estimator(default_s=0.0), spec=SimpleNamespace(priority=0, kind="inference"),
+        )  # fmt: skip
+
+    jobs = SimpleNamespace(active={n: active(t) for n, t in tasks.items()}, generation=1, step_clock=None)
+    settings = Settings(
+        channel_dir=tmp_path, work_source="", training_job="t", rank=0, reserved_bytes=1 << 30, min_bubble_s=0.0,
+        guard_s=guard_s, device="cpu", cpu_affinity=None, metrics_port=0, out_dir=None, offload=False,
+    )  # fmt: skip
+    return Dispatcher(
+        jobs=jobs,  # type: ignore[arg-type]
+        is_open=lambda _id: True,
+        recent_bubbles=list,
+        device=CPU,
+        settings=settings,
+        switch=Estimator(default_s=0.0),
+        events=EventWriter(None),
+    )

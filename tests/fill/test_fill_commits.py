@@ -8,21 +8,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-from commit_helpers import CPU, PARAMS, Bubble, HeldWriter, bubble, open_task
+from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, open_task, stub_dispatcher
 from fill_helpers import HERE, subprocess_env, write_job
 
-from pipefill.events import EventWriter
-from pipefill.plan import ProfilePoint
-from pipefill_fill.dispatch import Dispatcher
 from pipefill_fill.inbubble import DEFER_BUBBLES
-from pipefill_fill.overruns import Margin
-from pipefill_fill.predict import Estimator, StepModel
-from pipefill_fill.settings import Settings
 from pipefill_fill.store import ProgressStore, read_outputs, read_pointer
-from pipefill_fill.task import FillTask
 
 
 def test_a_slow_disk_never_holds_a_bubble(jobs_dir: Path) -> None:
@@ -104,29 +96,7 @@ def test_a_slice_waiting_for_its_last_commit_gets_the_next_bubble(jobs_dir: Path
     bubble(done, left_s=60.0, commit_s=3600.0)  # all its work, its last commit deferred
     other = open_task(write_job(jobs_dir, "other", total=10**4, parameters=PARAMS))
     assert done.done() and done.commit_due() and not other.done()
-    profile = SimpleNamespace(points=[ProfilePoint(8, 1e-3, 0)])
-
-    def active(task: FillTask) -> SimpleNamespace:
-        return SimpleNamespace(
-            task=task, profile=profile, model=StepModel({8: 1e-3}), commit_estimate=Estimator(default_s=0.0),
-            margin=Margin(), any_batch_size=True, offloader=None, transfer_estimate=Estimator(default_s=0.0),
-            spec=SimpleNamespace(priority=0, kind="inference"),
-        )  # fmt: skip
-
-    jobs = SimpleNamespace(active={"other": active(other), "done": active(done)}, generation=1, step_clock=None)
-    settings = Settings(
-        channel_dir=tmp_path, work_source="", training_job="t", rank=0, reserved_bytes=1 << 30, min_bubble_s=0.0,
-        guard_s=0.0, device="cpu", cpu_affinity=None, metrics_port=0, out_dir=None, offload=False,
-    )  # fmt: skip
-    dispatcher = Dispatcher(
-        jobs=jobs,  # type: ignore[arg-type]
-        is_open=lambda _id: True,
-        recent_bubbles=list,
-        device=CPU,
-        settings=settings,
-        switch=Estimator(default_s=0.0),
-        events=EventWriter(None),
-    )
+    dispatcher = stub_dispatcher(tmp_path, {"other": other, "done": done})
     for i, expect in ((1, "done"), (2, "other")):  # "other" holds the class (the first of the ready jobs)
         now = time.monotonic_ns()
         name, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * 10**6), now + 50 * 10**6, 0.05)

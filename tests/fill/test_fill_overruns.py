@@ -3,10 +3,12 @@ margin, and the report sums them up per FillJob."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
-from commit_helpers import PARAMS, Bubble, open_task, run_bubble
+import pytest
+from commit_helpers import PARAMS, Bubble, open_task, run_bubble, stub_dispatcher
 from fill_helpers import write_job
 
 from pipefill.events import FillEvent
@@ -89,3 +91,22 @@ def test_the_summary_gives_quantiles_and_causes() -> None:
     assert got["bubbles"] == 100 and got["overrun_p50_ms"] == 0.1 and got["overrun_max_ms"] == 9.0
     assert got["overrun_p99_ms"] == 9.0 and got["causes"] == {"commit": 2, "step": 1}
     assert overrun_causes(got) == "3: commit 2, step 1"
+
+
+def test_a_job_planned_with_a_margin_is_warned_about_once(
+    jobs_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters=PARAMS))
+    dispatcher = stub_dispatcher(tmp_path, {"enc": task}, guard_s=0.001)
+    margin = dispatcher.jobs.active["enc"].margin
+    late = BubbleOutcome(spans_ns=[(0, 3 * MS)])
+    for _ in range(16):
+        margin.record(late, deadline_ns=0, room_ns=MS)  # its last steps ran 2 ms past the expected end
+    with caplog.at_level(logging.WARNING, logger="pipefill_fill"):
+        for i in range(3):
+            now = time.monotonic_ns()
+            _, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * MS), now + 49 * MS, 0.05)
+            assert out.margin_ns == 2 * MS and out.steps  # planned 2 ms earlier
+            assert all(start < now + 47 * MS for start, _ in out.spans_ns)  # none started past the earlier deadline
+    warnings = [r for r in caplog.records if "planned 2.00 ms shorter" in r.getMessage()]
+    assert len(warnings) == 1 and "job enc" in warnings[0].getMessage()
