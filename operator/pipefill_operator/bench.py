@@ -153,12 +153,17 @@ def _histogram(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], na
 
 
 def _wait_running(custom: client.CustomObjectsApi, jobs: int, started: float, timeout_s: float) -> dict[str, float]:
-    """Seconds from the start until each job's status.phase is Running."""
+    """Seconds from the start until each job's status.phase is Running. The jobs listed Running already (the first
+    of a thousand may run before the last is created) count at the list: missing them left the watch waiting for
+    events that never came."""
     running: dict[str, float] = {}
     deadline = started + timeout_s
     listed: dict[str, Any] = json.loads(
         custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _preload_content=False).data  # type: ignore[attr-defined]
     )
+    for obj in listed["items"]:
+        if (obj.get("status") or {}).get("phase") == "Running":
+            running[obj["metadata"]["name"]] = time.monotonic() - started
     version = listed["metadata"]["resourceVersion"]
     while len(running) < jobs and time.monotonic() < deadline:
         stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
