@@ -17,8 +17,9 @@ import torch
 
 from pipefill.events import AssignEvent, EventWriter
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
+from pipefill_fill.active import ActiveJob
 from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
-from pipefill_fill.jobs import ActiveJob, Jobs
+from pipefill_fill.jobs import Jobs
 from pipefill_fill.predict import Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.store import Superseded

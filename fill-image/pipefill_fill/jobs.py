@@ -8,16 +8,17 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Unpack
 
 import torch
 
 from pipefill.env import fill_max_active_jobs
-from pipefill.events import CommitEvent, EventWriter, JobEvent, ProfileEvent, SliceEvent, StartupEvent
+from pipefill.events import EventWriter, JobEvent, ProfileEvent, SliceEvent, StartupEvent
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
-from pipefill.spec.fillstatus import ProfileEntry, RankBubbles, SliceProgress
+from pipefill.spec.fillstatus import ProfileEntry, RankBubbles
 from pipefill_fill import collect
+from pipefill_fill.active import ActiveJob, tail_sizes
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.device import step_clock
@@ -25,9 +26,9 @@ from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
-from pipefill_fill.overruns import Margin
-from pipefill_fill.predict import Estimator, StepModel
-from pipefill_fill.profiler import BubbleProfiler, Profile
+from pipefill_fill.predict import StepModel
+from pipefill_fill.profiler import BubbleProfiler
+from pipefill_fill.reporting import ReportFields, commit_event, progress_report
 from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import Identity, ProgressReport, WorkSource
@@ -35,7 +36,6 @@ from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.unfit import bubble_classes, unfit_report
-from pipefill_fill.work import Slice
 
 __all__ = ["ActiveJob", "Jobs"]
 
@@ -46,45 +46,6 @@ _WRITER_CLOSE_S = 30.0
 LOCK_RETRY_S = 30.0
 """After a slice's commit lock was found held past the time limit (a previous owner hanging inside a commit), its job
 is not tried again for this long: each try waits out the limit, which the other jobs' bubbles would pay."""
-
-
-@dataclass
-class ActiveJob:
-    """A job this executor works on: the task of the slice it holds, and what carries over from slice to slice
-    (the profile, step and commit time estimates, the reporting state)."""
-
-    spec: TaskSpec
-    job: JobDir
-    task: FillTask
-    profiler: BubbleProfiler
-    offloader: Offloader | None
-    model: StepModel | None = None
-    commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
-    transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
-    margin: Margin = field(default_factory=Margin)
-    profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)
-    started: str = field(default_factory=now_rfc3339)
-    reported_at: float = 0.0
-    rate_units: int = 0
-    rate_since: float = field(default_factory=time.monotonic)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def slice(self) -> Slice:
-        return self.task.slice
-
-    @property
-    def profile(self) -> Profile | None:
-        return self.profiler.result
-
-    @property
-    def any_batch_size(self) -> bool:
-        """Whether steps may run any batch size up to the profiled ones (tails sized to the time left): inference
-        workloads unless they set ``any_batch_size = False``; training runs its profiled sizes only."""
-        return bool(getattr(self.task.workload, "any_batch_size", self.spec.kind == "inference"))
 
 
 class Jobs:
@@ -173,7 +134,7 @@ class Jobs:
         will run — its profile's, or the profiler's candidates — here, between bubbles and before its first, at the
         executor's priority, so that none is paid inside a bubble. False when the workload raised (the job failed)."""
         opened_ns = time.monotonic_ns()
-        sizes = _tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
+        sizes = tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
         try:
             warmed = a.task.warm_up(sizes, device=self.device)
             a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
@@ -214,7 +175,7 @@ class Jobs:
         a.profile_taken = True
         points = a.profile.points
         a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
-        if a.model is not None and (tail := [b for b in _tail_sizes(a) if not a.task.saw(b)]):
+        if a.model is not None and (tail := [b for b in tail_sizes(a) if not a.task.saw(b)]):
             try:  # between bubbles: the first calls of the sizes its bubbles' tails will run
                 a.task.warm_up(tail, device=self.device)
             except Exception as exc:
@@ -239,11 +200,11 @@ class Jobs:
             self.failed.add(a.name)
             self.events.write(JobEvent(job=a.name, phase="Queued", message=unfit.message))
             self.source.release(a.name)
-            report = self._progress(a.spec, a.job, FillJobPhase.QUEUED, message=unfit.message)
+            report = progress_report(a.spec, a.job, FillJobPhase.QUEUED, message=unfit.message)
             self.source.report(a.name, dataclasses.replace(report, unfit=unfit, profile=measured))
             return
         if measured:
-            report = self._progress(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)
+            report = progress_report(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)
             self.source.report(a.name, dataclasses.replace(report, profile=measured, bubbles=self.bubble_report()))
         if a.offloader is not None:
             a.offloader.to_host()
@@ -281,7 +242,9 @@ class Jobs:
         committed = a.job.committed()
         self.metrics.commits.labels(a.name).inc()
         self.metrics.committed_items.labels(a.name).set(committed)
-        self._commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s)
+        self.events.write(
+            commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s)
+        )
         now = time.monotonic()
         if now - a.reported_at >= _REPORT_EVERY_S and not a.task.done():  # a finished slice reports once complete
             rate = (committed - a.rate_units) / max(1e-9, now - a.rate_since) if a.reported_at else None
@@ -394,7 +357,7 @@ class Jobs:
         finally:
             self.source.release(a.name)
         committed = a.job.committed()
-        self._commit_event(a, committed, written=0, commit_s=0.0, at="shutdown")
+        self.events.write(commit_event(a, committed, written=0, commit_s=0.0, at="shutdown"))
         self._report(a.spec, a.job, FillJobPhase.RUNNING, committed=committed, start_time=a.started)
 
     def _claim(self, spec: TaskSpec, job: JobDir) -> FillTask | None:
@@ -411,83 +374,11 @@ class Jobs:
             task.writer = self.writer
         return task
 
-    def _commit_event(
-        self, a: ActiveJob, committed: int, *, written: int, commit_s: float, write_s: float = 0.0, at: str = ""
-    ) -> None:
-        self.events.write(
-            CommitEvent(
-                job=a.name,
-                end=committed,
-                slice=[a.slice.start, a.slice.end],
-                position=a.task.committed,
-                bytes=written,
-                commit_s=commit_s,
-                write_s=write_s,
-                at=at or None,
-            )
-        )
-
     def _remove(self, name: str) -> ActiveJob | None:
         a = self.active.pop(name, None)
         if a is not None:
             self.generation += 1
         return a
 
-    def _report(
-        self,
-        spec: TaskSpec,
-        job: JobDir,
-        phase: FillJobPhase,
-        *,
-        committed: int | None = None,
-        rate: float | None = None,
-        message: str = "",
-        start_time: str | None = None,
-        completion_time: str | None = None,
-    ) -> None:
-        report = self._progress(
-            spec,
-            job,
-            phase,
-            committed=committed,
-            rate=rate,
-            message=message,
-            start_time=start_time,
-            completion_time=completion_time,
-        )
-        self.source.report(spec.name, report)
-
-    def _progress(
-        self,
-        spec: TaskSpec,
-        job: JobDir,
-        phase: FillJobPhase,
-        *,
-        committed: int | None = None,
-        rate: float | None = None,
-        message: str = "",
-        start_time: str | None = None,
-        completion_time: str | None = None,
-    ) -> ProgressReport:
-        """A report with every slice's commit pointer as the job's storage has it."""
-        states = job.states()
-        pointers = tuple(SliceProgress(st.slice.start, st.slice.end, st.committed) for st in states)
-        done = sum(st.units for st in states) if committed is None else committed
-        return ProgressReport(phase, done, spec.total, rate, message, start_time, completion_time, slices=pointers)
-
-
-_WARM_TAILS_S = 1.0
-"""At most this much (predicted) goes to the first calls of every batch size below the largest profiled one."""
-
-
-def _tail_sizes(a: ActiveJob) -> list[int]:
-    """The batch sizes a profiled job's steps will run: its profiled ones, and — for a job whose steps may run any
-    size (the tails of bubbles) — every size up to the largest when their first calls are predicted to take at most
-    :data:`_WARM_TAILS_S` (twice each: ``FillTask.warm_up`` times a second call)."""
-    points = a.profile.points if a.profile is not None else ()
-    profiled = [p.batch_size for p in points]
-    if not profiled or not a.any_batch_size:
-        return profiled
-    model = StepModel({p.batch_size: p.step_s for p in points})
-    every = list(range(1, max(profiled) + 1))
-    return every if 2 * sum(model.base_s(b) for b in every) <= _WARM_TAILS_S else profiled
+    def _report(self, spec: TaskSpec, job: JobDir, phase: FillJobPhase, **fields: Unpack[ReportFields]) -> None:
+        self.source.report(spec.name, progress_report(spec, job, phase, **fields))

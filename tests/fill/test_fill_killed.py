@@ -58,6 +58,14 @@ def _slices(out: Path) -> list[SliceEvent]:
     return [e for e in _events(out) if isinstance(e, SliceEvent)]
 
 
+def _half_done(out: Path, jobs: Path) -> bool:
+    """A commit in ``out``'s events left its slice short of its end (or the job is over: nothing more to wait for)."""
+    return _status(jobs).get("phase") == "Succeeded" or any(
+        isinstance(e, CommitEvent) and e.slice and e.position is not None and e.position < e.slice[1]
+        for e in _events(out)
+    )
+
+
 def _status(jobs: Path) -> dict[str, Any]:
     try:
         status: dict[str, Any] = json.loads((jobs / "enc.status.json").read_text())
@@ -115,13 +123,14 @@ def test_executor_sigkilled_at_random_points_resumes_exactly_once(tmp_path: Path
         if rng.random() < 0.25:  # during start-up: attach, claim, recovery, profiling
             time.sleep(rng.uniform(0.0, 2.0))
         else:  # while it works: inside steps, commits, between slices
-            # this life's first commit, then at most 0.1 s more: each working life leaves committed progress (a
-            # slice half done for the next one), and none does so much that the job ends before the third kill (an
-            # executor on an idle 2-core machine does ~2 000 samples a second; lives of up to a second of work did).
-            # The first commit lands about a third into a slice of 750 (commits at most once a second); 0.3 s more
-            # finished the slice before the kill in every life of one run, leaving no slice half done
-            _wait("a commit", lambda d=log_dir: any(isinstance(e, CommitEvent) for e in _events(d)), fill)
-            time.sleep(rng.uniform(0.0, 0.1))
+            # this life's first commit that leaves its slice half done, then at most 0.05 s more: each working life
+            # leaves a slice half done for the next one, and none does so much that the job ends before the third
+            # kill (an executor on an idle 2-core machine does ~2 000 samples a second; lives of up to a second of
+            # work did). Any first commit was not enough: a slice's last commit may be its first (commits at most
+            # once a second, a slice of 750), and 0.3 s after a first commit finished the slice in every life of one
+            # run, leaving none half done
+            _wait("a commit that leaves its slice half done", lambda d=log_dir: _half_done(d, jobs), fill)
+            time.sleep(rng.uniform(0.0, 0.05))
         if _status(jobs).get("phase") == "Succeeded":
             break
         _kill(fill)

@@ -10,7 +10,7 @@ from fill_helpers import write_job
 
 from pipefill.plan import ProfilePoint
 from pipefill.spec import load_file
-from pipefill_fill.jobs import _tail_sizes
+from pipefill_fill.active import tail_sizes
 from pipefill_fill.profiler import BubbleProfiler, profile_task
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
@@ -77,9 +77,9 @@ def test_warm_up_calls_each_size_outside_bubbles_and_its_times_predict_the_profi
 def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Path) -> None:
     cheap = SimpleNamespace(profile=SimpleNamespace(points=[ProfilePoint(4, 1e-3, 0), ProfilePoint(16, 4e-3, 0)]))
     cheap.any_batch_size = True
-    assert _tail_sizes(cheap) == list(range(1, 17))  # 2 × (0.25 ms × 136 samples) ≪ 1 s
+    assert tail_sizes(cheap) == list(range(1, 17))  # 2 × (0.25 ms × 136 samples) ≪ 1 s
     dear = SimpleNamespace(profile=SimpleNamespace(points=[ProfilePoint(4, 0.4, 0), ProfilePoint(16, 1.6, 0)]))
     dear.any_batch_size = True
-    assert _tail_sizes(dear) == [4, 16]  # a second per sample: the profiled sizes only
+    assert tail_sizes(dear) == [4, 16]  # a second per sample: the profiled sizes only
     cheap.any_batch_size = False
-    assert _tail_sizes(cheap) == [4, 16]  # training runs its profiled sizes only
+    assert tail_sizes(cheap) == [4, 16]  # training runs its profiled sizes only

@@ -1,0 +1,74 @@
+"""A job an executor works on (:class:`ActiveJob`): the task of the slice it holds, and what carries over from slice
+to slice; and which batch sizes its steps will run (:func:`tail_sizes`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pipefill_fill.offload import Offloader
+from pipefill_fill.overruns import Margin
+from pipefill_fill.predict import Estimator, StepModel
+from pipefill_fill.profiler import BubbleProfiler, Profile
+from pipefill_fill.slices import JobDir
+from pipefill_fill.sources.base import now_rfc3339
+from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.work import Slice
+
+__all__ = ["ActiveJob", "tail_sizes"]
+
+
+@dataclass
+class ActiveJob:
+    """A job this executor works on: the task of the slice it holds, and what carries over from slice to slice
+    (the profile, step and commit time estimates, the reporting state)."""
+
+    spec: TaskSpec
+    job: JobDir
+    task: FillTask
+    profiler: BubbleProfiler
+    offloader: Offloader | None
+    model: StepModel | None = None
+    commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
+    transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
+    margin: Margin = field(default_factory=Margin)
+    profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)
+    started: str = field(default_factory=now_rfc3339)
+    reported_at: float = 0.0
+    rate_units: int = 0
+    rate_since: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def slice(self) -> Slice:
+        return self.task.slice
+
+    @property
+    def profile(self) -> Profile | None:
+        return self.profiler.result
+
+    @property
+    def any_batch_size(self) -> bool:
+        """Whether steps may run any batch size up to the profiled ones (tails sized to the time left): inference
+        workloads unless they set ``any_batch_size = False``; training runs its profiled sizes only."""
+        return bool(getattr(self.task.workload, "any_batch_size", self.spec.kind == "inference"))
+
+
+_WARM_TAILS_S = 1.0
+"""At most this much (predicted) goes to the first calls of every batch size below the largest profiled one."""
+
+
+def tail_sizes(a: ActiveJob) -> list[int]:
+    """The batch sizes a profiled job's steps will run: its profiled ones, and — for a job whose steps may run any
+    size (the tails of bubbles) — every size up to the largest when their first calls are predicted to take at most
+    :data:`_WARM_TAILS_S` (twice each: ``FillTask.warm_up`` times a second call)."""
+    points = a.profile.points if a.profile is not None else ()
+    profiled = [p.batch_size for p in points]
+    if not profiled or not a.any_batch_size:
+        return profiled
+    model = StepModel({p.batch_size: p.step_s for p in points})
+    every = list(range(1, max(profiled) + 1))
+    return every if 2 * sum(model.base_s(b) for b in every) <= _WARM_TAILS_S else profiled
