@@ -54,6 +54,11 @@ demo-embed: $(STAMP) ## the demo's training made wider, its bubbles filled with 
 	rm -rf runs/embed-demo runs/fill/embed-sentences
 	$(BIN)/pipefill local -f examples/embed-demo.yaml -f examples/fill-embed.yaml --out runs/embed-demo
 
+# On a machine with one NVIDIA GPU (docs/gpu.md): each part fits in 10 minutes; results under runs/gpu-check.
+PART ?= all
+gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/gpu.md); DEVICE=cpu: the dry run
+	$(BIN)/pipefill gpu-check --part $(PART) --device $(or $(DEVICE),cuda) --out runs/gpu-check
+
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
 	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
 	$(BIN)/pytest -q
@@ -117,4 +122,4 @@ clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins cluster cluster-down chart-check
+.PHONY: cluster-bins cluster cluster-down chart-check gpu-check

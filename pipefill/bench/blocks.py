@@ -23,7 +23,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipefill.bench.colocation_run import BenchError, manifests, processes, rank_stats, run_processes
+from pipefill.bench.colocation_run import (
+    BenchError,
+    gpu_samplers,
+    gpu_utilization,
+    manifests,
+    processes,
+    rank_stats,
+    run_processes,
+)
 from pipefill.bench.paired import Block, blocks_of, bootstrap_ci, hold_label, pair_slowdowns
 from pipefill.channel import hold_fill
 from pipefill.channel.nextopen import NextOpen
@@ -121,7 +129,8 @@ def run_blocks(
         blocks=blocks,
     )
     try:
-        notes = run_processes(procs, a.timeout_s, tick=switch, poll_s=0.01)
+        with gpu_samplers(a) as samplers:
+            notes = run_processes(procs, a.timeout_s, tick=switch, poll_s=0.01)
     finally:
         shutil.rmtree(channel_root, ignore_errors=True)
     labels, step_s = _labels(run_dir, a.ranks, warmup_steps, warmup_steps + blocks * a.block_steps)
@@ -138,6 +147,16 @@ def run_blocks(
     mean_a = statistics.fmean(s for b in got if b.label == "A" for s in b.step_s)
     mean_b = statistics.fmean(s for b in got if b.label == "B" for s in b.step_s)
     errors = sorted(e for r in ranks for e in r.pop("open_errors_ns"))
+    # NVML utilization in the A and B blocks' steps (their settled steps, as timed by the first replayed rank)
+    times = {
+        e.step: (e.start_ns, e.start_ns + int(e.step_s * 1e9))
+        for e in read_events(rank_log_paths(run_dir, a.ranks[0])[0])
+        if isinstance(e, StepEvent)
+    }
+    util = {
+        label: gpu_utilization(samplers, [times[s] for b in got if b.label == label for s in b.steps if s in times])
+        for label in ("A", "B")
+    }
     return {
         "slowdown": statistics.fmean(pairs) if pairs else None,
         "slowdown_ci": list(ci) if ci else None,
@@ -157,6 +176,7 @@ def run_blocks(
         "pair_slowdowns": pairs,
         "blocks": [{"label": b.label, "steps": len(b.steps), "mean_step_s": b.mean_s} for b in got],
         "transition_steps": sum(1 for v in labels.values() if v is None),
+        **{f"{k}_{'alone' if label == 'A' else 'fill'}": v for label, u in util.items() for k, v in u.items()},
         "fill_notes": notes,
         "ranks": ranks,
     }

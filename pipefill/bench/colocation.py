@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
         "preempt a fill step, so an overrun costs the trainer) or idle (SCHED_IDLE, what pipefill local runs: the "
         "trainer preempts the fill); the naive runner is always normal",
     )
+    p.add_argument(
+        "--fill-offload",
+        action="store_true",
+        help="the executor keeps the fill's state in pinned host memory between bubbles (PIPEFILL_FILL_OFFLOAD; GPU)",
+    )
     p.add_argument("--cores", help="cores to pin the stages to, one each (default: the first usable ones)")
     p.add_argument("--replay", action="store_true", help="replay stages of a deeper pipeline, one per core or GPU")
     p.add_argument("--pipeline-stages", type=int, default=8, help="replay: stages of the emulated pipeline")
@@ -163,6 +168,12 @@ def _separate(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "bubble_recovery": _median([r["bubble_recovery"] for r in by["pipefill"]]),
         "fill_items_per_s_pipefill": _median([r["fill_items_per_s"] for r in by["pipefill"]]),
         "fill_items_per_s_naive": _median([r["fill_items_per_s"] for r in by["naive"]]),
+        # NVML, on a GPU only: how much of the time a kernel ran, per mode
+        **{
+            f"gpu_utilization_{mode}": _median([r["gpu_utilization"] for r in by[mode]])
+            for mode in MODES
+            if any("gpu_utilization" in r for r in by[mode])
+        },
         # each rep's mode ÷ that rep's baseline − 1: the spread the medians hide
         **{
             f"slowdown_{mode}_per_rep": [
@@ -192,6 +203,7 @@ def _summary(
         "slowdown_ci": ci,
         "bubble_recovery": recovery,
         "announced_recovery": blocked["announced_recovery"],
+        **{k: blocked[k] for k in ("gpu_utilization_alone", "gpu_utilization_fill") if k in blocked},
         "targets_met": {
             "slowdown_ci_high": ci is not None and ci[1] <= TARGETS["slowdown_ci_high_max"],
             "bubble_recovery": recovery is not None and recovery >= TARGETS["bubble_recovery_min"],

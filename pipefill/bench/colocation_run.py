@@ -17,13 +17,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
 from pipefill import env
+from pipefill.bench.nvml import UtilizationSampler
 from pipefill.events import (
     BubbleEvent,
     CommitEvent,
@@ -42,7 +44,17 @@ from pipefill.local.runner import prepare
 from pipefill.local.stats import RankStats, merged
 from pipefill.spec import FillJob, PipelineTrainingJob, parse, to_obj
 
-__all__ = ["BenchError", "launch", "manifests", "measure_rank", "processes", "rank_stats", "run_processes"]
+__all__ = [
+    "BenchError",
+    "gpu_samplers",
+    "gpu_utilization",
+    "launch",
+    "manifests",
+    "measure_rank",
+    "processes",
+    "rank_stats",
+    "run_processes",
+]
 
 _JOB = """\
 apiVersion: pipefill.io/v1alpha1
@@ -109,6 +121,7 @@ def processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJ
             p.env[env.CPU_AFFINITY] = str(a.cores[slot[p.rank]])
         else:
             p.env[env.DEVICE] = f"cuda:{slot[p.rank]}"
+            p.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the GPU numbers NVML uses (the utilization sampler's)
         if p.container == "trainer" and a.replay:
             p.argv = [*p.argv, "--replay-stage", str(p.rank), "--profile-steps", str(profile_steps)]
         elif p.container == "fill-executor":
@@ -117,9 +130,34 @@ def processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJ
             (queue / f"{fill.name}.yaml").write_text(yaml.safe_dump(to_obj(fill), sort_keys=False), encoding="utf-8")
             p.env[env.WORK_SOURCE] = f"files:{queue}"
             p.env[env.FILL_CPU_PRIORITY] = "normal" if mode == "naive" else a.fill_cpu_priority
+            if a.device == "cuda" and mode != "naive":
+                p.env[env.DEVICE] = "cuda"  # the executor attaches by the GPU UUID its trainer publishes, as in a pod
+            if a.fill_offload:
+                p.env[env.FILL_OFFLOAD] = "1"
             if mode == "naive":
                 p.argv = [sys.executable, "-m", "pipefill_fill.bench_worker"]  # the naive runner
     return chosen
+
+
+@contextmanager
+def gpu_samplers(a: argparse.Namespace) -> Iterator[list[UtilizationSampler]]:
+    """NVML utilization of each replayed stage's GPU (``cuda:i`` for the i-th), sampled while the block runs; none on
+    the CPU. CUDA and NVML number the GPUs alike when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the runs set it)."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(UtilizationSampler(i)) for i in range(len(a.ranks))] if a.device == "cuda" else []
+
+
+def gpu_utilization(samplers: list[UtilizationSampler], windows: list[tuple[int, int]]) -> dict[str, Any]:
+    """``{"gpu_utilization": mean over the GPUs of each one's mean inside the windows}`` (None where NVML gave
+    nothing, with the reason); empty on the CPU."""
+    if not samplers:
+        return {}
+    means = [s.mean(windows) for s in samplers]
+    out: dict[str, Any] = {
+        "gpu_utilization": None if None in means else sum(m for m in means if m is not None) / len(means)
+    }
+    errors = [s.error for s in samplers if s.error]
+    return {**out, "gpu_utilization_error": errors[0]} if errors else out
 
 
 def _tail(p: LocalProcess) -> str:
@@ -174,6 +212,8 @@ def measure_rank(run_dir: Path, rank: int, *, first: int, count: int) -> dict[st
     window_s = (t1 - t0) / 1e9
     return {
         "rank": rank,
+        "t0_ns": t0,
+        "t1_ns": t1,
         "step_s": statistics.median(e.step_s for e in steps),
         "window_s": window_s,
         **{k: stats[k] for k in ("bubble_fraction", "bubble_s", "announced_bubble_s", "fill_step_s")},
@@ -213,15 +253,17 @@ def launch(
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     channel_root = Path(tempfile.mkdtemp(prefix="pipefill-colocation-", dir=shm))
     try:
-        notes = run_processes(
-            processes(
-                a, job, fills, mode=mode, run_dir=run_dir, channel_root=channel_root, profile_steps=profile_steps
-            ),
-            a.timeout_s,
-        )
+        with gpu_samplers(a) as samplers:
+            notes = run_processes(
+                processes(
+                    a, job, fills, mode=mode, run_dir=run_dir, channel_root=channel_root, profile_steps=profile_steps
+                ),
+                a.timeout_s,
+            )
     finally:
         shutil.rmtree(channel_root, ignore_errors=True)
     ranks = [measure_rank(run_dir, r, first=warmup_steps, count=a.steps) for r in a.ranks]
+    window = (min(r.pop("t0_ns") for r in ranks), max(r.pop("t1_ns") for r in ranks))
     late = max((r["fill_late_s"] for r in ranks if r["fill_late_s"] is not None), default=0.0)
     if late > 0:
         notes.append(f"a fill began working {late:.2f} s into the measured steps; raise --warmup-s")
@@ -241,5 +283,6 @@ def launch(
         "fill_items_per_s": sum(r["fill_items_per_s"] for r in ranks),
         "fill_committed": sum(r["fill_committed"] for r in ranks),
         "fill_notes": notes,
+        **gpu_utilization(samplers, [window]),
         "ranks": ranks,
     }

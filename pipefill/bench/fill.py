@@ -36,7 +36,7 @@ from typing import Any
 
 from pipefill import env
 from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
-from pipefill.bench.machine import describe_machine
+from pipefill.bench.machine import describe_machine, visible_gpus
 from pipefill.events import (
     FILL_EVENTS,
     TRAINER_EVENTS,
@@ -84,6 +84,11 @@ def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[st
     (work / "stop").touch()
 
 
+def _fill_core(a: argparse.Namespace) -> int:
+    others = sorted(os.sched_getaffinity(0) - {a.cpu})
+    return others[-1] if a.device == "cuda" and others else a.cpu
+
+
 def _run_one(
     work: Path, a: argparse.Namespace, *, bubble_ms: float, load: str, params: dict[str, Any]
 ) -> dict[str, Any]:
@@ -96,8 +101,9 @@ def _run_one(
         env.CHANNEL_DIR: str(work / "channel"),
         env.WORK_SOURCE: f"files:{jobs}",
         env.OUT_DIR: str(work / "fill"),
-        env.DEVICE: "cpu",
-        env.CPU_AFFINITY: str(a.cpu),
+        env.DEVICE: a.device,
+        # on a GPU the fill's host thread gets a core of its own (its kernels share the device, not the trainer's core)
+        env.CPU_AFFINITY: str(_fill_core(a)),
         env.FILL_CPU_PRIORITY: "normal",  # a GPU cannot preempt a fill step: an overrun is measured, not hidden
         env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
@@ -181,6 +187,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--split", type=int, default=2, help="life: an inference job's maxParallelRanks (its slices)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
     p.add_argument("--guard-ms", type=float, default=0.5, help="PIPEFILL_FILL_GUARD_MS of the executor (default 0.5)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the fill runs (cuda: its first GPU; default cpu)",
+    )
     p.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)), help="the core both processes share")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
@@ -194,7 +206,13 @@ def main(argv: list[str]) -> int:
             f"--jobs {args.jobs}, --total {args.total}, --split {args.split}: use --jobs ≥ 1, --split ≥ 1, --total ≥ 0"
         )
     params = {"layers": args.layers, "hiddenSize": args.hidden, "heads": 4, "seqLen": args.seq_len}
-    machine = describe_machine(cores_used=[args.cpu], gpus=[])
+    gpus: list[str] = []
+    if args.device == "cuda":
+        gpus, why = visible_gpus()
+        if not gpus:
+            print(f"pipefill bench fill --device cuda: no CUDA GPU visible ({why}); use --device cpu", file=sys.stderr)
+            return 2
+    machine = describe_machine(cores_used=[args.cpu], gpus=gpus[:1])
     runs = []
     with tempfile.TemporaryDirectory(prefix="pipefill-bench-fill-") as tmp:
         for i, ms in enumerate(float(x) for x in args.bubbles_ms.split(",")):
@@ -205,7 +223,9 @@ def main(argv: list[str]) -> int:
     machine["load_avg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     out = {
         "benchmark": "fill",
-        "emulation": "CPU: one core plays one GPU; producer and fill executor pinned to it",
+        "emulation": f"GPU: the fill on {gpus[0]}, the synthetic trainer on core {args.cpu}"
+        if gpus
+        else "CPU: one core plays one GPU; producer and fill executor pinned to it",
         "machine": machine,
         "workload": {"name": args.workload, **(params if args.workload == "encoder-inference" else {})},
         "mode": "life" if args.life else "steady",

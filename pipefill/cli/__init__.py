@@ -19,6 +19,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pipefill.cli.bench", "run a benchmark and print JSON"),
     "cluster": ("pipefill.cli.cluster", "build, start or stop the local control plane with simulated GPU nodes"),
     "crds": ("pipefill.cli.crds", "write or check the CRDs and docs/api.md generated from the spec models"),
+    "gpu-check": ("pipefill.cli.gpucheck", "run the GPU checks and benchmarks on a machine with one NVIDIA GPU"),
     "local": ("pipefill.cli.local", "run a PipelineTrainingJob and its FillJobs on this machine, no cluster needed"),
     "plan": ("pipefill.cli.plan", "show the execution plan of a fill workload for given bubbles"),
     "simulate": ("pipefill.cli.simulate", "predict a training job's bubbles and the fill capacity they offer"),

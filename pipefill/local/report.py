@@ -30,7 +30,15 @@ from pipefill.local.idle import breakdown_markdown
 from pipefill.local.stats import RankStats, merged, overrun_summary
 from pipefill.spec import PipelineTrainingJob, to_obj
 
-__all__ = ["FILL_WORK_DIR", "build_report", "fill_job_status", "overrun_causes", "rank_log_paths", "write_report"]
+__all__ = [
+    "FILL_WORK_DIR",
+    "build_report",
+    "fill_job_status",
+    "overrun_causes",
+    "plot_timeline",
+    "rank_log_paths",
+    "write_report",
+]
 
 FILL_WORK_DIR = "filljobs"
 """The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
@@ -177,6 +185,12 @@ def _trace(job: PipelineTrainingJob, out_dir: Path) -> dict[str, Any]:
 
 
 def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: int = 2) -> bool:
+    return plot_timeline(out_dir, list(range(job.world_size)), path, title=job.name, last_steps=last_steps)
+
+
+def plot_timeline(out_dir: Path, ranks: list[int], path: Path, *, title: str, last_steps: int = 2) -> bool:
+    """Draw the last steps of ``ranks`` (a run's event logs under ``out_dir``; a replay has only its replayed ranks)
+    to ``path``: actions, bubbles, fill work. False when matplotlib or the steps are missing."""
     try:
         import matplotlib
 
@@ -184,7 +198,8 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    logs = [(_spans(trainer), fill) for trainer, fill in (_logs(out_dir, r) for r in range(job.world_size))]
+    logs = [(_spans(trainer), fill) for trainer, fill in (_logs(out_dir, r) for r in ranks)]
+    rows = len(ranks)
     final = max((e.step for t, _ in logs for e in t if isinstance(e, ActionEvent)), default=-1)
     keep = set(range(final - last_steps + 1, final + 1))
     # A restarted job appends to the same logs: take the newest occurrence of the kept steps (the clock only grows).
@@ -195,10 +210,10 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
         return False
     t0 = min(e.start_ns for e in spans)
     t1 = max(e.end_ns for e in spans)
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * job.world_size))
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * rows))
     colors = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#8172b3"}
-    for rank, (trainer, fill) in enumerate(logs):
-        y = job.world_size - 1 - rank
+    for row, (trainer, fill) in enumerate(logs):
+        y = rows - 1 - row
         for e in trainer:
             if e.step not in keep or e.start_ns < t0:
                 continue
@@ -211,11 +226,9 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
         for s, end in _fill_spans(fill):
             if t0 <= s <= t1:
                 ax.broken_barh([((s - t0) / 1e6, (end - s) / 1e6)], (y + 0.35, 0.3), facecolors="#55a868")
-    ax.set_yticks(
-        [job.world_size - 1 - r + 0.5 for r in range(job.world_size)], [f"rank {r}" for r in range(job.world_size)]
-    )
+    ax.set_yticks([rows - 1 - r + 0.5 for r in range(rows)], [f"rank {r}" for r in ranks])
     ax.set_xlabel("ms (last steps)")
-    ax.set_title(f"{job.name}: actions (F blue, B orange), bubbles hatched, fill work green")
+    ax.set_title(f"{title}: actions (F blue, B orange), bubbles hatched, fill work green")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

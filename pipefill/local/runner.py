@@ -18,10 +18,11 @@ from typing import Any
 
 import yaml
 
+from pipefill.events import ExitEvent, read_events
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
 from pipefill.local.procs import LocalProcess, free_port, local_processes, model_code_dir, schedule_file, stop_all
-from pipefill.local.report import FILL_WORK_DIR
+from pipefill.local.report import FILL_WORK_DIR, rank_log_paths
 from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
 
 __all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "prepare"]
@@ -31,6 +32,19 @@ _POLL_S = 0.2
 # <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
 CONFIG_MAPS_DIR = "configmaps"
 _FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def _left_with_its_trainer(out_dir: Path, proc: LocalProcess) -> bool:
+    """A fill executor that exited 0 because its trainer stopped announcing (its last ``exit`` record says "trainer
+    gone"): the trainer has finished its steps and is saving or exiting, or it hangs and its peers' timeout restarts
+    the job, which starts the executor again. Restarting it would attach to a channel nobody announces on (and, timed
+    against a slow final save, made a finished run report a fill restart)."""
+    if proc.poll() != 0:
+        return False
+    last = next(
+        (e for e in reversed(read_events(rank_log_paths(out_dir, proc.rank)[1])) if isinstance(e, ExitEvent)), None
+    )
+    return last is not None and last.reason == "trainer gone"
 
 
 @dataclass
@@ -137,6 +151,7 @@ class LocalRun:
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         policy = self.job.spec.run_policy
         fill_restart_at: dict[int, float] = {}
+        left: set[tuple[int, int]] = set()  # (process, its restarts) of executors that left with their trainer
         try:
             self._spawn(spec_file, work_dir, channel_root)
             while True:
@@ -156,6 +171,7 @@ class LocalRun:
                             f"{proc.name} {exit_text(code)} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
                         )
                         stop_all(self.procs)
+                        left.clear()
                         self._spawn(spec_file, work_dir, channel_root)
                         continue
                     self.outcome.code, self.outcome.reason = 1, f"{proc.name} {exit_text(code)}: {tail}"
@@ -171,6 +187,11 @@ class LocalRun:
                         continue
                     if proc.rank in finished:  # its trainer is done, so is its pod's sidecar: nothing to restart
                         continue
+                    if (i, proc.restarts) in left or (
+                        i not in fill_restart_at and _left_with_its_trainer(self.out_dir, proc)
+                    ):
+                        left.add((i, proc.restarts))  # its log is read once
+                        continue  # its trainer is finishing (the final save): the job restart, if any, starts it
                     due = fill_restart_at.setdefault(
                         i, time.monotonic() + _FILL_RESTART_BACKOFF_S[min(proc.restarts, 4)]
                     )

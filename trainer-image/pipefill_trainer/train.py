@@ -155,6 +155,9 @@ class Trainer:
         tokens = targets = None
         if first or last:  # only the ends read data
             tokens, targets = p.data.microbatches(step, dp_rank=p.topology.dp_rank, m=p.shape.microbatches)
+            # the data is read on the host; the stages run on the device (a no-op on the CPU)
+            tokens = [t.to(p.device, non_blocking=True) for t in tokens]
+            targets = [t.to(p.device, non_blocking=True) for t in targets]
         profiling, quiet = self.announcer is None, self.nofill.quiet(step)
         if self.announcer is not None:
             self.announcer.begin_step(step, quiet=quiet)
