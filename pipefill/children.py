@@ -1,11 +1,18 @@
 """What a cluster needs around the rank pods of a ``PipelineTrainingJob``, built in the core so both runners share it.
 
 The operator creates these objects, all owned by the job (garbage collection removes them with it), all named after
-the job so a create is idempotent: the headless Service (rank discovery, ``<pod>.<job>``), the spec ConfigMap (the
-manifest the trainer reads, and the CSV of ``schedule: custom`` copied from the user's ConfigMap), the
-ResourceClaimTemplate of ``gpuSharing: dra``, the fill executor's ServiceAccount, Role and RoleBinding, the optional
-PodDisruptionBudget and the PodGroup of the gang mechanism. ``pipefill local`` writes the same spec document
-(:func:`spec_document`) and takes the custom schedule from the same ConfigMap manifest.
+the job so a create is idempotent: the headless Service (rank discovery, ``<pod>.<job>``), the spec ConfigMap only
+where a pod's annotation cannot carry the spec (:func:`spec_in_config_map`), the ResourceClaimTemplate of
+``gpuSharing: dra``, the fill executor's ServiceAccount, Role and RoleBinding, the optional PodDisruptionBudget and the
+PodGroup of the gang mechanism. ``pipefill local`` writes the same spec document (:func:`spec_document`) and takes the
+custom schedule from the same ConfigMap manifest.
+
+The trainer reads its job from a file (``PIPEFILL_SPEC_FILE``, ``/etc/pipefill/job.yaml``). Usually that file is the
+rank pod's own annotation :data:`SPEC_ANNOTATION`, shown by a downward API volume: it travels in the pod's create,
+so a job costs no request for it (a ConfigMap was one create per job, and one more watch per job for every kubelet
+that mounts it). The ConfigMap stays for two cases: ``schedule: custom``, whose CSV (one row per rank, one entry per
+action) has no bound and is copied from the user's ConfigMap, and a spec too large for the annotation budget
+(:data:`SPEC_ANNOTATION_BUDGET_BYTES`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ __all__ = [
     "FILL_ACCOUNT",
     "FILL_RULES",
     "JOB_LABEL",
+    "SPEC_ANNOTATION",
+    "SPEC_ANNOTATION_BUDGET_BYTES",
     "SPEC_KEY",
     "Owner",
     "child_labels",
@@ -38,10 +47,18 @@ __all__ = [
     "spec_config_map",
     "spec_config_name",
     "spec_document",
+    "spec_in_config_map",
 ]
 
 JOB_LABEL = "pipefill.io/job-name"
 SPEC_KEY = "job.yaml"
+SPEC_ANNOTATION = "pipefill.io/spec"
+"""The rank pod's annotation holding :func:`spec_document`, unless :func:`spec_in_config_map`."""
+SPEC_ANNOTATION_BUDGET_BYTES = 128 * 1024
+"""Bytes the spec annotation and the pod template's annotations may take together (keys and values, as the API server
+counts them); more, and the spec goes in the ConfigMap. Half of Kubernetes' 256 KiB limit on all of an object's
+annotations, so admission webhooks and other controllers that annotate pods keep room. The examples' documents take
+2-3 KiB."""
 RENDEZVOUS_PORT = 29500
 # Exactly what the fill executor's Kubernetes work source calls (pipefill_fill.sources.kubernetes): it lists the
 # FillJobs of its namespace, reads and patches their status; and what its workload loader calls
@@ -145,6 +162,20 @@ def spec_document(job: PipelineTrainingJob) -> str:
     return yaml.dump(obj, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
 
 
+def spec_in_config_map(job: PipelineTrainingJob, document: str | None = None) -> bool:
+    """Whether the rank pods read the spec from the spec ConfigMap rather than from their annotation.
+
+    True for ``schedule: custom`` (the CSV beside the spec comes from the user's ConfigMap and has no size bound) and
+    for a spec whose annotation would exceed :data:`SPEC_ANNOTATION_BUDGET_BYTES`. ``document`` is
+    :func:`spec_document` of ``job`` where the caller has it (it takes longer to write than the pod).
+    """
+    if job.spec.pipeline.schedule == Schedule.CUSTOM:
+        return True
+    text = spec_document(job) if document is None else document
+    user = sum(len(k.encode()) + len(v.encode()) for k, v in job.spec.pod_template.annotations.items())
+    return len(SPEC_ANNOTATION) + len(text.encode()) + user > SPEC_ANNOTATION_BUDGET_BYTES
+
+
 def schedule_csv_of(job: PipelineTrainingJob, config_map: dict[str, Any] | None) -> str | None:
     """The custom schedule's CSV from the user's ConfigMap (named by ``spec.pipeline.customSchedule``).
 
@@ -168,7 +199,8 @@ def schedule_csv_of(job: PipelineTrainingJob, config_map: dict[str, Any] | None)
 def spec_config_map(
     job: PipelineTrainingJob, *, namespace: str, owner: Owner | None = None, schedule_csv: str | None = None
 ) -> dict[str, Any]:
-    """The spec ConfigMap mounted at /etc/pipefill: ``job.yaml`` and, for ``schedule: custom``, the CSV."""
+    """The spec ConfigMap mounted at /etc/pipefill where :func:`spec_in_config_map`: ``job.yaml`` and, for
+    ``schedule: custom``, the CSV."""
     data = {SPEC_KEY: spec_document(job)}
     ref = job.spec.pipeline.custom_schedule
     if schedule_csv is not None and ref is not None:
@@ -270,18 +302,27 @@ def disruption_budget(job: PipelineTrainingJob, *, namespace: str, owner: Owner 
 
 
 def desired_children(
-    job: PipelineTrainingJob, *, namespace: str, owner: Owner | None = None, schedule_csv: str | None = None
+    job: PipelineTrainingJob,
+    *,
+    namespace: str,
+    owner: Owner | None = None,
+    schedule_csv: str | None = None,
+    document: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child of the job but the pods, in creation order (what the pods reference comes first). The pods' fill
-    identity is the namespace's (:func:`fill_rbac`), not the job's."""
+    identity is the namespace's (:func:`fill_rbac`), not the job's; the spec ConfigMap is one only where
+    :func:`spec_in_config_map` (``document``: the job's :func:`spec_document`, where the caller has it)."""
     group = pod_group(job, namespace=namespace, metadata=_meta(job, job.name, namespace, owner))
+    spec_map = None
+    if spec_in_config_map(job, document):
+        spec_map = spec_config_map(job, namespace=namespace, owner=owner, schedule_csv=schedule_csv)
     optional = [
+        spec_map,
         claim_template(job, namespace=namespace, owner=owner),
         disruption_budget(job, namespace=namespace, owner=owner),
         group,
     ]
     return [
         headless_service(job, namespace=namespace, owner=owner),
-        spec_config_map(job, namespace=namespace, owner=owner, schedule_csv=schedule_csv),
         *[obj for obj in optional if obj is not None],
     ]

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from pipefill.children import Owner, desired_children, fill_rbac
+from pipefill.children import Owner, desired_children, fill_rbac, spec_document
 from pipefill.lifecycle import Decision
 from pipefill.lifecycle.conditions import rfc3339
 from pipefill.pods import rank_pod
@@ -110,16 +110,17 @@ class Applier:
             await self._create(binding)
             self._identities.add(namespace)
 
-    async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None) -> None:
-        """Create what the pods reference (the fill identity, the ServiceAccount's namespace's; the PodGroup). The
-        spec ConfigMap is brought up to date when the spec changed."""
+    async def _children(self, job: PipelineTrainingJob, body: dict[str, Any], csv: str | None, document: str) -> None:
+        """Create what the pods reference (the fill identity, the ServiceAccount's namespace's; the PodGroup). A
+        spec ConfigMap, where the job has one (children.spec_in_config_map), is brought up to date when the spec
+        changed; the pods' own spec annotations need nothing: each pod is created with its job's spec of the time."""
         meta = body["metadata"]
         digest = hashlib.sha256((csv or "").encode()).hexdigest()[:16]
         mark = (meta["uid"], int(meta.get("generation", 1)), digest)
         if mark in self._ensured:
             return
         owner = Owner(name=meta["name"], uid=meta["uid"])
-        objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv)
+        objs = desired_children(job, namespace=meta["namespace"], owner=owner, schedule_csv=csv, document=document)
         created, _ = await asyncio.gather(
             asyncio.gather(*(self._create(o) for o in objs)), self._identity(meta["namespace"])
         )
@@ -145,12 +146,14 @@ class Applier:
         """The children the pods reference, then the pods (two rounds of parallel requests); the pods created."""
         if not decision.create_ranks:
             return []
-        await self._children(job, body, csv)
+        document = spec_document(job)  # once for the gang: every rank's pod carries it (or its ConfigMap does)
+        await self._children(job, body, csv, document)
         meta = body["metadata"]
         owner = Owner(name=meta["name"], uid=meta["uid"])
         gen = decision.status.generation
         manifests = [
-            rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner) for r in decision.create_ranks
+            rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner, document=document)
+            for r in decision.create_ranks
         ]
         made = await asyncio.gather(*(self._create(obj) for obj in manifests))
         return [obj for obj in made if obj is not None and obj.get("kind") == "Pod"]

@@ -6,7 +6,9 @@ namespaces, under a ServiceAccount bound to operator/rbac/clusterrole.yaml), the
 p50, p95, last), how long the control plane took to schedule the pods apart from the operator's own work
 (reconcile wall time, and that time minus the waits on the API server), reconciles per second, the operator's CPU
 seconds and peak resident memory, each control-plane component's CPU seconds meanwhile (they share the machine's
-cores), the API requests per job and the ERROR lines and tracebacks in the operator's log;
+cores), the API requests per job (in all and by HTTP method: POST creates, PATCH writes status, GET reads; only
+POST is fixed per job, the status writes vary with how long a gang takes to start) and the ERROR lines and tracebacks
+in the operator's log;
 for a job that never became Running, why its pods wait. kwok plays the kubelet: pods are bound and reported Running,
 never run.
 
@@ -311,6 +313,11 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         def requests(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
             return _histogram(samples, "pipefill_operator_api_request_duration_seconds")["count"] or 0.0
 
+        def by_method(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+            # POST is creates (pods, children, Events), PATCH status writes, GET reads: which kind a change moved
+            name = "pipefill_operator_api_request_duration_seconds_count"
+            return {dict(labels)["method"]: v for (n, labels), v in samples.items() if n == name}
+
         result.update(
             {
                 "created_s": round(created_s, 2),
@@ -328,6 +335,10 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "reconcile_own": _histogram(after, "pipefill_operator_reconcile_own_seconds"),
                 "api_requests": _histogram(after, "pipefill_operator_api_request_duration_seconds"),
                 "api_requests_per_job": round((requests(after) - requests(before)) / args.jobs, 1),
+                "api_requests_per_job_by_method": {
+                    method: round((count - by_method(before).get(method, 0.0)) / args.jobs, 2)
+                    for method, count in sorted(by_method(after).items())
+                },
                 "operator_cpu_s": round(cpu_s - cpu_idle_s, 2),
                 "operator_peak_rss_mib": round(peak_rss / 2**20, 1),
                 # where the machine's CPU went meanwhile: every component shares its cores with the operator

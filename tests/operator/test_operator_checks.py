@@ -73,11 +73,16 @@ def test_waiting_for_the_custom_schedule_configmap_clears_when_it_appears(
     kube.wait_pods(namespace, "train", running(2))
     job = kube.wait_job(namespace, "train", phase("Running"))
     assert (condition(job, "Waiting") or {}).get("status") == "False"
+    # a custom schedule keeps the spec ConfigMap: the CSV, copied from the user's, beside the spec (not annotations)
     spec_map = kube.core.read_namespaced_config_map("train-spec", namespace)
     assert spec_map.data["order.csv"] == SCHEDULE_CSV and "job.yaml" in spec_map.data
     pod = kube.core.read_namespaced_pod("train-0", namespace)
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert env["PIPEFILL_SCHEDULE_FILE"] == "/etc/pipefill/order.csv"
+    assert env["PIPEFILL_SPEC_FILE"] == "/etc/pipefill/job.yaml"
+    (volume,) = [v for v in pod.spec.volumes if v.name == "spec"]
+    assert volume.config_map.name == "train-spec" and volume.downward_api is None
+    assert "pipefill.io/spec" not in (pod.metadata.annotations or {})
     # the operator followed that one ConfigMap while the job waited for it, and no other
     follows = [
         e for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace)

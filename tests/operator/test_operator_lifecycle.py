@@ -9,15 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
 
+from pipefill import env
+from pipefill.children import SPEC_ANNOTATION, spec_document
 from pipefill.devcluster import ControlPlane
+from pipefill.pods import SPEC_MOUNT
+from pipefill.spec import PipelineTrainingJob, parse
 
 pytestmark = pytest.mark.cluster
 
 OPERATOR_USER = "system:serviceaccount:pipefill-system:pipefill-operator"
-CHILD_KINDS = ("service", "configmap", "poddisruptionbudget")
+CHILD_KINDS = ("service", "poddisruptionbudget")  # no spec ConfigMap: the spec travels in the pods' annotation
 IDENTITY_KINDS = ("serviceaccount", "role", "rolebinding")  # the namespace's fill identity, owned by no job
 
 
@@ -82,6 +87,45 @@ def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
     assert status["startTime"] and (condition(job, "Created") or {}).get("status") == "True"
     assert "finalizers" not in job["metadata"]
     kube.wait_events(namespace, {"PodsCreated", "Running", "CheckpointsNotShared"})
+
+
+def test_each_rank_pod_carries_its_jobs_spec_for_the_trainer_at_no_request_of_its_own(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    """The trainer reads PIPEFILL_SPEC_FILE; on the cluster that file is the pod's own spec annotation, written by
+    the kubelet from the downward API volume the API server stored. kwok runs no container, so this checks the pods
+    as stored: the file's path is the volume's item under the trainer's mount, and the annotation is the job's spec
+    (the server's defaults and the job's own labels included). No ConfigMap carries it, and none was created."""
+    start_operator()
+    manifest = job_manifest(steps=123, podTemplate={"annotations": {"example.com/team": "ml"}})
+    manifest["metadata"]["labels"] = {"example.com/project": "p1"}
+    kube.create_job(namespace, manifest)
+    pods = kube.wait_pods(namespace, "train", running(2))
+    body = kube.job(namespace, "train")
+    job = parse({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+    assert isinstance(job, PipelineTrainingJob)
+    for pod in pods:
+        document = pod["metadata"]["annotations"][SPEC_ANNOTATION]
+        assert document == spec_document(job)
+        seen = parse(yaml.safe_load(document))
+        assert isinstance(seen, PipelineTrainingJob)
+        assert seen.spec == job.spec and seen.spec.steps == 123
+        assert seen.metadata["labels"] == {"example.com/project": "p1"}
+        assert pod["metadata"]["annotations"]["example.com/team"] == "ml"
+        (trainer,) = pod["spec"]["containers"]
+        variables = {e["name"]: e.get("value") for e in trainer["env"]}
+        (mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == SPEC_MOUNT]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+        (item,) = volume["downwardAPI"]["items"]
+        assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{SPEC_ANNOTATION}']"
+        assert variables[env.SPEC_FILE] == f"{mount['mountPath']}/{item['path']}"
+    assert not _get(control_plane, namespace, "configmap", "-l", "pipefill.io/job-name=train")["items"]
+    made = [
+        e["objectRef"].get("resource")
+        for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace)
+        if e["verb"] == "create"
+    ]
+    assert "configmaps" not in made and made.count("pods") == 2, made
 
 
 def test_the_tainted_gpu_node_takes_only_pods_that_tolerate_it(

@@ -13,12 +13,14 @@ import yaml
 from pipefill.children import (
     FILL_ACCOUNT,
     FILL_RULES,
+    SPEC_ANNOTATION_BUDGET_BYTES,
     Owner,
     desired_children,
     fill_rbac,
     schedule_csv_of,
     spec_config_map,
     spec_document,
+    spec_in_config_map,
 )
 from pipefill.spec import PipelineTrainingJob, load_file, load_training_job, parse, to_obj
 
@@ -59,7 +61,8 @@ def test_children_are_valid_owned_and_named_after_the_job(name: str) -> None:
         if obj["apiVersion"].startswith(("scheduling.volcano.sh", "scheduling.x-k8s.io")):
             continue  # CRDs of other projects: their shape is asserted below
         kubernetes_validate.validate(obj, "1.36", strict=True)
-    assert _kinds(children)[:2] == ["Service", "ConfigMap"]
+    assert _kinds(children)[0] == "Service"
+    assert "ConfigMap" not in _kinds(children), "the spec travels in the pods' annotation (no request of its own)"
     assert not {"ServiceAccount", "Role", "RoleBinding"} & set(_kinds(children)), "the fill identity is the namespace's"
     assert len({(o["kind"], o["metadata"]["name"]) for o in children}) == len(children)
 
@@ -130,6 +133,28 @@ def test_spec_config_map_holds_the_defaulted_job_and_the_custom_schedule() -> No
     again = parse(doc)
     assert again.spec == job.spec
     assert spec_document(job) == cm["data"]["job.yaml"]
+
+
+def test_the_spec_config_map_is_kept_for_a_custom_schedule_and_a_spec_too_large_for_an_annotation() -> None:
+    custom = _custom_job()
+    assert spec_in_config_map(custom)
+    kinds = _kinds(desired_children(custom, namespace="n", schedule_csv="0F0,0B0\n"))
+    assert kinds[:2] == ["Service", "ConfigMap"]  # before the pods that mount it
+    plain = JOBS["cpu-demo"]
+    assert not spec_in_config_map(plain)
+    # the pod template's annotations share the budget with the spec (which holds them as well): 70 kB of them
+    # take the pair past it
+    obj = to_obj(plain)
+    many = {f"example.com/a{i}": "x" * 1000 for i in range(70)}
+    obj["spec"].setdefault("podTemplate", {})["annotations"] = many
+    big = parse(obj)
+    assert isinstance(big, PipelineTrainingJob)
+    assert 2 * len(many) * 1000 > SPEC_ANNOTATION_BUDGET_BYTES
+    assert spec_in_config_map(big)
+    assert "ConfigMap" in _kinds(desired_children(big, namespace="n"))
+    obj["spec"]["podTemplate"]["annotations"] = dict(list(many.items())[:10])
+    some = parse(obj)
+    assert isinstance(some, PipelineTrainingJob) and not spec_in_config_map(some)
 
 
 def test_custom_schedule_lookup_names_the_missing_map_or_key() -> None:

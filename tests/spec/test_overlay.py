@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from pipefill.children import SPEC_ANNOTATION
 from pipefill.overlay import OverlayError
 from pipefill.pods import rank_pod
 from pipefill.spec import PipelineTrainingJob, SpecError, load_training_job, parse, to_obj
@@ -61,7 +62,8 @@ def test_fill_overlay_env_from_and_affinity() -> None:
     )
     pod = rank_pod(job, 0)
     assert pod["spec"]["affinity"] == affinity
-    assert pod["metadata"]["annotations"] == {"example.com/owner": "ml"}
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "ml"
+    assert set(pod["metadata"]["annotations"]) == {"example.com/owner", SPEC_ANNOTATION}  # and the job's spec
     assert pod["spec"]["initContainers"][0]["envFrom"] == [
         {"secretRef": {"name": "s3", "optional": False}, "prefix": "S3_"}
     ]

@@ -8,10 +8,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from pipefill import env
-from pipefill.children import Owner
-from pipefill.pods import GENERATION_LABEL, rank_containers, rank_pod
+from pipefill.children import SPEC_ANNOTATION, Owner, spec_document
+from pipefill.pods import GENERATION_LABEL, SPEC_MOUNT, rank_containers, rank_pod
 from pipefill.spec import PipelineTrainingJob, load_file, parse, to_obj
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +126,44 @@ def test_rank_zero_declares_the_rendezvous_port_and_custom_schedule_is_named() -
     assert _env(trainer0)[env.SCHEDULE_FILE] == "/etc/pipefill/s.csv"
 
 
+def _spec_volume(pod: dict[str, Any]) -> dict[str, Any]:
+    trainer, _ = _containers(pod)
+    (mount,) = [m for m in trainer["volumeMounts"] if m["mountPath"] == SPEC_MOUNT]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    return volume
+
+
+def test_the_trainer_reads_the_spec_from_its_pods_annotation_through_the_downward_api() -> None:
+    """No ConfigMap, no request of its own: /etc/pipefill/job.yaml is the pod's annotation, and that is the job."""
+    job = _job("cpu-demo")
+    pod = rank_pod(job, 1, namespace="team-a")
+    trainer, fill = _containers(pod)
+    assert _env(trainer)[env.SPEC_FILE] == f"{SPEC_MOUNT}/job.yaml"
+    assert _spec_volume(pod) == {
+        "name": "spec",
+        "downwardAPI": {
+            "items": [{"path": "job.yaml", "fieldRef": {"fieldPath": "metadata.annotations['pipefill.io/spec']"}}]
+        },
+    }
+    document = pod["metadata"]["annotations"][SPEC_ANNOTATION]
+    assert document == spec_document(job)
+    again = parse(yaml.safe_load(document))
+    assert isinstance(again, PipelineTrainingJob) and again.spec == job.spec and again.name == job.name
+    assert all(m["mountPath"] != SPEC_MOUNT for m in fill["volumeMounts"])  # the trainer's alone, as before
+    assert rank_pod(job, 0, document=document) == rank_pod(job, 0)  # a gang's pods can share one document
+    kubernetes_validate.validate(pod, K8S, strict=True)
+
+
+def test_a_custom_schedule_keeps_the_spec_config_map_beside_its_csv() -> None:
+    job = _job(
+        "cpu-demo",
+        **{"spec.pipeline.schedule": "custom", "spec.pipeline.customSchedule": {"name": "sched", "key": "s.csv"}},
+    )
+    pod = rank_pod(job, 0)
+    assert _spec_volume(pod) == {"name": "spec", "configMap": {"name": "cpu-demo-spec"}}
+    assert SPEC_ANNOTATION not in pod["metadata"].get("annotations", {})
+
+
 def test_visible_devices_fallback_requests_the_gpu_for_the_trainer_only() -> None:
     job = _job("gpt-1-3b", **{"spec.gpuSharing.mode": "visibleDevices"})
     pod = rank_pod(job, 0)
@@ -158,7 +197,7 @@ def test_gang_mechanisms_mark_the_pods() -> None:
     assert k8s["spec"]["schedulingGroup"] == {"podGroupName": "gpt-rdma"}
     assert "schedulerName" not in k8s["spec"]
     volcano = rank_pod(by_name["gang-volcano"], 0)
-    assert volcano["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "gang-volcano"}
+    assert volcano["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "gang-volcano"
     assert volcano["spec"]["schedulerName"] == "volcano"
     cosched = rank_pod(by_name["gang-coscheduling"], 0)
     assert cosched["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang-coscheduling"
