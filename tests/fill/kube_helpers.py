@@ -3,11 +3,16 @@ writes it, and a ServiceAccount with exactly the fill executor's RBAC (pipefill.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import yaml
 from kubernetes import client, config
 
 from pipefill.children import FILL_RULES
@@ -127,3 +132,73 @@ def wait_for(check: Callable[[], T | None], what: str, timeout_s: float = 30.0) 
             return got
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class PausableProxy:
+    """A TCP proxy on loopback in front of the real API server, for an API server that stops answering: while
+    paused it accepts connections and holds them without a byte (a hung server, as a client sees one); ``resume``
+    drops the held ones (the client's retry connects again) and forwards every new connection."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.paused = threading.Event()
+        self.held: list[socket.socket] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            if self.paused.is_set():
+                self.held.append(conn)
+                continue
+            up = socket.create_connection(self.upstream)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):  # the other direction's pump ends too, on its closed socket
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def pause(self) -> None:
+        self.paused.set()
+
+    def resume(self) -> None:
+        self.paused.clear()
+        for conn in self.held:
+            conn.close()
+        self.held.clear()
+
+    def close(self) -> None:
+        self.server.close()
+        self.resume()
+
+
+def api_through(kubeconfig: Path, proxy: PausableProxy) -> client.CustomObjectsApi:
+    """A client of ``kubeconfig``'s identity whose requests go through ``proxy``: a copy of the kubeconfig naming the
+    proxy as the server (the client reloads its kubeconfig before each request, so only the file can say so)."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for cluster in doc["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    through = kubeconfig.with_name(f"{kubeconfig.stem}-via-{proxy.port}.yaml")
+    through.write_text(yaml.safe_dump(doc))
+    return api_as(through)
+
+
+def upstream_of(kubeconfig: Path) -> tuple[str, int]:
+    """(host, port) of the API server a kubeconfig names."""
+    url = urllib.parse.urlsplit(config.new_client_from_config(str(kubeconfig)).configuration.host)
+    return url.hostname or "127.0.0.1", url.port or 443

@@ -10,7 +10,19 @@ import time
 from typing import Any
 
 import pytest
-from kube_helpers import admin, api_as, assign, create_filljob, executor_account, get_status, plan, write_status
+from kube_helpers import (
+    PausableProxy,
+    admin,
+    api_as,
+    api_through,
+    assign,
+    create_filljob,
+    executor_account,
+    get_status,
+    plan,
+    upstream_of,
+    write_status,
+)
 
 from pipefill.devcluster import ControlPlane
 from pipefill.spec import FillJobPhase
@@ -112,6 +124,7 @@ def test_reports_merge_under_conflicts(control_plane: ControlPlane, namespace: s
         for i in range(1, 17):
             pointer = SliceProgress(64 * r, 64 * r + 64, 64 * r + i)
             sources[r].report("j", ProgressReport(FillJobPhase.RUNNING, 0, 256, slices=(pointer,)))
+            assert sources[r].flush(30)  # one PATCH per report: the writers race as often as before the queue
 
     threads = [threading.Thread(target=report, args=(r,)) for r in range(4)]
     for t in threads:
@@ -165,3 +178,35 @@ def test_an_idle_executor_makes_at_most_one_request_per_30_s(control_plane: Cont
         assert len(during) <= 1, f"{len(during)} API requests in 30 s of idling"
     finally:
         source.close()
+
+
+def test_a_hung_api_server_never_delays_a_report_and_it_lands_once_the_server_answers(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """The filling thread's report returns at once while the API server (behind a proxy that holds every connection)
+    answers nothing; the report is kept, tried again, and in the status once the server answers."""
+    api = admin(control_plane)
+    create_filljob(api, namespace, "j", output="/data/j", total=256, ranks=2)
+    write_status(api, namespace, "j", lambda s: (plan(s, 256, 2), assign(s, start=0, end=64, pod="p", uid="uid-0")))
+    starts = [s["committed"] for s in get_status(api, namespace, "j")["slices"]]
+    kubeconfig = executor_account(control_plane, namespace)
+    proxy = PausableProxy(*upstream_of(kubeconfig))
+    proxy.pause()
+    source = KubernetesSource(
+        identity=ME, namespace=namespace, api=api_through(kubeconfig, proxy), request_timeout_s=(0.5, 0.5)
+    )
+    try:
+        for committed in (16, 32):  # two reports while the server hangs: kept in order, sent together
+            t0 = time.monotonic()
+            pointer = SliceProgress(0, 64, committed)
+            source.report("j", ProgressReport(FillJobPhase.RUNNING, 0, 256, slices=(pointer,)))
+            assert time.monotonic() - t0 < 0.05, "report() waited for the API server"
+        assert not source.flush(1.5)  # nothing answers: still queued (tried, timed out, kept)
+        assert [s["committed"] for s in get_status(api, namespace, "j")["slices"]] == starts
+        assert proxy.held, "the proxy held no connection: the report never tried the server"
+        proxy.resume()
+        assert source.flush(30), "the kept reports were not sent once the server answered"
+        assert [s["committed"] for s in get_status(api, namespace, "j")["slices"]] == [32, *starts[1:]]
+    finally:
+        source.close()
+        proxy.close()

@@ -106,7 +106,9 @@ def test_a_job_planned_with_a_margin_is_warned_about_once(
         for i in range(3):
             now = time.monotonic_ns()
             _, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * MS), now + 49 * MS, 0.05)
-            assert out.margin_ns == 2 * MS and out.steps  # planned 2 ms earlier
+            # planned 2 ms earlier; each fill's own outcome is learnt too, so on a loaded machine a later margin can
+            # be larger, never smaller
+            assert (out.margin_ns >= 2 * MS if i else out.margin_ns == 2 * MS) and out.steps
             assert all(start < now + 47 * MS for start, _ in out.spans_ns)  # none started past the earlier deadline
     warnings = [r for r in caplog.records if "planned 2.00 ms shorter" in r.getMessage()]
     assert len(warnings) == 1 and "job enc" in warnings[0].getMessage()

@@ -11,7 +11,9 @@ from the watch cache (:mod:`pipefill_fill.sources.watch`), and the store's own e
 cache is behind (docs/fill.md, "Guarantees"). A job that is cancelled, suspended (the operator removed the
 assignments), final or deleted is no longer offered: the executor stops it at the next bubble without committing.
 
-The executor reports by a merge patch of the status subresource, merged with the status just read
+The executor reports off its filling thread (:mod:`pipefill_fill.sources.reporter`: queued, sent by one thread with a
+request timeout, tried again while the API server does not answer, the reports of one job that piled up sent as
+one), by a merge patch of the status subresource, merged with the status just read
 (:func:`merged_status`: final phases stay, commit pointers and samplesDone never go backwards, this rank's unfit and
 bubble-class entries replaced) and carrying its ``metadata.resourceVersion``: a patch that raced another writer (an
 executor, the operator) is refused with 409 Conflict, read again and merged again, after a random wait that doubles
@@ -31,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -38,6 +41,7 @@ from pipefill import env
 from pipefill.queue.status import plan_of_record
 from pipefill.spec import GROUP, VERSION, FillJob, SpecError, parse
 from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
+from pipefill_fill.sources.reporter import Reporter, Transient
 from pipefill_fill.sources.watch import PLURAL, FillJobCache
 from pipefill_fill.work import Slice, TaskSpec
 
@@ -46,6 +50,8 @@ __all__ = ["OWNED_FIELDS", "KubernetesSource"]
 log = logging.getLogger("pipefill_fill")
 
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+REQUEST_TIMEOUT_S = (2.0, 5.0)
+"""(connect, read) seconds a status request waits; the reporter tries again later (sources/reporter.py)"""
 _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 0.005
 """the first wait after a conflict; doubled at each one, drawn at random up to it (writers that raced do not race
@@ -78,8 +84,10 @@ class KubernetesSource(WorkSource):
         api: client.CustomObjectsApi | None = None,
         label_selector: str | None = None,
         watch_timeout_s: int = 300,
+        request_timeout_s: tuple[float, float] = REQUEST_TIMEOUT_S,
     ) -> None:
         self.identity = identity
+        self.request_timeout_s = request_timeout_s
         if api is None:
             try:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -97,6 +105,7 @@ class KubernetesSource(WorkSource):
         )
         self._assigned: dict[str, dict[Slice, int]] = {}  # job -> slice -> epoch assigned to this pod, as last polled
         self._held: dict[tuple[str, Slice], int] = {}  # slices claimed, with the epoch they were claimed at
+        self.reporter = Reporter(self._send)
 
     def poll(self) -> list[TaskSpec]:
         specs, assigned = [], {}
@@ -158,18 +167,28 @@ class KubernetesSource(WorkSource):
             del self._held[key]  # the operator moves assignments; this only forgets the claim
 
     def report(self, name: str, report: ProgressReport) -> None:
+        """Queued for the reporter thread: the API server's answer is never waited for here (the filling thread)."""
+        self.reporter.submit(name, report)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the reports made so far reached the API server (or were refused for good); whether in time."""
+        return self.reporter.flush(timeout_s)
+
+    def _send(self, name: str, reports: list[ProgressReport]) -> None:
+        """The reporter's send: read the status, merge ``reports`` into it in order, patch what changed of ours."""
         try:
             for attempt in range(_CONFLICT_RETRIES):
                 if attempt:
                     time.sleep(random.uniform(0, _CONFLICT_BACKOFF_S * 2 ** (attempt - 1)))
                 obj = cast(
                     dict[str, Any],
-                    self.api.get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name),
+                    self.api.get_namespaced_custom_object_status(
+                        GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=self.request_timeout_s
+                    ),
                 )
-                old = obj.get("status") or {}
-                merged = merged_status(old, report, identity=self.identity, held=None)
-                if merged is None:
-                    return
+                old = merged = obj.get("status") or {}
+                for report in reports:
+                    merged = merged_status(merged, report, identity=self.identity, held=None) or merged
                 changed = {k: merged.get(k) for k in OWNED_FIELDS if merged.get(k) != old.get(k)}
                 if merged.get("phase") not in _EXECUTOR_PHASES:
                     changed.pop("phase", None)  # Queued and Running are the operator's (assignments decide them)
@@ -186,17 +205,23 @@ class KubernetesSource(WorkSource):
                         name,
                         patch,
                         _content_type="application/merge-patch+json",
+                        _request_timeout=self.request_timeout_s,
                     )
                     return
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
-            log.warning("work source: status of FillJob %s not updated: %d conflicts in a row", name, _CONFLICT_RETRIES)
+            raise Transient(f"{_CONFLICT_RETRIES} conflicts in a row")
         except ApiException as exc:
-            # Progress is durable in the output directory; a lost status update is repaired by the next one.
+            if exc.status in (0, 429) or exc.status >= 500:
+                raise Transient(f"{exc.status} {exc.reason}") from None
+            # 403, 404 (the job is gone), 422: permanent; progress is durable in the job's storage
             log.warning("work source: status of FillJob %s not updated (%s %s)", name, exc.status, exc.reason)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # timed out, refused, reset: the server may come back
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
+        self.reporter.close(timeout_s=sum(self.request_timeout_s) + 5.0)
         self.cache.close()
 
     def _assigned_here(self, status: dict[str, Any]) -> dict[Slice, int]:
