@@ -119,8 +119,8 @@ def test_a_models_configmap_is_waited_for_until_it_holds_the_config(
     waiting = condition(job, "Waiting") or {}
     assert waiting.get("reason") == "ConfigMapMissing", waiting
     assert waiting["message"].startswith("ConfigMap 'llama' (spec.model.huggingFace.configMap) does not exist")
-    events = kube.core.list_namespaced_event(namespace, field_selector="reason=ConfigMapMissing").items
-    assert [e.message for e in events] == [waiting["message"]]
+    (event,) = kube.wait_events(namespace, {"ConfigMapMissing"})  # posted right after the status write
+    assert event["message"] == waiting["message"] and event["type"] == "Warning"
     # there, but without config.json: still waiting, now for the key (its watch saw the ConfigMap appear)
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llama", "namespace": namespace},
                   "data": {"README": "the config comes later"}}  # fmt: skip
