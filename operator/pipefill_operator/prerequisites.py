@@ -1,14 +1,17 @@
 """What a job needs before its pods can be created, and is not the operator's to create: the ConfigMap of a custom
 schedule, a GPU resource some node offers, the DRA DeviceClass, the PodGroup API of the chosen gang mechanism, the
-checkpoint claim. A missing one is a Waiting condition that clears by itself: the ConfigMap and node watches wake the
-job, and a Waiting job is looked at again every minute.
+ConfigMaps and claims the pods mount (the model's, the data's, the fill storage: :mod:`pipefill.lifecycle.volumes`),
+the checkpoint claim. A missing one is a Waiting condition that clears by itself: the watch of each awaited object
+and the node watch wake the job, and a Waiting job is looked at again every minute.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pipefill.children import schedule_csv_of
+from pipefill.lifecycle.volumes import MountedObject, missing_mounts, mounted_objects
 from pipefill.podgroups import POD_GROUP_APIS
 from pipefill.spec import GangMode, PipelineTrainingJob, SharingMode
 from pipefill_operator.kube import ApiError, Kube, resource_of
@@ -117,6 +120,17 @@ class Prerequisites:
                 f"{_FEATURE_HINTS[gang]}",
             )
         return None
+
+    async def mounts(
+        self, job: PipelineTrainingJob, namespace: str
+    ) -> tuple[list[MountedObject], tuple[str, str]] | None:
+        """The ConfigMaps and claims the pods would mount that are missing (or lack a key), and the Waiting
+        (reason, message) naming them; None when all are there. One GET each, and only before the pods exist."""
+        needed = mounted_objects(job)
+        if not needed:
+            return None
+        found = await asyncio.gather(*(self._get(m.kind, m.name, namespace) for m in needed))
+        return missing_mounts(needed, found)
 
     async def checkpoint_claim(self, job: PipelineTrainingJob, namespace: str) -> dict[str, Any] | None:
         name = job.spec.checkpoint.claim_name

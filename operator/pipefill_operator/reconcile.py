@@ -176,6 +176,12 @@ class Reconciler:
         before_pods = not views and status.phase not in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.SUSPENDED)
         if waiting is None and not problems and before_pods:
             waiting = await self.prereqs.waiting(job, namespace)
+        if waiting is None and not problems and before_pods and (mounts := await self.prereqs.mounts(job, namespace)):
+            # pods that mount a missing ConfigMap or claim would hang in ContainerCreating or Pending: wait for
+            # each one by its own watch instead
+            missing, waiting = mounts
+            for obj in missing:
+                self.waiting_for.setdefault((obj.kind, namespace, obj.name), set()).add(key)
         checkpoints = None
         if before_pods and not problems:
             checkpoints = checkpoint_sharing(job, await self.prereqs.checkpoint_claim(job, namespace))

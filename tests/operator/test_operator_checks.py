@@ -1,6 +1,7 @@
 """What the operator checks and waits for on the real control plane: a spec admission accepts but the operator
-refuses (InvalidSpec once, a bounded number of writes), waiting for a custom schedule's ConfigMap and for a GPU
-resource no node offers (both clear by themselves), and status read from the ranks' metrics endpoints."""
+refuses (InvalidSpec once, a bounded number of writes), waiting for a custom schedule's ConfigMap, for the ConfigMaps
+and claims the pods mount (the model's, the data's) and for a GPU resource no node offers (all clear by themselves),
+and status read from the ranks' metrics endpoints."""
 
 from __future__ import annotations
 
@@ -90,6 +91,90 @@ def test_waiting_for_the_custom_schedule_configmap_clears_when_it_appears(
     ]  # fmt: skip
     assert {e["verb"] for e in follows} == {"list", "watch"}
     assert all("fieldSelector=metadata.name%3Dorder" in e["requestURI"] for e in follows), follows
+
+
+def _follows(control_plane: ControlPlane, namespace: str, resource: str) -> list[dict[str, Any]]:
+    """The operator's list and watch requests of ``resource`` in ``namespace``, from the audit log."""
+    return [
+        e for e in operator_requests(control_plane, OPERATOR_USER, namespace=namespace)
+        if e["objectRef"].get("resource") == resource and e["verb"] in ("list", "watch")
+    ]  # fmt: skip
+
+
+def _bound_claim(namespace: str, name: str) -> list[dict[str, Any]]:
+    """A ReadWriteMany claim and the volume bound to it (nothing provisions volumes on this control plane)."""
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{name}-{namespace}"},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "hostPath": {"path": "/tmp/x"},
+                  "claimRef": {"namespace": namespace, "name": name}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}},
+                  "storageClassName": ""}},
+    ]  # fmt: skip
+
+
+def test_a_models_configmap_is_waited_for_until_it_holds_the_config(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    # pods mounting a missing ConfigMap would sit in ContainerCreating without a word on the job
+    start_operator()
+    model = {"huggingFace": {"path": "/models/llama", "configMap": "llama"}, "seqLen": 64}
+    kube.create_job(namespace, job_manifest(model=model))
+    job = kube.wait_job(namespace, "train", phase("Waiting"))
+    waiting = condition(job, "Waiting") or {}
+    assert waiting.get("reason") == "ConfigMapMissing", waiting
+    assert waiting["message"].startswith("ConfigMap 'llama' (spec.model.huggingFace.configMap) does not exist")
+    (event,) = kube.wait_events(namespace, {"ConfigMapMissing"})  # posted right after the status write
+    assert event["message"] == waiting["message"] and event["type"] == "Warning"
+    # there, but without config.json: still waiting, now for the key (its watch saw the ConfigMap appear)
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llama", "namespace": namespace},
+                  "data": {"README": "the config comes later"}}  # fmt: skip
+    control_plane.apply([config_map])
+    job = kube.wait_job(
+        namespace, "train", lambda j: "has no key" in (condition(j, "Waiting") or {}).get("message", "")
+    )
+    assert "has no key config.json (its keys: README)" in (condition(job, "Waiting") or {})["message"]
+    assert not kube.core.list_namespaced_pod(namespace).items
+    config_map["data"]["config.json"] = '{"model_type": "llama"}'
+    control_plane.apply([config_map])
+    pods = kube.wait_pods(namespace, "train", running(2))
+    volumes = {v["name"]: v for v in pods[0]["spec"]["volumes"]}
+    assert volumes["model"]["configMap"]["name"] == "llama"
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert (condition(job, "Waiting") or {}).get("status") == "False"
+    # the operator followed that one ConfigMap while the job waited for it, and no other
+    follows = _follows(control_plane, namespace, "configmaps")
+    assert {e["verb"] for e in follows} == {"list", "watch"}
+    assert all("fieldSelector=metadata.name%3Dllama" in e["requestURI"] for e in follows), follows
+
+
+def test_every_missing_object_the_pods_mount_is_named_and_each_is_watched_by_name(
+    control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    start_operator()
+    model = {"python": {"function": "tinymixer:build", "code": {"configMap": "tinymixer-code"}}, "seqLen": 64}
+    data = {"source": "text", "path": "/data/corpus.txt", "claimName": "corpus"}
+    kube.create_job(namespace, job_manifest(model=model, data=data))
+    job = kube.wait_job(namespace, "train", phase("Waiting"))
+    waiting = condition(job, "Waiting") or {}
+    assert waiting.get("reason") == "ConfigMapMissing", waiting
+    assert "ConfigMap 'tinymixer-code' (spec.model.python.code.configMap) does not exist" in waiting["message"]
+    assert "PersistentVolumeClaim 'corpus' (spec.data.claimName) does not exist" in waiting["message"]
+    control_plane.apply(_bound_claim(namespace, "corpus"))
+    job = kube.wait_job(namespace, "train", lambda j: "'corpus'" not in (condition(j, "Waiting") or {})["message"])
+    assert (condition(job, "Waiting") or {})["message"].startswith("ConfigMap 'tinymixer-code'")
+    assert not kube.core.list_namespaced_pod(namespace).items
+    control_plane.apply([{"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "tinymixer-code", "namespace": namespace},
+                          "data": {"tinymixer.py": "def build(**kwargs): ...\n"}}])  # fmt: skip
+    kube.wait_pods(namespace, "train", running(2))
+    job = kube.wait_job(namespace, "train", phase("Running"))
+    assert (condition(job, "Waiting") or {}).get("status") == "False"
+    for resource, name in (("configmaps", "tinymixer-code"), ("persistentvolumeclaims", "corpus")):
+        follows = _follows(control_plane, namespace, resource)
+        assert {e["verb"] for e in follows} == {"list", "watch"}, resource
+        assert all(f"fieldSelector=metadata.name%3D{name}" in e["requestURI"] for e in follows), follows
+    control_plane.kubectl("delete", "pv", f"corpus-{namespace}", "--wait=false")
 
 
 def test_a_gpu_resource_no_node_offers_is_waited_for_until_a_node_offers_it(

@@ -94,6 +94,10 @@ def test_a_tied_head_starts_as_the_embedding_and_is_named_as_a_tied_parameter() 
         {0: "model.embed_tokens.weight", 1: "lm_head.weight"}
     ]
     assert provider.tied_parameters(1) == []
+    # one stage holds both ends: one tensor, as in the model itself (two copies would train apart)
+    (whole,) = _stages(provider, [4])
+    assert whole.get_parameter("lm_head.weight") is whole.get_parameter("model.embed_tokens.weight")
+    assert "lm_head.weight" not in dict(whole.named_parameters())
     assert HuggingFaceProvider(CONFIGS["qwen3-sliding"](), seq_len=12).tied_parameters(2) == []
 
 

@@ -3,13 +3,15 @@
 Layout under ``spec.checkpoint.path``, format ``torch``::
 
     step-00000020/rank-00000.pt   # one file per rank: write to a temporary name, fsync, rename
+    step-00000020/layout.json     # the layer cut and ranks that wrote it (rank 0; pipefill_trainer.reshard)
     latest                        # "20": written (atomically) by rank 0 after every rank saved step 20
 
 Format ``dcp`` (:func:`save_dcp`): ``step-00000020/dcp/`` is one ``torch.distributed.checkpoint`` of the whole
 model, saved by every rank together: each stage's tensors under the whole model's names (stages never collide; data
 parallel replicas and tied copies are saved once) and the optimizer state flattened per parameter
 (``flatten_optimizer_state_dict``: the stages' ``param_groups.0`` would otherwise collide and a stage resume with
-another stage's group); ``step-00000020/rank-00000.extra.pt`` keeps each rank's RNG states.
+another stage's group); ``step-00000020/rank-00000.extra.pt`` keeps each rank's RNG states. Any layer cut over
+any number of ranks loads it (:func:`load_dcp`; :mod:`pipefill_trainer.reshard`).
 
 A rank killed mid-write leaves only a temporary file; ``latest`` names only steps every rank finished, so resume
 never mixes steps. The state holds the step, the stages' weights, the optimizer, and the RNG states; the data position
@@ -22,7 +24,7 @@ import contextlib
 import os
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -182,14 +184,61 @@ def save_dcp(
     _atomic_write(_extra_path(root, step, rank), lambda fh: torch.save({"step": step, **extra}, fh))
 
 
+def _stored_keys(path: Path) -> set[str]:
+    return set(FileSystemReader(path).read_metadata().state_dict_metadata)
+
+
+def _renamed(key: str, renames: Mapping[str, str]) -> str:
+    """``key`` of the flattened state (``model.<name>``, ``optim.state.<name>.<leaf>``,
+    ``optim.param_groups.<name>.<leaf>``) with its parameter name replaced as ``renames`` says."""
+    for prefix in ("model.", "optim.state.", "optim.param_groups."):
+        if key.startswith(prefix):
+            rest = key[len(prefix) :]
+            name, leaf = (rest, "") if prefix == "model." else (rest.rsplit(".", 1)[0], "." + rest.rsplit(".", 1)[1])
+            return f"{prefix}{renames.get(name, name)}{leaf}"
+    return key
+
+
 def load_dcp(
-    root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, map_location: torch.device
+    root: Path,
+    *,
+    step: int,
+    rank: int | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    map_location: torch.device,
+    aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """Load this rank's tensors and optimizer state in place (collective); returns its ``extra``. The optimizer's
-    state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a place to go."""
+    """Load this rank's tensors and optimizer state in place (collective); returns the ``extra`` that rank ``rank``
+    saved (None: none, for a resume onto another layout, where no rank's extra is this one's: :mod:`reshard`).
+
+    Any layer cut loads it: each tensor is asked for by the whole model's name. A tied parameter may have been saved
+    under another holder's name only (a Hugging Face head tied to the embedding is one tensor, the embedding's, where
+    one stage held both); ``aliases`` (name → the other names of its tie) lets this rank load it from there. The
+    optimizer's state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a
+    place to go."""
+    path = dcp_dir(root, step)
     state = _dcp_state(model, optimizer)
+    stored, renames = _stored_keys(path), {}
+    for name in state["model"]:
+        if f"model.{name}" not in stored:
+            found = [a for a in (aliases or {}).get(name, ()) if f"model.{a}" in stored]
+            if not found:
+                raise ValueError(
+                    f"the checkpoint {path} has no tensor {name!r}, which this rank's stages hold: it was written by "
+                    "another model; point spec.checkpoint.path elsewhere to start over"
+                )
+            renames[name] = found[0]
+    # one flat request under the stored keys: dcp loads tensors in place and replaces the other values in it
+    flat = {f"{top}.{key}": value for top, part in state.items() for key, value in part.items()}
+    request = {_renamed(key, renames): value for key, value in flat.items()}
     with _quiet():
-        dcp_load(state, checkpoint_id=dcp_dir(root, step), no_dist=not dist.is_initialized())
+        dcp_load(request, checkpoint_id=path, no_dist=not dist.is_initialized())
+    for key in flat:
+        top, _, rest = key.partition(".")
+        state[top][rest] = request[_renamed(key, renames)]
     set_model_state_dict(model, state["model"], options=_DCP_OPTIONS)
     set_optimizer_state_dict(model, optimizer, state["optim"], options=_DCP_OPTIONS)
+    if rank is None:
+        return {}
     return _load_file(root, step, _extra_path(root, step, rank), map_location)

@@ -231,6 +231,12 @@ class HFStage(nn.Module):
                     self._init_like(target, source)
         if provider.weights_dir is not None:
             _load_weights(self, provider.weights_dir, tied=provider.tied_keys)
+        if self.is_first and self.is_last:
+            # one stage holds both ends: the model's own tie, which to_empty undid (it gives every parameter a tensor
+            # of its own); two copies would train apart, with no pipeline to sum their gradients
+            for target, source in provider.tied_keys.items():
+                owner, _, leaf = target.rpartition(".")
+                setattr(self.get_submodule(owner), leaf, self.get_parameter(source))
         self.to(dtype=dtype)
         make_deferrable(self)
 

@@ -26,6 +26,7 @@ from pipefill.schedules.model import Kind
 from pipefill.schedules.validate import p2p_streams
 from pipefill.spec.shape import PipelineShape, ShapeError, from_spec
 from pipefill_trainer.channel_link import connect_producer
+from pipefill_trainer.checkpoint import latest_step
 from pipefill_trainer.config import ConfigError, TrainerConfig
 from pipefill_trainer.data import TokenSource
 from pipefill_trainer.failure import Watchdog
@@ -35,6 +36,7 @@ from pipefill_trainer.partition import analytic_costs, check_stage_count, measur
 from pipefill_trainer.peers import Peers, open_peers
 from pipefill_trainer.pipeline import PipelineRank, Topology
 from pipefill_trainer.provider import GPTProvider, ModelProvider
+from pipefill_trainer.reshard import saved_cut
 from pipefill_trainer.userprovider import load_provider
 
 __all__ = ["RankParts", "build_rank", "checkpoint_root"]
@@ -169,8 +171,9 @@ def _comm_timeout(cfg: TrainerConfig) -> timedelta:
 def _layer_cut(
     cfg: TrainerConfig, model: ModelProvider, shape: PipelineShape, peers: Peers, device: torch.device
 ) -> list[range]:
-    """Explicit layersPerStage, else the cut saved with the checkpoints (a resumed job keeps its cut), else balanced
-    by costs measured once on rank 0 and shared, so every rank cuts the model the same way."""
+    """Explicit layersPerStage, else the cut of the checkpoint the job resumes from when it has as many stages (a
+    resumed job keeps its cut), else balanced by costs measured once on rank 0 and shared, so every rank cuts the
+    model the same way."""
     n, explicit = shape.schedule.num_stages, cfg.job.spec.pipeline.layers_per_stage
     try:
         check_stage_count(model, n)
@@ -178,12 +181,15 @@ def _layer_cut(
             return partition_layers(model.layers, n, costs=analytic_costs(model), layers_per_stage=explicit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    saved = checkpoint_root(cfg) / "partition.json"
+    root = checkpoint_root(cfg)
+    saved = root / "partition.json"
 
     def measured() -> list[int]:
-        if saved.is_file():
-            counts: list[int] = json.loads(saved.read_text())
-            return counts
+        kept = saved_cut(root, latest_step(root), n)
+        if kept is not None:
+            return kept
+        # no checkpoint, or one of another stage count: a dcp checkpoint is resharded onto this cut, a torch one
+        # refused at resume (reshard.py)
         costs = measure_costs(model, mb_size=shape.microbatch_size, device=device)
         counts = [len(r) for r in partition_layers(model.layers, n, costs=costs)]
         if peers.writes_job_state:

@@ -23,8 +23,10 @@ import torch
 
 from pipefill.events import ActionEvent, BubbleEvent, RestartEvent, StepEvent
 from pipefill_trainer import checkpoint as ckpt
+from pipefill_trainer import reshard
 from pipefill_trainer.baseline import NoFillSteps
 from pipefill_trainer.channel_link import free_bytes_fn
+from pipefill_trainer.config import ConfigError
 from pipefill_trainer.failure import EXIT_SIGTERM
 from pipefill_trainer.hf import HuggingFaceProvider
 from pipefill_trainer.hf_export import export_pretrained
@@ -75,19 +77,53 @@ class Trainer:
         step = ckpt.latest_step(root)
         if step is None:
             return
+        saved, now = reshard.read_layout(root, step), self._layout()
+        resharded = saved is not None and saved != now
         if ckpt.is_dcp(root, step):
-            state = ckpt.load_dcp(
-                root, step=step, rank=p.cfg.rank, model=self._one_model(), optimizer=p.optimizer, map_location=p.device
-            )
+            try:
+                state = ckpt.load_dcp(
+                    root,
+                    step=step,
+                    rank=None if resharded else p.cfg.rank,
+                    model=self._one_model(),
+                    optimizer=p.optimizer,
+                    map_location=p.device,
+                    aliases=self._tied_aliases(),
+                )
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         else:
+            if saved is not None and (refused := reshard.refusal(saved, now, checkpoint=root)):
+                raise ConfigError(refused)
             state = ckpt.load_rank(root, step=step, rank=p.cfg.rank, map_location=p.device)
             for s, module in p.pipeline.stages.items():
                 module.load_state_dict(state["stages"][s])
             p.optimizer.load_state_dict(state["optimizer"])
-        ckpt.set_rng_state(state["rng"])
+        if "rng" in state:
+            ckpt.set_rng_state(state["rng"])
         self.start_step = step
         p.events.write(RestartEvent(step=step, checkpoint=str(root)))
-        p.log(f"resumed from {root} at step {step}")
+        if saved is not None and resharded:
+            p.log(
+                f"resumed from {root} at step {step}, resharded from {saved.num_stages} stages "
+                f"{list(saved.layers_per_stage)} on {saved.world_size} ranks onto {now.num_stages} stages "
+                f"{list(now.layers_per_stage)} on {now.world_size} ranks (RNG states start afresh)"
+            )
+        else:
+            p.log(f"resumed from {root} at step {step}")
+
+    def _layout(self) -> reshard.Layout:
+        p = self.parts
+        return reshard.Layout(layers_per_stage=tuple(len(r) for r in p.layer_ranges), world_size=p.cfg.job.world_size)
+
+    def _tied_aliases(self) -> dict[str, list[str]]:
+        """Each tied parameter's name → the other names of its tie (a checkpoint may hold it under one of them)."""
+        out: dict[str, list[str]] = {}
+        for tie in self.parts.model.tied_parameters(self.parts.pipeline.schedule.num_stages):
+            names = list(dict.fromkeys(tie.names.values()))
+            for name in names:
+                out.setdefault(name, []).extend(n for n in names if n != name)
+        return out
 
     def _one_model(self) -> torch.nn.Module:
         """This rank's stages as one module under the whole model's parameter names (for the ``dcp`` format)."""
@@ -109,6 +145,7 @@ class Trainer:
             ckpt.save_rank(root, step=step, rank=p.cfg.rank, state=state)
         p.peers.barrier()
         if p.cfg.rank == 0:
+            reshard.write_layout(root, step, self._layout())  # before latest names the step
             ckpt.write_latest(root, step)
 
     # --- the loop ---------------------------------------------------------------------------------------------
