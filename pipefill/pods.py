@@ -38,6 +38,7 @@ __all__ = [
     "MASTER_PORT",
     "MODEL_CODE_MOUNT",
     "RANK_LABEL",
+    "SPEC_GENERATION_LABEL",
     "SPEC_MOUNT",
     "ContainerPlan",
     "claim_template_name",
@@ -58,6 +59,8 @@ SCRATCH_DIR = f"{WORKDIR}/runs"  # where relative outputs land (runs/…): writa
 HOME_DIR = "/home/pipefill"
 RANK_LABEL = "pipefill.io/rank"
 GENERATION_LABEL = "pipefill.io/generation"
+SPEC_GENERATION_LABEL = "pipefill.io/spec-generation"
+"""the job's ``metadata.generation`` a pod was built from: a spec changed since shows as SpecChangePending"""
 _TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Under hostNetwork the ports are the node's: ranks sharing a node need distinct ones, so each rank gets its own pair
 # (declared as host ports, the scheduler never places two ranks with the same pair on one node).
@@ -296,8 +299,10 @@ def rank_pod(
     generation: int = 0,
     owner: Owner | None = None,
     document: str | None = None,
+    spec_generation: int | None = None,
 ) -> dict[str, Any]:
     """The Pod manifest of ``rank`` in gang ``generation``; valid against the Kubernetes Pod schema.
+    ``spec_generation``: the job's ``metadata.generation`` whose spec it carries (labelled; the operator's pods).
 
     ``document`` is the job's :func:`~pipefill.children.spec_document` where the caller has it: one writes it once
     for a whole gang (its YAML takes ~0.5 ms, ten times the rest of the pod). Raises ``ValueError`` naming the field
@@ -317,6 +322,7 @@ def rank_pod(
         "pipefill.io/stage": str(stage),
         "pipefill.io/replica": str(replica),
         GENERATION_LABEL: str(generation),
+        **({SPEC_GENERATION_LABEL: str(spec_generation)} if spec_generation is not None else {}),
     }
     trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", "trainer-tmp", "trainer-home")]
     trainer_mounts.append(mounts["checkpoints"])

@@ -152,7 +152,15 @@ class Applier:
         owner = Owner(name=meta["name"], uid=meta["uid"])
         gen = decision.status.generation
         manifests = [
-            rank_pod(job, r, namespace=meta["namespace"], generation=gen, owner=owner, document=document)
+            rank_pod(
+                job,
+                r,
+                namespace=meta["namespace"],
+                generation=gen,
+                owner=owner,
+                document=document,
+                spec_generation=int(meta.get("generation") or 0),
+            )
             for r in decision.create_ranks
         ]
         made = await asyncio.gather(*(self._create(obj) for obj in manifests))

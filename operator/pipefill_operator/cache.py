@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipefill.children import JOB_LABEL
-from pipefill.pods import GENERATION_LABEL, RANK_LABEL
+from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 from pipefill_operator.kube import ApiError, Kube, Resource, resource_of
 
 __all__ = [
@@ -42,7 +42,7 @@ log = logging.getLogger("pipefill_operator")
 
 _TOMBSTONES = 65536  # deleted uids remembered, so that a late list or event cannot resurrect them
 _LIST_PAGE = 500  # items per list request: a list of 8 000 pods never sits in memory at once
-_LABELS = (JOB_LABEL, RANK_LABEL, GENERATION_LABEL)
+_LABELS = (JOB_LABEL, RANK_LABEL, GENERATION_LABEL, SPEC_GENERATION_LABEL)
 _CONTAINERS = ("trainer", "fill-executor")
 _PORT_NAMES = ("trainer-metrics", "fill-metrics")
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"

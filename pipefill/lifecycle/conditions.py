@@ -21,6 +21,7 @@ class ConditionType:
     INVALID_SPEC = "InvalidSpec"
     WAITING = "Waiting"
     CHECKPOINTS_SHARED = "CheckpointsShared"
+    SPEC_CHANGE_PENDING = "SpecChangePending"
 
 
 def rfc3339(moment: datetime.datetime) -> str:

@@ -301,6 +301,7 @@ class _Step:
             self.restart(current, lost, counted=False)
             return
         self.fill_restarts(current)
+        self.spec_change(current)
         if len(current) == world and all(p.trainer is not None and p.trainer.exit_code == 0 for p in current):
             self.finish(
                 JobPhase.SUCCEEDED,
@@ -328,6 +329,23 @@ class _Step:
             # a restarted gang is Restarting until all of its ranks run again
             restarting = is_true(self.s.conditions, C.RESTARTING)
             self.s.phase = JobPhase.RESTARTING if restarting else JobPhase.PENDING
+
+    def spec_change(self, current: list[PodView]) -> None:
+        """A spec edited while a gang runs is not taken silently: the running pods keep the spec they were built
+        from (their containers cannot change), the next gang takes the new one; SpecChangePending says so until
+        then, with an Event once per edit."""
+        built = [p.spec_generation for p in current if p.spec_generation is not None]
+        if built and min(built) < self.job_gen:
+            message = (
+                f"spec generation {self.job_gen} is not in the running pods (built from generation {min(built)}): "
+                "it applies when the gang next starts (a restart, or spec.runPolicy.suspend set and unset)"
+            )
+            was = find(self.s.conditions, C.SPEC_CHANGE_PENDING)
+            if was is None or was.status != "True" or was.message != message:
+                self.event("Normal", "SpecChangePending", message)
+            self.cond(C.SPEC_CHANGE_PENDING, True, "AppliesAtNextStart", message)
+        elif built:
+            self.clear(C.SPEC_CHANGE_PENDING, "Applied", f"the running pods carry spec generation {self.job_gen}")
 
     def fill_restarts(self, current: list[PodView]) -> None:
         total = sum(p.fill_restarts for p in current)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipefill.pods import GENERATION_LABEL, RANK_LABEL
+from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 
 __all__ = ["DISRUPTION_REASONS", "PodView", "Termination", "observe_pod"]
 
@@ -43,6 +43,7 @@ class PodView:
     disruption: str | None = None  # why the cluster took the pod away (DisruptionTarget reason, Evicted, ...)
     failure: str | None = None  # the pod failed without a trainer exit code (e.g. rejected by the kubelet)
     pod_ip: str | None = None
+    spec_generation: int | None = None  # the job's metadata.generation the pod was built from (None: not labelled)
 
 
 def _container(statuses: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
@@ -96,4 +97,12 @@ def observe_pod(pod: dict[str, Any]) -> PodView | None:
         disruption=_disruption(status),
         failure=failure,
         pod_ip=status.get("podIP"),
+        spec_generation=_int_or_none(labels.get(SPEC_GENERATION_LABEL)),
     )
+
+
+def _int_or_none(text: object) -> int | None:
+    try:
+        return int(str(text)) if text is not None else None
+    except ValueError:
+        return None

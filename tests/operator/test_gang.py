@@ -295,3 +295,21 @@ def test_terminal_jobs_stop_their_remaining_pods_and_pods_of_a_newer_generation_
     lost_status = PipelineTrainingJobStatus()  # e.g. the status was reset: the pods tell the generation
     adopted = _step(job, lost_status, [_pod(r, 5) for r in range(WORLD)])
     assert adopted.status.generation == 5 and adopted.status.phase == JobPhase.RUNNING and adopted.delete_pods == []
+
+
+def test_a_spec_edited_while_the_gang_runs_is_reported_until_the_next_gang_takes_it() -> None:
+    job = _job()
+    running = _running(job)
+    built_from_1 = [_pod(r, spec_generation=1) for r in range(WORLD)]
+    same = _step(job, running, built_from_1, gen=1)
+    assert _cond(same.status, "SpecChangePending") is None and same.events == []
+    edited = _step(job, running, built_from_1, gen=2)  # the user edited the spec: metadata.generation 2
+    assert _cond(edited.status, "SpecChangePending") == ("True", "AppliesAtNextStart")
+    assert _reasons(edited) == ["SpecChangePending"] and edited.create_ranks == [] and edited.delete_pods == []
+    assert "generation 2" in edited.events[0].message and "built from generation 1" in edited.events[0].message
+    _assert_stable(job, edited, built_from_1, gen=2)  # said once per edit
+    again = _step(job, edited.status, built_from_1, gen=3)
+    assert _reasons(again) == ["SpecChangePending"]  # a second edit is a second notice
+    # the next gang is built from the spec it runs with: the condition clears
+    taken = _step(job, again.status, [_pod(r, gen=1, spec_generation=3) for r in range(WORLD)], gen=3)
+    assert _cond(taken.status, "SpecChangePending") == ("False", "Applied") and taken.events == []

@@ -16,7 +16,7 @@ from operator_harness import Kube, OperatorProcess, condition, job_manifest, ope
 from pipefill import env
 from pipefill.children import SPEC_ANNOTATION, spec_document
 from pipefill.devcluster import ControlPlane
-from pipefill.pods import SPEC_MOUNT
+from pipefill.pods import SPEC_GENERATION_LABEL, SPEC_MOUNT
 from pipefill.spec import PipelineTrainingJob, parse
 
 pytestmark = pytest.mark.cluster
@@ -126,6 +126,17 @@ def test_each_rank_pod_carries_its_jobs_spec_for_the_trainer_at_no_request_of_it
         if e["verb"] == "create"
     ]
     assert "configmaps" not in made and made.count("pods") == 2, made
+    # an edit while the gang runs is not taken silently: the pods keep their spec, the job says the edit waits
+    assert {p["metadata"]["labels"][SPEC_GENERATION_LABEL] for p in pods} == {"1"}
+    kube.patch_job(namespace, "train", {"spec": {"steps": 200}})
+    job_now = kube.wait_job(
+        namespace, "train", lambda j: (condition(j, "SpecChangePending") or {}).get("status") == "True"
+    )
+    assert "spec generation 2" in condition(job_now, "SpecChangePending")["message"]  # type: ignore[index]
+    kube.wait_events(namespace, {"SpecChangePending"})
+    now = kube.wait_pods(namespace, "train", running(2))
+    after = {p["metadata"]["uid"]: p["metadata"]["annotations"][SPEC_ANNOTATION] for p in now}
+    assert after == {p["metadata"]["uid"]: p["metadata"]["annotations"][SPEC_ANNOTATION] for p in pods}
 
 
 def test_the_tainted_gpu_node_takes_only_pods_that_tolerate_it(
