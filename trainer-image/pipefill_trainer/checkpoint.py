@@ -32,16 +32,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 __all__ = [
     "by_name",
@@ -57,7 +47,14 @@ __all__ = [
     "write_latest",
 ]
 
-_DCP_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+def _dcp_options() -> Any:
+    """torch.distributed.checkpoint is imported where a ``dcp`` checkpoint is read or written, not with this module:
+    it pulls in DTensor and symbolic shapes, 1–2.5 s of every trainer start measured here, which a job on ``torch``
+    checkpoints (our GPT's default) never needs."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _rank_path(root: Path, step: int, rank: int) -> Path:
@@ -167,9 +164,11 @@ def is_dcp(root: Path, step: int) -> bool:
 
 
 def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     return {
-        "model": get_model_state_dict(model, options=_DCP_OPTIONS),
-        "optim": get_optimizer_state_dict(model, optimizer, options=_DCP_OPTIONS),
+        "model": get_model_state_dict(model, options=_dcp_options()),
+        "optim": get_optimizer_state_dict(model, optimizer, options=_dcp_options()),
     }
 
 
@@ -177,6 +176,9 @@ def save_dcp(
     root: Path, *, step: int, rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
 ) -> None:
     """Save the job's weights and optimizer state with every rank (collective), and this rank's ``extra`` beside."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
     # a step directory that ``latest`` does not name is one a killed save left: overwrite it
     writer = FileSystemWriter(dcp_dir(root, step), overwrite=True)
     with _quiet():
@@ -185,6 +187,8 @@ def save_dcp(
 
 
 def _stored_keys(path: Path) -> set[str]:
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
     return set(FileSystemReader(path).read_metadata().state_dict_metadata)
 
 
@@ -217,6 +221,9 @@ def load_dcp(
     one stage held both); ``aliases`` (name → the other names of its tie) lets this rank load it from there. The
     optimizer's state is created before loading (``get_optimizer_state_dict`` does), so the flattened keys have a
     place to go."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     path = dcp_dir(root, step)
     state = _dcp_state(model, optimizer)
     stored, renames = _stored_keys(path), {}
@@ -237,8 +244,8 @@ def load_dcp(
     for key in flat:
         top, _, rest = key.partition(".")
         state[top][rest] = request[_renamed(key, renames)]
-    set_model_state_dict(model, state["model"], options=_DCP_OPTIONS)
-    set_optimizer_state_dict(model, optimizer, state["optim"], options=_DCP_OPTIONS)
+    set_model_state_dict(model, state["model"], options=_dcp_options())
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=_dcp_options())
     if rank is None:
         return {}
     return _load_file(root, step, _extra_path(root, step, rank), map_location)

@@ -14,8 +14,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from pipefill_trainer.checkpoint import dcp_dir
 from pipefill_trainer.hf import HuggingFaceProvider, ModelError
@@ -27,6 +25,10 @@ _PREFIX = "model."  # the model's part of the checkpoint (checkpoint.save_dcp: {
 
 def export_pretrained(provider: HuggingFaceProvider, *, checkpoints: Path, step: int, out_dir: Path) -> None:
     """Write the weights of the ``dcp`` checkpoint of ``step`` under ``checkpoints`` to ``out_dir``."""
+    # imported here, not with the trainer: torch.distributed.checkpoint costs seconds of every start (checkpoint.py)
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     source = dcp_dir(checkpoints, step)
     saved = FileSystemReader(str(source)).read_metadata().state_dict_metadata
     with torch.device("meta"):
