@@ -10,7 +10,6 @@ fill's API token, the job's spec as a file, the user's ``spec.podTemplate``) is 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,8 +99,10 @@ def _ports(job: PipelineTrainingJob, rank: int) -> tuple[int, int]:
     return TRAINER_METRICS_PORT + 2 * slot, FILL_METRICS_PORT + 2 * slot
 
 
-def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
-    """The fill executor (when filling is on) and the trainer of ``rank``, in start order."""
+def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int | None = None) -> list[ContainerPlan]:
+    """The fill executor (when filling is on) and the trainer of ``rank``, in start order. ``max_active_jobs``: the
+    fill jobs an executor runs at once, where the caller sets one (the operator: its queue's limit, so executor and
+    queue agree); None leaves the executor's default."""
     _check_rank(job, rank)
     spec = job.spec
     trainer_port, fill_port = _ports(job, rank)
@@ -135,8 +136,8 @@ def rank_containers(job: PipelineTrainingJob, rank: int) -> list[ContainerPlan]:
         }
         if spec.fill.storage is not None:
             fill_env[env.FILL_STORAGE_DIR] = spec.fill.storage.mount_path
-        if os.environ.get(env.FILL_MAX_ACTIVE_JOBS):  # the operator's setting, so executor and queue agree
-            fill_env[env.FILL_MAX_ACTIVE_JOBS] = str(env.fill_max_active_jobs())
+        if max_active_jobs is not None:
+            fill_env[env.FILL_MAX_ACTIVE_JOBS] = str(max_active_jobs)
         if spec.gpu_sharing.mode == SharingMode.VISIBLE_DEVICES:
             # The fill sees the node's GPUs and picks the trainer's by the UUID published on the channel.
             fill_env["NVIDIA_VISIBLE_DEVICES"] = "all"
@@ -300,16 +301,18 @@ def rank_pod(
     owner: Owner | None = None,
     document: str | None = None,
     spec_generation: int | None = None,
+    max_active_jobs: int | None = None,
 ) -> dict[str, Any]:
     """The Pod manifest of ``rank`` in gang ``generation``; valid against the Kubernetes Pod schema.
-    ``spec_generation``: the job's ``metadata.generation`` whose spec it carries (labelled; the operator's pods).
+    ``spec_generation``: the job's ``metadata.generation`` whose spec it carries (labelled; the operator's pods);
+    ``max_active_jobs``: see :func:`rank_containers`.
 
     ``document`` is the job's :func:`~pipefill.children.spec_document` where the caller has it: one writes it once
     for a whole gang (its YAML takes ~0.5 ms, ten times the rest of the pod). Raises ``ValueError`` naming the field
     when ``spec.podTemplate`` collides with what the operator sets.
     """
     spec = job.spec
-    plans = {p.name: p for p in rank_containers(job, rank)}
+    plans = {p.name: p for p in rank_containers(job, rank, max_active_jobs=max_active_jobs)}
     if document is None:
         document = spec_document(job)
     in_map = spec_in_config_map(job, document)

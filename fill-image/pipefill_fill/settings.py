@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipefill import env
+from pipefill.spec.resources import FillSettings
+
+_SPEC = FillSettings()
+"""spec.fill's defaults: what the executor assumes where the pod's environment leaves a setting out"""
 
 __all__ = ["Settings"]
 
@@ -71,7 +75,7 @@ class Settings:
         source = e.get(env.WORK_SOURCE, "")
         if not source:
             raise ValueError(f"{env.WORK_SOURCE} is not set: set files:<dir> (local runs) or kubernetes")
-        guard_ms = _env_float(env.FILL_GUARD_MS, 1.0)
+        guard_ms = _env_float(env.FILL_GUARD_MS, _SPEC.guard_milliseconds)
         min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
         spin_us = _env_float(env.FILL_SPIN_US, 0.0)
         end_quantile = _env_float(env.FILL_END_QUANTILE, 0.25)

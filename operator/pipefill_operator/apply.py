@@ -12,6 +12,7 @@ import asyncio
 import datetime
 import hashlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from pipefill import env
 from pipefill.children import Owner, desired_children, fill_rbac, spec_document
 from pipefill.lifecycle import Decision
 from pipefill.lifecycle.conditions import rfc3339
@@ -59,6 +61,8 @@ class Applier:
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
+        # the queue's limit of fill jobs per rank (fillqueue.py reads the same variable), given to the executors
+        self.max_active_jobs = env.fill_max_active_jobs() if os.environ.get(env.FILL_MAX_ACTIVE_JOBS) else None
         self._ensured: set[tuple[str, int, str]] = set()  # (uid, metadata.generation, schedule CSV digest)
         self._written: dict[str, float] = {}  # uid -> monotonic time of the last status write
         self._identities: set[str] = set()  # namespaces whose fill identity this operator has made sure of
@@ -160,6 +164,7 @@ class Applier:
                 owner=owner,
                 document=document,
                 spec_generation=int(meta.get("generation") or 0),
+                max_active_jobs=self.max_active_jobs,
             )
             for r in decision.create_ranks
         ]

@@ -239,11 +239,11 @@ def test_fill_storage_is_mounted_in_the_fill_sidecar_alone_and_named_in_its_envi
 
 
 def test_the_builders_max_active_jobs_reaches_the_fill_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One setting for the queue and the executor: the operator's PIPEFILL_FILL_MAX_ACTIVE_JOBS goes into the pods."""
-    monkeypatch.delenv(env.FILL_MAX_ACTIVE_JOBS, raising=False)
+    """One setting for the queue and the executor: the limit the operator passes goes into the fill sidecar only;
+    the pod description reads no environment of its builder's."""
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "5")  # ignored: the caller says
     assert env.FILL_MAX_ACTIVE_JOBS not in _env(_containers(rank_pod(_job("cpu-demo"), 0))[1])
-    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "3")
-    trainer, fill = _containers(rank_pod(_job("cpu-demo"), 0))
+    trainer, fill = _containers(rank_pod(_job("cpu-demo"), 0, max_active_jobs=3))
     assert _env(fill)[env.FILL_MAX_ACTIVE_JOBS] == "3" and env.FILL_MAX_ACTIVE_JOBS not in _env(trainer)
 
 
