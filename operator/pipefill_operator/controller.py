@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import kopf
 
+from pipefill.lifecycle.conditions import rfc3339
 from pipefill.spec import JobPhase
 from pipefill_operator.apply import PTJ
 from pipefill_operator.awaited import AwaitedObjects
@@ -25,7 +27,7 @@ from pipefill_operator.kube import ApiError, Kube, resource_of
 from pipefill_operator.metrics import OperatorMetrics
 from pipefill_operator.prerequisites import NodeIndex
 from pipefill_operator.reconcile import Key, Outcome, Reconciler
-from pipefill_operator.statusreader import JobFigures, StatusReader, paced, scrape_targets
+from pipefill_operator.statusreader import JobFigures, StatusReader, job_progress, paced, scrape_targets
 from pipefill_operator.workqueue import Backoff, WorkQueue
 
 __all__ = ["POD_BATCH_S", "Controller", "OperatorConfig"]
@@ -92,6 +94,7 @@ class Controller:
         self.running: dict[Key, list[dict[str, Any]]] = {}  # running jobs -> their pods, for the status reader
         self.waiting: set[Key] = set()  # jobs in phase Waiting (a node offering a resource wakes them)
         self._figures: dict[Key, JobFigures] = {}
+        self.planned_steps: dict[Key, int | None] = {}  # spec.steps of each running job
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -209,8 +212,10 @@ class Controller:
         self.metrics.set_phase(key, None if phase is None else phase.value)
         if phase == JobPhase.RUNNING:
             self.running[key] = outcome.pods
+            self.planned_steps[key] = outcome.steps
         else:
             self.running.pop(key, None)
+            self.planned_steps.pop(key, None)
         if phase == JobPhase.WAITING:
             self.waiting.add(key)
         else:
@@ -239,10 +244,16 @@ class Controller:
         self.metrics.status_reads.labels("error").inc(failed)
         if answered == 0 or figures == self._figures.get(key):
             return
+        percent, eta_s = job_progress(figures, self.planned_steps.get(key), time.time())
         patch = {
             "currentStep": figures.current_step,
             "bubbleFraction": figures.bubble_fraction,
             "fillUtilization": figures.fill_utilization,
+            "loss": figures.loss,
+            "progress": percent,
+            "estimatedCompletionTime": None
+            if eta_s is None
+            else rfc3339(datetime.datetime.fromtimestamp(eta_s, datetime.UTC)),
         }
         namespace, name = key
         try:

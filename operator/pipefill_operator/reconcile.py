@@ -43,6 +43,7 @@ class Outcome:
     own_s: float = 0.0
     restarted: str | None = None  # "failure" or "disruption" when this reconcile decided a restart
     pods: list[dict[str, Any]] = field(default_factory=list)
+    steps: int | None = None  # spec.steps: the status reader's progress and estimated completion count against it
 
 
 def _owned(pod: dict[str, Any], uid: str) -> bool:
@@ -206,7 +207,7 @@ class Reconciler:
             restarted = "failure"
         elif decision.status.disruptions > status.disruptions:
             restarted = "disruption"
-        return Outcome(decision.requeue_after_s, decision.status, own, restarted, pods)
+        return Outcome(decision.requeue_after_s, decision.status, own, restarted, pods, job.spec.steps)
 
     async def _apply(
         self,

@@ -3,7 +3,8 @@
 The trainer never talks to the API server; the operator scrapes each running rank pod's trainer and fill-executor
 metrics endpoints (the pod IP and the ports named ``trainer-metrics`` and ``fill-metrics`` in the pod spec) at a
 bounded rate: each job at most once per ``interval_s``, at most ``concurrency`` scrapes at a time, each cut off
-after ``timeout_s``. :func:`job_figures` turns the samples into the three status fields.
+after ``timeout_s``. :func:`job_figures` turns the samples into the status fields (step, bubble fraction, fill utilization, loss), and
+:func:`job_progress` into the percent done and the estimated completion (against ``spec.steps``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["JobFigures", "StatusReader", "job_figures", "metric_sums", "paced", "scrape_targets"]
+__all__ = ["JobFigures", "StatusReader", "job_figures", "job_progress", "metric_sums", "paced", "scrape_targets"]
 
 STEP = "pipefill_trainer_step"
 STEP_SECONDS_SUM = "pipefill_trainer_step_seconds_sum"
+STEP_SECONDS_COUNT = "pipefill_trainer_step_seconds_count"
+LOSS = "pipefill_trainer_loss"
 BUBBLE_SECONDS = "pipefill_trainer_bubble_seconds_total"
 FILL_RECOVERY = "pipefill_fill_bubble_recovery_ratio"
 _PORTS = {"trainer-metrics": "trainer", "fill-metrics": "fill"}
@@ -32,6 +35,19 @@ class JobFigures:
     current_step: int | None
     bubble_fraction: float | None
     fill_utilization: float | None
+    loss: float | None = None
+    step_seconds: float | None = None  # mean step time of the slowest rank since its trainer started
+
+
+def job_progress(figures: JobFigures, steps: int | None, now_s: float) -> tuple[float | None, float | None]:
+    """(percent of ``steps`` done, estimated completion as a Unix time) from the ranks' figures; None where the
+    ranks have not said enough yet (no step done, no step time)."""
+    if figures.current_step is None or not steps:
+        return None, None
+    percent = round(min(100.0, 100.0 * figures.current_step / steps), 2)
+    if figures.step_seconds is None:
+        return percent, None
+    return percent, now_s + max(0, steps - figures.current_step) * figures.step_seconds
 
 
 def metric_sums(text: str) -> dict[str, float]:
@@ -51,10 +67,15 @@ def job_figures(trainers: Sequence[dict[str, float]], fills: Sequence[dict[str, 
         min(1.0, t.get(BUBBLE_SECONDS, 0.0) / t[STEP_SECONDS_SUM]) for t in trainers if t.get(STEP_SECONDS_SUM, 0.0) > 0
     ]
     recoveries = [f[FILL_RECOVERY] for f in fills if FILL_RECOVERY in f]
+    # every rank knows the step's loss (the step-end all-reduce): one value, whichever rank is read
+    losses = [t[LOSS] for t in trainers if LOSS in t and t.get(STEP_SECONDS_COUNT, 0.0) > 0]
+    means = [t[STEP_SECONDS_SUM] / t[STEP_SECONDS_COUNT] for t in trainers if t.get(STEP_SECONDS_COUNT, 0.0) > 0]
     return JobFigures(
         current_step=min(steps) if steps else None,
         bubble_fraction=round(sum(fractions) / len(fractions), 4) if fractions else None,
         fill_utilization=round(sum(recoveries) / len(recoveries), 4) if recoveries else None,
+        loss=round(max(losses), 4) if losses else None,
+        step_seconds=max(means) if means else None,
     )
 
 

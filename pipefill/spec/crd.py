@@ -40,6 +40,8 @@ KINDS: dict[str, CrdKind] = {
             ("Phase", "string", ".status.phase", "Lifecycle phase"),
             ("Step", "integer", ".status.currentStep", "Last completed optimizer step"),
             ("Steps", "integer", ".spec.steps", "Steps to train"),
+            ("Progress", "number", ".status.progress", "Percent of the steps done"),
+            ("Loss", "number", ".status.loss", "Training loss of the last step reported"),
             ("Stages", "integer", ".spec.pipeline.stages", "Pipeline stages"),
             ("Schedule", "string", ".spec.pipeline.schedule", "Pipeline schedule"),
             ("Bubble", "number", ".status.bubbleFraction", "Idle fraction of step time"),

@@ -144,7 +144,8 @@ class PipelineTrainingJobStatus:
         doc="Pending, Waiting, Running, Restarting, Suspended, Succeeded or Failed.", default=JobPhase.PENDING
     )
     conditions: list[Condition] = field(
-        doc="Created, Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, Waiting, CheckpointsShared.",
+        doc="Created, Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, Waiting, CheckpointsShared, "
+        "SpecChangePending.",
         max_items=16,
         default_factory=list,
     )
@@ -156,6 +157,11 @@ class PipelineTrainingJobStatus:
     )
     ranks_ready: int = field(doc="Ranks whose trainer runs.", minimum=0, default=0)
     current_step: int = field(doc="Last completed optimizer step (over restarts).", minimum=0, default=0)
+    progress: float | None = field(doc="currentStep as a percent of spec.steps.", minimum=0, maximum=100, default=None)
+    estimated_completion_time: str | None = field(
+        doc="When the last step should end at the slowest rank's mean step time so far.", fmt="date-time", default=None
+    )
+    loss: float | None = field(doc="Training loss of the last step the ranks reported (nats).", default=None)
     bubble_fraction: float | None = field(
         doc="Idle time ÷ step time, mean over ranks.", minimum=0, maximum=1, default=None
     )

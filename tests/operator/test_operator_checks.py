@@ -5,6 +5,7 @@ and status read from the ranks' metrics endpoints."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -208,6 +209,7 @@ def _rank_endpoints(pods: list[dict[str, Any]]) -> Iterator[None]:
                  for p in c.get("ports", [])}  # fmt: skip
         trainer, fill = CollectorRegistry(), CollectorRegistry()
         Gauge("pipefill_trainer_step", "", registry=trainer).set(30 + rank)
+        Gauge("pipefill_trainer_loss", "", registry=trainer).set(2.5)
         Histogram("pipefill_trainer_step_seconds", "", registry=trainer).observe(10.0)
         Counter("pipefill_trainer_bubble_seconds_total", "", ["kind"], registry=trainer).labels("steady").inc(
             2 + 2 * rank
@@ -229,7 +231,7 @@ def test_status_comes_from_the_ranks_metrics_endpoints(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     operator = start_operator(status_interval_s=1.0)
-    kube.create_job(namespace, job_manifest())
+    kube.create_job(namespace, job_manifest(steps=120))
     pods = kube.wait_pods(namespace, "train", running(2))
     assert all(p["status"]["podIP"].startswith("127.") for p in pods)  # loopback only
     kube.wait_job(namespace, "train", phase("Running"))
@@ -238,8 +240,13 @@ def test_status_comes_from_the_ranks_metrics_endpoints(
     status = _status(job)
     assert status["bubbleFraction"] == pytest.approx((0.2 + 0.4) / 2)
     assert status["fillUtilization"] == pytest.approx(0.6)
+    # progress against spec.steps, the loss, and when the last step ends at 10 s a step (90 steps to go)
+    assert (status["progress"], status["loss"]) == (25.0, 2.5)
+    eta = datetime.datetime.fromisoformat(status["estimatedCompletionTime"].replace("Z", "+00:00"))
+    left_s = (eta - datetime.datetime.now(datetime.UTC)).total_seconds()
+    assert 900 - 60 <= left_s <= 900 + 5, status["estimatedCompletionTime"]
     printed = control_plane.kubectl("get", "ptj", "train", "-n", namespace).stdout.splitlines()[1].split()
-    assert printed[:3] == ["train", "Running", "30"]
+    assert printed[:6] == ["train", "Running", "30", "120", "25", "2.5"]
     assert (operator.metric("pipefill_operator_status_reads_total", {"result": "ok"}) or 0) >= 4
     assert json.dumps(status)  # the status stays what the CRD's schema allows (the API server accepted it)
 

@@ -15,7 +15,14 @@ from pipefill.spec import JobPhase, PipelineTrainingJobStatus
 from pipefill_operator.apply import status_patch
 from pipefill_operator.metrics import OperatorMetrics
 from pipefill_operator.prerequisites import NodeIndex
-from pipefill_operator.statusreader import StatusReader, job_figures, metric_sums, paced, scrape_targets
+from pipefill_operator.statusreader import (
+    StatusReader,
+    job_figures,
+    job_progress,
+    metric_sums,
+    paced,
+    scrape_targets,
+)
 from pipefill_operator.workqueue import Backoff, WorkQueue
 
 
@@ -159,9 +166,15 @@ def test_job_figures_aggregate_ranks() -> None:
             "pipefill_trainer_bubble_seconds_total": 4,
         },
     ]
+    trainers[0] |= {"pipefill_trainer_step_seconds_count": 40, "pipefill_trainer_loss": 2.0}
+    trainers[1] |= {"pipefill_trainer_step_seconds_count": 50, "pipefill_trainer_loss": 2.0}
     fills = [{"pipefill_fill_bubble_recovery_ratio": 0.5}, {"pipefill_fill_bubble_recovery_ratio": 0.7}]
     figures = job_figures(trainers, fills)
     assert (figures.current_step, figures.bubble_fraction, figures.fill_utilization) == (40, 0.3, 0.6)
+    assert (figures.loss, figures.step_seconds) == (2.0, 0.25)  # the slowest rank's mean step paces the job
+    assert job_progress(figures, 100, now_s=1000.0) == (40.0, 1000.0 + 60 * 0.25)
+    assert job_progress(figures, None, now_s=0.0) == (None, None)
+    assert job_progress(figures, 20, now_s=0.0) == (100.0, 0.0)  # past the steps (a resumed count): done, now
     assert job_figures([], []) == job_figures([{}], [{}])
     assert job_figures([], []).current_step is None
 
