@@ -84,6 +84,7 @@ class Jobs:
         elsewhere: nothing more is committed, what was committed stays) and claim a slice of new ones while there is
         room."""
         specs = self.source.poll()
+        self.metrics.prune()  # series of jobs let go of long enough ago
         offered = {s.name for s in specs}
         for name in [n for n in self.active if n not in offered]:
             self.let_go(name, "no longer assigned here (finished, failed, cancelled, suspended or moved)")
@@ -378,6 +379,7 @@ class Jobs:
         a = self.active.pop(name, None)
         if a is not None:
             self.generation += 1
+            self.metrics.retire(name)
         return a
 
     def _report(self, spec: TaskSpec, job: JobDir, phase: FillJobPhase, **fields: Unpack[ReportFields]) -> None:

@@ -6,11 +6,18 @@ Label values: ``fill_job`` (FillJob names; not ``job``, which Prometheus sets it
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["OVERRUN_CAUSES", "SKIP_REASONS", "FillMetrics"]
+__all__ = ["OVERRUN_CAUSES", "RETAIN_S", "SKIP_REASONS", "FillMetrics"]
+
+RETAIN_S = 600.0
+"""seconds a job's series stay after the executor let go of it: Prometheus scrapes their last values (a counter that
+vanishes at once hides its last increments from ``rate()``), then they go, so a long queue of small FillJobs does not
+grow the executor's series without bound"""
 
 SKIP_REASONS = ("short", "memory", "idle", "time", "closed", "profiling", "done", "error")
 OVERRUN_CAUSES = ("step", "start-up", "commit", "transfer", "yield")
@@ -113,6 +120,8 @@ class FillMetrics:
             self.overruns.labels(cause)
         self._offered_s = 0.0
         self._busy_s = 0.0
+        self._retired: dict[str, float] = {}  # job -> when the executor let go of it (monotonic s)
+        self._batches: dict[str, set[str]] = {}  # job -> batch sizes of its profile series
 
     def bubble(self, *, offered_s: float, busy_s: float, overrun_s: float, used: bool) -> None:
         self.bubbles_seen.inc()
@@ -137,9 +146,29 @@ class FillMetrics:
 
         self.memory_used_bytes.set_function(read)
 
+    def retire(self, job: str, *, now_s: float | None = None) -> None:
+        """The executor let go of ``job``: its series go after :data:`RETAIN_S` (unless it starts here again)."""
+        self._retired[job] = time.monotonic() if now_s is None else now_s
+
+    def prune(self, *, now_s: float | None = None) -> list[str]:
+        """Remove the series of jobs retired more than :data:`RETAIN_S` ago; returns their names."""
+        now = time.monotonic() if now_s is None else now_s
+        gone = [job for job, at in self._retired.items() if now - at >= RETAIN_S]
+        for job in gone:
+            del self._retired[job]
+            for metric in (self.job_total_items, self.committed_items, self.job_failures, self.items, self.commits):
+                with contextlib.suppress(KeyError):  # a series this job never had (no failure, say)
+                    metric.remove(job)
+            for batch in self._batches.pop(job, set()):
+                for metric in (self.profile_step_seconds, self.profile_peak_bytes):
+                    with contextlib.suppress(KeyError):
+                        metric.remove(job, batch)
+        return gone
+
     def job_started(self, job: str, *, total: int, committed: int) -> None:
         """The executor took the job on: its size, where it stands, and its counters from 0 (a series that appears
         only at its first increment hides the increment from ``rate()``, and a short job may commit only at its end)."""
+        self._retired.pop(job, None)
         self.job_total_items.labels(job).set(total)
         self.committed_items.labels(job).set(committed)
         for counter in (self.job_failures, self.items, self.commits):
@@ -147,5 +176,6 @@ class FillMetrics:
 
     def profile(self, job: str, points: list[tuple[int, float, int]]) -> None:
         for batch_size, step_s, peak_bytes in points:
+            self._batches.setdefault(job, set()).add(str(batch_size))
             self.profile_step_seconds.labels(job, str(batch_size)).set(step_s)
             self.profile_peak_bytes.labels(job, str(batch_size)).set(peak_bytes)

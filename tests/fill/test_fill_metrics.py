@@ -14,7 +14,7 @@ from pipefill import env
 from pipefill.events import EventWriter
 from pipefill_fill.device import memory_in_use
 from pipefill_fill.jobs import Jobs
-from pipefill_fill.metrics import SKIP_REASONS, FillMetrics
+from pipefill_fill.metrics import RETAIN_S, SKIP_REASONS, FillMetrics
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import Identity, open_source
 
@@ -92,3 +92,23 @@ def test_jobs_report_total_progress_and_failures(tmp_path: Path, monkeypatch: py
     assert value("pipefill_fill_committed_items", {"fill_job": "good"}) == 0
     assert value("pipefill_fill_job_failures_total", {"fill_job": "good"}) == 0
     assert value("pipefill_fill_job_failures_total", {"fill_job": "broken"}) == 1
+
+
+def test_a_job_let_go_of_keeps_its_series_for_a_while_then_they_go() -> None:
+    """A long queue of small FillJobs must not grow the executor's series without bound; a retired job's last
+    values stay scrapeable for RETAIN_S first, and a job that starts here again keeps its series."""
+    registry = CollectorRegistry()
+    m = FillMetrics(registry)
+
+    def jobs() -> set[str]:
+        return {s.labels["fill_job"] for f in registry.collect() for s in f.samples if "fill_job" in s.labels}
+
+    for job in ("a", "b"):
+        m.job_started(job, total=100, committed=0)
+        m.profile(job, [(8, 0.001, 1 << 20), (16, 0.002, 2 << 20)])
+        m.items.labels(job).inc(10)
+    m.retire("a", now_s=0.0)
+    m.retire("b", now_s=0.0)
+    assert m.prune(now_s=RETAIN_S - 1) == [] and jobs() == {"a", "b"}  # still scrapeable
+    m.job_started("b", total=100, committed=10)  # b came back to this executor
+    assert m.prune(now_s=RETAIN_S) == ["a"] and jobs() == {"b"}
