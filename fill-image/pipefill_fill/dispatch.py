@@ -136,7 +136,9 @@ class Dispatcher:
 
     def _job_for(self, bubble: Any) -> str | None:
         """The job whose class this bubble belongs to."""
-        ready = {n: a for n, a in self.jobs.active.items() if a.profile and a.profile.points}
+        profiled = {n: a for n, a in self.jobs.active.items() if a.profile and a.profile.points}
+        # a job whose slice is all stepped (its last commit being written) leaves the bubble to one with work left
+        ready = {n: a for n, a in profiled.items() if not a.task.done()} or profiled
         if not ready:
             return None
         if len(ready) == 1:

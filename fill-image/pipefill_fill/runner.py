@@ -103,6 +103,7 @@ class Runner:
             events=events,
         )
         self._next_poll = 0.0
+        self._polled = (-1, 0)  # the active jobs' generation and how many were finishing, at the last poll
         self._stop = ""
         self._held = False
         self._released_ns = 0  # when the last hold ended: a bubble that opened while held stays the trainer's
@@ -116,10 +117,16 @@ class Runner:
         collect.start()  # the garbage collector runs between bubbles only
         while not self._stop:
             collect.between_bubbles()
-            if time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
+            self.jobs.settle()  # commits the writer finished; slices whose work is all written move on
+            # a job that left (finished, failed, let go) makes room: the next one is claimed and prepared now, before
+            # the next bubble, not at the next poll (up to poll_interval_s of bubbles without it)
+            # (or one whose work is all stepped: only its last commit is left)
+            changed = (self.jobs.generation, self.jobs.finishing()) != self._polled
+            room = changed and self.jobs.room()
+            if room or time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
-            self.jobs.settle()  # commits the writer finished; slices whose work is all written move on
+                self._polled = (self.jobs.generation, self.jobs.finishing())
             held = self.link.hold_requested()
             if held != self._held:
                 self._held = held

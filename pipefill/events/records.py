@@ -171,6 +171,11 @@ class StartupEvent(Event):
     """the first calls"""
     batch_sizes: Sequence[int] = ()
     """the batch sizes called once (a size that ran out of memory or took over a second ends the list)"""
+    warm_before: Sequence[int] = ()
+    """the batch sizes the slice will run that this executor called before, for an earlier slice or job of the same
+    workload on the same device: not called again (their one-off costs are the process's)"""
+    reused: bool = False
+    """the workload took what it could of the executor's last instance of the same workload (its ``reuse`` hook)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,83 @@
+"""A queue of small FillJobs of one workload (issue #30), as the executor's event log shows it: the first job is
+profiled, the next ones start from the cached profile and spend no bubble on profiling; a next job is claimed as
+soon as one leaves (not at the next poll of the work source), reuses the model and the warm batch sizes of the one
+before, so the switch costs at most a bubble or two, not the start-up of a fresh job."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from fill_helpers import start_executor, start_producer, write_job
+
+from pipefill import env
+from pipefill.events import FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
+from pipefill_fill.store import read_outputs
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
+JOBS = ["q0", "q1", "q2", "q3"]
+
+
+def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = {e.job for e in read_events(log) if isinstance(e, JobEvent) and e.phase == "Succeeded"}
+        if done >= set(names):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"jobs {names} did not all succeed within {timeout_s} s")
+
+
+def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "jobs"
+    for i, name in enumerate(JOBS):  # one after the other: the highest priority first, one job at a time
+        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    try:
+        _wait_done(log, JOBS)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    events = read_events(log)
+    for name in JOBS:  # every sample once
+        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
+
+    profiles = {e.job: e.cached for e in events if isinstance(e, ProfileEvent)}
+    assert profiles == {"q0": False, "q1": True, "q2": True, "q3": True}
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    profiling = {b.job for b in bubbles if b.stop == "profiling"}
+    assert profiling <= {"q0"}, f"jobs profiled in bubbles although their profile was cached: {profiling - {'q0'}}"
+
+    startups = {e.job: e for e in events if isinstance(e, StartupEvent)}
+    first = startups["q0"]
+    assert not first.reused and not first.warm_before and len(first.batch_sizes) >= 3  # a fresh start-up
+    for name in JOBS[1:]:
+        s = startups[name]
+        assert s.reused, f"{name} built its model again"
+        assert set(s.batch_sizes) <= {1} and s.warm_before, f"{name} called warm sizes again: {s}"
+
+    # the switch: bubbles between the last step of one job and the first of the next (counted by the producer's
+    # bubble ids, so bubbles the executor did not wait for while switching count too)
+    worked = [b for b in bubbles if b.steps and b.job is not None]
+    gaps = []
+    for before, after in itertools.pairwise(JOBS):
+        last = max(b.id for b in worked if b.job == before)
+        first_step = min(b.id for b in worked if b.job == after)
+        gaps.append(first_step - last - 1)
+    # before issue #30 each switch lost 38-43 of these bubbles (a fresh start-up, the profile in bubbles, the next
+    # poll); now the next job is prepared while the last commit of the one before is written: 0-3 under load
+    assert max(gaps) <= 6, f"bubbles lost per switch: {gaps}"
