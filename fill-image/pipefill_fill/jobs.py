@@ -27,6 +27,7 @@ from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import StepModel
+from pipefill_fill.profilecache import load_cached
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.reporting import ReportFields, commit_event, progress_report
 from pipefill_fill.settings import Settings
@@ -241,6 +242,19 @@ class Jobs:
             self.source.report(a.name, dataclasses.replace(report, profile=measured, bubbles=self.bubble_report()))
         if a.offloader is not None:
             a.offloader.to_host()
+        self._share_profile(a)
+
+    def _share_profile(self, a: ActiveJob) -> None:
+        """Other active jobs of ``a``'s workload that waited for a profile (the dispatcher profiles one job at a time)
+        take the one just cached instead of measuring it again."""
+        key = built_key(a.task, self.device)
+        for b in list(self.active.values()):
+            if b is a or b.profile is not None or built_key(b.task, self.device) != key:
+                continue
+            cached = load_cached(b.task, self.device, memory_budget_bytes=self.settings.reserved_bytes)
+            if cached is not None:
+                b.profiler.adopt(cached)
+                self.profiled(b)
 
     def after_bubble(self, name: str, out: BubbleOutcome) -> None:
         """After a bubble of job ``name``: account for commits written since, move on when its slice is durable."""

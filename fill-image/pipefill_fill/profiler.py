@@ -162,6 +162,13 @@ class BubbleProfiler:
             self._next_candidate()
         return duration_s
 
+    def adopt(self, profile: Profile) -> None:
+        """Take ``profile`` (another job of the workload just cached it) instead of measuring further."""
+        if self._snapshot is not None:
+            self.task.end_profiling(self._snapshot)
+            self._snapshot = None
+        self.result = profile
+
     def give_up_candidate(self) -> None:
         """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
         self.stopped_by, self.last_step_s = "time", self.predict_s()
