@@ -24,10 +24,11 @@ PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes":
 JOBS = ["q0", "q1", "q2", "q3"]
 
 
-def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0) -> None:
+def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0, *, also: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        done = {e.job for e in read_events(log) if isinstance(e, JobEvent) and e.phase == "Succeeded"}
+        events = [*read_events(log), *(read_events(also) if also is not None else [])]
+        done = {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"}
         if done >= set(names):
             return
         time.sleep(0.1)
@@ -104,3 +105,35 @@ def test_two_jobs_of_one_workload_started_together_are_profiled_once(tmp_path: P
     assert [cached for _, cached in profiles].count(False) == 1, profiles  # the other took the cached one
     measured = next(job for job, cached in profiles if not cached)
     assert {b.job for b in events if isinstance(b, FillEvent) and b.stop == "profiling"} == {measured}
+
+
+def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "jobs"
+    for i, name in enumerate(JOBS[:3]):
+        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
+    cpu = min(os.sched_getaffinity(0))
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    first = start_executor(tmp_path / "channel", jobs, tmp_path / "fill-1", cpu=cpu)
+    log1, log2 = tmp_path / "fill-1" / "fill-events.jsonl", tmp_path / "fill-2" / "fill-events.jsonl"
+    try:
+        _wait_done(log1, ["q0"])
+        first.send_signal(signal.SIGKILL)  # q0 done; q1 being prepared or just started
+        first.communicate(timeout=30)
+        second = start_executor(tmp_path / "channel", jobs, tmp_path / "fill-2", cpu=cpu)
+        try:
+            _wait_done(log2, ["q1", "q2"], also=log1)  # the first may have finished q1 before the kill
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=60)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+    outputs = [(tmp_path / "out" / name / "outputs.npy").read_bytes() for name in JOBS[:3]]
+    assert outputs[0] == outputs[1] == outputs[2]  # the same model and data: the same bytes, every sample once
+    assert read_outputs(tmp_path / "out" / "q1")["sample_id"].tolist() == list(range(96))
+    later = read_events(log2)
+    assert not [e for e in later if isinstance(e, FillEvent) and e.job == "q0"]  # a finished job is not run again
+    assert not [e for e in later if isinstance(e, JobEvent) and e.job == "q0"]
