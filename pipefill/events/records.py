@@ -241,6 +241,10 @@ class FillEvent(Event):
     """[start, end] of every commit made in the bubble"""
     deadline_ns: int | None = None
     """the time the fill planned to have finished its steps by: the planned end of the bubble minus the guard"""
+    handoff: str | None = None
+    """the job that got the rest of the bubble when ``job``'s slice ran out of work in it (its steps are among
+    ``spans_ns``, after ``job``'s; ``handoff_items`` of ``items`` are its)"""
+    handoff_items: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

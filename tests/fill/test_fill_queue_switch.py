@@ -85,16 +85,17 @@ def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
     assert sorted(gaps)[1] <= 4 and max(gaps) <= 15, f"bubbles lost per switch: {gaps}"
 
 
-def test_two_jobs_of_one_workload_started_together_are_profiled_once(tmp_path: Path) -> None:
+def test_jobs_of_one_workload_started_together_are_profiled_once_and_hand_bubbles_on(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
-    for name in ("p0", "p1"):  # both active at once (two jobs per executor by default), neither profile cached
+    names = ["p0", "p1", "p2", "p3"]
+    for name in names:  # two active at once (two jobs per executor by default), no profile cached
         write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name)
     cpu = min(os.sched_getaffinity(0))
     fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
     producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
     log = tmp_path / "fill" / "fill-events.jsonl"
     try:
-        _wait_done(log, ["p0", "p1"])
+        _wait_done(log, names)
     finally:
         producer.send_signal(signal.SIGKILL)
         producer.communicate(timeout=10)
@@ -104,7 +105,20 @@ def test_two_jobs_of_one_workload_started_together_are_profiled_once(tmp_path: P
     profiles = sorted((e.job, e.cached) for e in events if isinstance(e, ProfileEvent))
     assert [cached for _, cached in profiles].count(False) == 1, profiles  # the other took the cached one
     measured = next(job for job, cached in profiles if not cached)
-    assert {b.job for b in events if isinstance(b, FillEvent) and b.stop == "profiling"} == {measured}
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    assert {b.job for b in bubbles if b.stop == "profiling"} == {measured}
+    # a job whose slice ran out of work mid-bubble handed the rest of it to the other active job
+    handed = [b for b in bubbles if b.handoff is not None]
+    assert handed and all(b.handoff != b.job for b in handed)
+    done: dict[str, int] = {}
+    for b in bubbles:
+        if b.job is not None:
+            done[b.job] = done.get(b.job, 0) + b.items - b.handoff_items
+        if b.handoff is not None:
+            done[b.handoff] = done.get(b.handoff, 0) + b.handoff_items
+    assert done == dict.fromkeys(names, 96)  # every sample of every job once, whichever job's bubble it was in
+    for name in names:
+        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
 
 
 def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
