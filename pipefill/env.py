@@ -27,6 +27,7 @@ __all__ = [
     "FILL_MIN_BUBBLE_MS",
     "FILL_OFFLOAD",
     "FILL_OVERRUN_BUDGET_US",
+    "FILL_PROFILE_DIR",
     "FILL_RESERVED_BYTES",
     "FILL_SPIN_US",
     "FILL_STORAGE_DIR",
@@ -83,12 +84,14 @@ FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a
 FILL_CPU_PRIORITY = "PIPEFILL_FILL_CPU_PRIORITY"  # "idle" or "normal"; default idle when pinned to the trainer's core
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # mount of the training job's fill storage (spec.fill.storage); FillJob paths on it are relative to it
+FILL_PROFILE_DIR = "PIPEFILL_FILL_PROFILE_DIR"  # the profile cache every executor of the pool shares (fill.md, "The profile cache"); default: <fill storage>/.pipefill/profiles, else a temporary directory
 POD_NAMESPACE = "POD_NAMESPACE"  # the pod's namespace (downward API): where the Kubernetes work source finds FillJobs
 POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the executor's identity in FillJob assignments
 
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"
-"""FillJobs one rank's executor works on at once, and so the most the operator's queue assigns to one rank pod;
+"""FillJobs one rank's executor works on at once (one more while a job's last commit is being written: the next one
+is prepared meanwhile, fill.md "Switches between jobs"), and so the most the operator's queue assigns to one rank pod;
 default :data:`DEFAULT_FILL_MAX_ACTIVE_JOBS`. More jobs per rank let a job use bubble classes another cannot, but a
 job that shares its only class with another waits for it."""
 DEFAULT_FILL_MAX_ACTIVE_JOBS = 2

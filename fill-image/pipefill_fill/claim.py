@@ -11,15 +11,20 @@ import torch
 
 from pipefill.events import EventWriter, SliceEvent
 from pipefill_fill.locks import LockBusy
+from pipefill_fill.profilecache import device_key, workload_key
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import WorkSource
 from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask
 from pipefill_fill.work import Slice, TaskSpec
 
-__all__ = ["RECOVERY_LOCK_TIMEOUT_S", "claim_slice"]
+__all__ = ["MAX_BUILT", "RECOVERY_LOCK_TIMEOUT_S", "built_key", "claim_slice"]
 
 log = logging.getLogger("pipefill_fill")
+
+MAX_BUILT = 2
+"""Workloads whose last instance an executor keeps for the next slice or job of the same workload to reuse: the
+jobs it holds at once by default (``PIPEFILL_FILL_MAX_ACTIVE_JOBS``); each kept instance holds its model's memory."""
 
 RECOVERY_LOCK_TIMEOUT_S = 10.0
 """How long opening a slice waits for its commit lock: a previous owner's commit in flight takes well under that; a
@@ -35,6 +40,7 @@ def claim_slice(
     memory_budget_bytes: int,
     events: EventWriter,
     lock_timeout_s: float = RECOVERY_LOCK_TIMEOUT_S,
+    built: dict[str, object] | None = None,
 ) -> FillTask | None:
     """Claim and open an unfinished slice of ``job``; None when there is none for this executor now.
 
@@ -46,6 +52,8 @@ def claim_slice(
     is done but the job is not complete (its last finisher died before the outputs), the job is completed here,
     without a claim (nothing is left to assign). A slice found done on opening (its owner finished it
     since the directory was read) is given back and the next one tried. Raises what opening raised (the job fails).
+    ``built``: the executor's last workload instance per workload and device (:func:`built_key`), offered to the
+    new slice's workload to reuse (``FillTask.open``); the new one replaces it.
     """
     for _ in range(len(job.plan()) + 1):
         candidates = job.open_slices()
@@ -59,7 +67,19 @@ def claim_slice(
         try:
             epoch = source.epoch(spec.name, s)
             task = FillTask(spec, s, epoch=epoch, guard=_guard(source, spec.name, s, epoch))
-            recovered = task.open(device=device, memory_budget_bytes=memory_budget_bytes, lock_timeout_s=lock_timeout_s)
+            key = built_key(task, device)
+            previous = built.get(key) if built is not None else None
+            recovered = task.open(
+                device=device,
+                memory_budget_bytes=memory_budget_bytes,
+                lock_timeout_s=lock_timeout_s,
+                previous=previous,
+            )
+            if built is not None:
+                built.pop(key, None)
+                built[key] = task.workload
+                while len(built) > MAX_BUILT:  # the oldest workload's instance goes (its memory with it)
+                    built.pop(next(iter(built)))
         except Superseded as exc:  # it moved between the poll and the opening: not this executor's any more
             log.info("%s; given back", exc)
             source.release(spec.name, s)
@@ -87,6 +107,11 @@ def claim_slice(
             return task
         source.release(spec.name, s)
     return None
+
+
+def built_key(task: FillTask, device: torch.device) -> str:
+    """What makes two slices' workloads interchangeable: the same code and parameters on the same device."""
+    return f"{workload_key(task)}|{device_key(device)}"
 
 
 def _guard(source: WorkSource, name: str, s: Slice, epoch: int) -> Callable[[], str | None]:

@@ -68,11 +68,13 @@ class Dispatcher:
         self._bubbles_since_assign = 0
 
     def fill(
-        self, bubble: Any, deadline_ns: int, offered_s: float
+        self, bubble: Any, deadline_ns: int, offered_s: float, *, exclude: str | None = None
     ) -> tuple[str | None, str, BubbleOutcome, int | None]:
-        """Use ``bubble`` until ``deadline_ns``: returns (job, why nothing was run or "", outcome, batch size)."""
-        self._bubbles_since_assign += 1
-        active = self.jobs.active
+        """Use ``bubble`` until ``deadline_ns``: returns (job, why nothing was run or "", outcome, batch size).
+        ``exclude``: a job not to give it to (the one whose slice ran out of work earlier in the bubble)."""
+        if exclude is None:
+            self._bubbles_since_assign += 1
+        active = {n: a for n, a in self.jobs.active.items() if n != exclude}
         if offered_s < self.settings.min_bubble_s:
             return None, "short", BubbleOutcome(), None
         if not active:
@@ -84,7 +86,7 @@ class Dispatcher:
                 return name, "profiling", out, None  # a complete profile is taken in after the bubble
         # a slice whose work is done waits only for its last commit: it goes first, whatever the classes say
         finishing = [n for n, a in active.items() if a.profile and a.task.done() and a.task.commit_due()]
-        chosen = finishing[0] if finishing else self._job_for(bubble)
+        chosen = finishing[0] if finishing else self._job_for(bubble, exclude)
         if chosen is None:
             return None, "memory", BubbleOutcome(), None
         name, a = chosen, active[chosen]
@@ -134,15 +136,19 @@ class Dispatcher:
         a.margin.record(out, deadline_ns=deadline_ns - extra_ns, room_ns=bubble.expected_end_ns - deadline_ns)
         return name, "", out, max_batch
 
-    def _job_for(self, bubble: Any) -> str | None:
+    def _job_for(self, bubble: Any, exclude: str | None = None) -> str | None:
         """The job whose class this bubble belongs to."""
-        ready = {n: a for n, a in self.jobs.active.items() if a.profile and a.profile.points}
+        profiled = {n: a for n, a in self.jobs.active.items() if a.profile and a.profile.points and n != exclude}
+        # a job whose slice is all stepped (its last commit being written) leaves the bubble to one with work left
+        ready = {n: a for n, a in profiled.items() if not a.task.done()}
+        if not ready and exclude is None:
+            ready = profiled
         if not ready:
             return None
         if len(ready) == 1:
             return next(iter(ready))
         stale = self._generation != self.jobs.generation or self._bubbles_since_assign >= _REASSIGN_EVERY
-        if stale or not self._assignment:
+        if (stale or not self._assignment) and exclude is None:
             self._reassign(ready)
         duration_s = (bubble.expected_end_ns - bubble.open_ns) / 1e9
         nearest = min(self._assignment, key=lambda d: abs(d - duration_s), default=None)

@@ -69,6 +69,22 @@ class BubbleOutcome:
     """the extra margin the steps were planned with (:class:`pipefill_fill.overruns.Margin`)"""
     stop: str = ""  # why the last step was not started: time, closed, done, error
 
+    def extend(self, other: BubbleOutcome) -> None:
+        """Add ``other`` (the steps of the job the rest of the bubble was handed to) after these."""
+        self.startup_steps |= {len(self.spans_ns) + i for i in other.startup_steps}
+        self.steps += other.steps
+        self.items += other.items
+        self.busy_ns += other.busy_ns
+        self.commit_ns += other.commit_ns
+        self.transfer_ns += other.transfer_ns
+        self.committed_bytes += other.committed_bytes
+        self.spans_ns += other.spans_ns
+        self.batch_sizes += other.batch_sizes
+        self.commits_ns += other.commits_ns
+        self.transfers_ns += other.transfers_ns
+        self.margin_ns = max(self.margin_ns, other.margin_ns)
+        self.stop = other.stop
+
     @property
     def first_start_ns(self) -> int | None:
         return self.spans_ns[0][0] if self.spans_ns else None

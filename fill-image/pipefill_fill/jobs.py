@@ -19,7 +19,7 @@ from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles
 from pipefill_fill import collect
 from pipefill_fill.active import ActiveJob, tail_sizes
-from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, claim_slice
+from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, built_key, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.device import step_clock
 from pipefill_fill.inbubble import BubbleOutcome
@@ -27,6 +27,7 @@ from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import StepModel
+from pipefill_fill.profilecache import load_cached
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.reporting import ReportFields, commit_event, progress_report
 from pipefill_fill.settings import Settings
@@ -77,6 +78,8 @@ class Jobs:
         self.generation = 0
         self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
         self.writer = writer or CommitWriter()  # the file part of every commit, off the filling thread
+        self.built: dict[str, object] = {}  # workload and device -> its last instance (claim_slice, reuse)
+        self.warm: dict[str, dict[int, float]] = {}  # workload and device -> batch sizes called already -> warm s
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -89,10 +92,22 @@ class Jobs:
         for name in [n for n in self.active if n not in offered]:
             self.let_go(name, "no longer assigned here (finished, failed, cancelled, suspended or moved)")
         for spec in specs:
-            if len(self.active) >= self.max_active:
+            if not self.room():
                 break
             if spec.name not in self.active and spec.name not in self.failed and not self._waiting(spec.name):
                 self._start(spec)
+
+    def finishing(self) -> int:
+        """Active jobs whose slice has all its work stepped: only its last commit is left (written off the filling
+        thread), and it takes no more bubbles for steps."""
+        return sum(1 for a in self.active.values() if a.profile is not None and a.task.done())
+
+    def room(self) -> bool:
+        """Whether another job may be started: fewer than ``max_active`` jobs with work left to step, and one more
+        than that at most (the next job is prepared — claimed, set up, warm — while a finishing job's last commit is
+        written, so the switch does not wait for the disk)."""
+        working = len(self.active) - self.finishing()
+        return working < self.max_active and len(self.active) < self.max_active + 1
 
     def _waiting(self, name: str) -> bool:
         """Whether ``name`` found its slice locked less than ``lock_retry_s`` ago (see :data:`LOCK_RETRY_S`)."""
@@ -137,14 +152,14 @@ class Jobs:
         opened_ns = time.monotonic_ns()
         sizes = tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
         try:
-            warmed = a.task.warm_up(sizes, device=self.device)
+            called, warmed = self._warm(a, sizes, instance=True)
             a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
             if not a.commit_estimate:  # measured, not assumed: the first commit is planned into a bubble by it
                 a.commit_estimate.record(a.task.dry_commit_s())
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
-        collect.after_startup()  # the slice's objects live as long as it: frozen, out of later collections
+        collect.after_startup(full=not a.task.reused)  # the slice's objects live as long as it: frozen
         end_ns = time.monotonic_ns()
         s = a.slice
         self.events.write(
@@ -155,10 +170,29 @@ class Jobs:
                 end_ns=end_ns,
                 open_s=round((opened_ns - started_ns) / 1e9, 6),
                 warm_s=round((end_ns - opened_ns) / 1e9, 6),
-                batch_sizes=list(warmed),
+                batch_sizes=called,
+                warm_before=[b for b in warmed if b not in called],
+                reused=a.task.reused,
             )
         )
         return True
+
+    def _warm(self, a: ActiveJob, sizes: list[int], *, instance: bool) -> tuple[list[int], dict[int, float]]:
+        """The first calls of ``sizes`` (``FillTask.warm_up``), except those this executor made already for another
+        slice or job of the same workload on this device: the one-off costs of a batch size (allocations, kernels
+        chosen for a shape) are the process's, not the model instance's. A new instance (``instance``) still makes
+        one call of its smallest size, for what it initializes lazily. Returns the sizes called now, and every size
+        known warm → the seconds of a warm step (the profiler's hints)."""
+        known = self.warm.setdefault(built_key(a.task, self.device), {})
+        todo = [b for b in sizes if b not in known]
+        if instance and not todo and sizes:
+            todo = [min(sizes)]
+        called = a.task.warm_up(todo, device=self.device) if todo else {}
+        known.update(called)
+        for b in sizes:
+            if b in known:
+                a.task.saw_shape(b)
+        return list(called), {**{b: known[b] for b in sizes if b in known}, **called}
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
         """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
@@ -178,7 +212,7 @@ class Jobs:
         a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
         if a.model is not None and (tail := [b for b in tail_sizes(a) if not a.task.saw(b)]):
             try:  # between bubbles: the first calls of the sizes its bubbles' tails will run
-                a.task.warm_up(tail, device=self.device)
+                self._warm(a, tail, instance=False)
             except Exception as exc:
                 self.fail(a.name, f"warming up batch sizes {tail[0]}..{tail[-1]} failed: {type(exc).__name__}: {exc}")
                 return
@@ -209,6 +243,19 @@ class Jobs:
             self.source.report(a.name, dataclasses.replace(report, profile=measured, bubbles=self.bubble_report()))
         if a.offloader is not None:
             a.offloader.to_host()
+        self._share_profile(a)
+
+    def _share_profile(self, a: ActiveJob) -> None:
+        """Other active jobs of ``a``'s workload that waited for a profile (the dispatcher profiles one job at a time)
+        take the one just cached instead of measuring it again."""
+        key = built_key(a.task, self.device)
+        for b in list(self.active.values()):
+            if b is a or b.profile is not None or built_key(b.task, self.device) != key:
+                continue
+            cached = load_cached(b.task, self.device, memory_budget_bytes=self.settings.reserved_bytes)
+            if cached is not None:
+                b.profiler.adopt(cached)
+                self.profiled(b)
 
     def after_bubble(self, name: str, out: BubbleOutcome) -> None:
         """After a bubble of job ``name``: account for commits written since, move on when its slice is durable."""
@@ -370,6 +417,7 @@ class Jobs:
             memory_budget_bytes=self.settings.reserved_bytes,
             events=self.events,
             lock_timeout_s=self.lock_timeout_s,
+            built=None if self.settings.offload else self.built,  # offload moves a job's modules: not shared
         )
         if task is not None:
             task.writer = self.writer

@@ -1,7 +1,8 @@
 """The profiler: per candidate batch size, median step time and peak memory on the actual device, after warm-up.
 
-Measurements are cached per (workload, device) in the job's output directory and taken again when either changes
-(the workload's class or parameters, the device model, torch version or thread count). The workload's state is
+Measurements are cached per (workload, device) where every job of the workload finds them
+(:mod:`pipefill_fill.profilecache`) and taken again when either changes (the workload's code or parameters, the device
+model, torch version or thread count). The workload's state is
 snapshotted before and restored after, and its outputs are dropped while profiling, so profiling does no real work.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` after a reset; on CPU, the growth of the process's resident
@@ -10,45 +11,22 @@ set high-water mark (``VmHWM`` after resetting it through ``/proc/self/clear_ref
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipefill.plan import ProfilePoint
-from pipefill_fill.atomic import atomic_write_bytes
 from pipefill_fill.device import proc_status_kb
+from pipefill_fill.profilecache import Profile, device_key, load_cached, store_profile
 from pipefill_fill.task import FillTask
 
 __all__ = ["BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
 
 log = logging.getLogger("pipefill_fill")
-
-
-@dataclass(frozen=True)
-class Profile:
-    workload_id: str
-    device_key: str
-    points: tuple[ProfilePoint, ...]
-    cached: bool = False
-
-    def point(self, batch_size: int) -> ProfilePoint | None:
-        return next((p for p in self.points if p.batch_size == batch_size), None)
-
-
-def device_key(device: torch.device) -> str:
-    """What identifies the device for the profile cache."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return f"cuda:{props.name}:{props.total_memory}:torch{torch.__version__}"
-    return f"cpu:{platform.processor() or platform.machine()}:threads{torch.get_num_threads()}:torch{torch.__version__}"
 
 
 def profile_task(
@@ -66,60 +44,25 @@ def profile_task(
     Larger batch sizes are not tried once one exceeds ``max_step_s`` (longer than any bubble) or the memory budget,
     or runs out of memory.
     """
-    cached = load_cached(task, device) if use_cache else None
+    cached = load_cached(task, device, memory_budget_bytes=memory_budget_bytes) if use_cache else None
     if cached is not None:
         return cached
     snapshot = task.snapshot()
     task.begin_profiling()
     points: list[ProfilePoint] = []
+    stopped_by = ""
     try:
         for bs in task.batch_sizes():
             point = _measure(task, device, bs, snapshot, warmup=warmup, repeats=repeats)
             if point is None or point.peak_bytes > memory_budget_bytes:
+                stopped_by = "memory"
                 break
             points.append(point)
             if _stop_after(task, point, max_step_s):
                 break
     finally:
         task.end_profiling(snapshot)
-    return store_profile(task, device, points)
-
-
-def _cache_path(task: FillTask, device: torch.device) -> Path:
-    key = f"{task.spec.workload_id}|{device_key(device)}"
-    return task.spec.output_dir / "profiles" / f"profile-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
-
-
-def load_cached(task: FillTask, device: torch.device) -> Profile | None:
-    """The cached profile of this (workload, device), or None when there is none or either changed."""
-    wid, dkey = task.spec.workload_id, device_key(device)
-    path = _cache_path(task, device)
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    if data.get("workload_id") != wid or data.get("device_key") != dkey or not data.get("points"):
-        return None
-    return Profile(wid, dkey, tuple(ProfilePoint(**p) for p in data["points"]), cached=True)
-
-
-def store_profile(task: FillTask, device: torch.device, points: list[ProfilePoint]) -> Profile:
-    wid, dkey = task.spec.workload_id, device_key(device)
-    record = {
-        "workload_id": wid,
-        "device_key": dkey,
-        "measured_unix_s": round(time.time(), 3),
-        "points": [
-            {
-                "batch_size": p.batch_size,
-                "step_s": p.step_s,
-                "peak_bytes": p.peak_bytes,
-                "items_per_step": p.items_per_step,
-            }
-            for p in points
-        ],
-    }
-    atomic_write_bytes(_cache_path(task, device), (json.dumps(record, indent=2) + "\n").encode())
-    return Profile(wid, dkey, tuple(points))
+    return store_profile(task, device, points, memory_budget_bytes=memory_budget_bytes, stopped_by=stopped_by)
 
 
 def _stop_after(task: FillTask, point: ProfilePoint, max_step_s: float) -> bool:
@@ -152,7 +95,7 @@ class BubbleProfiler:
         self.first_guess_s = first_guess_s
         self.hints: dict[int, float] = {}
         """batch size → seconds of a warm step, measured before the first bubble (``FillTask.warm_up``)"""
-        self.result: Profile | None = load_cached(task, device)
+        self.result: Profile | None = load_cached(task, device, memory_budget_bytes=memory_budget_bytes)
         self.candidates = task.batch_sizes()
         self._i = 0
         self._times: list[float] = []
@@ -219,6 +162,13 @@ class BubbleProfiler:
             self._next_candidate()
         return duration_s
 
+    def adopt(self, profile: Profile) -> None:
+        """Take ``profile`` (another job of the workload just cached it) instead of measuring further."""
+        if self._snapshot is not None:
+            self.task.end_profiling(self._snapshot)
+            self._snapshot = None
+        self.result = profile
+
     def give_up_candidate(self) -> None:
         """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
         self.stopped_by, self.last_step_s = "time", self.predict_s()
@@ -243,7 +193,9 @@ class BubbleProfiler:
     def _finish(self) -> None:
         if self._snapshot is not None:
             self.task.end_profiling(self._snapshot)
-        self.result = store_profile(self.task, self.device, self._points)
+        self.result = store_profile(
+            self.task, self.device, self._points, memory_budget_bytes=self.budget, stopped_by=self.stopped_by
+        )
 
 
 def _measure(

@@ -28,12 +28,16 @@ from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
 from pipefill_fill.store import Superseded
 
-__all__ = ["HOLD_POLL_S", "Attached", "Link", "Runner"]
+__all__ = ["HANDOFF_MIN_S", "HOLD_POLL_S", "Attached", "Link", "Runner"]
 
 log = logging.getLogger("pipefill_fill")
 
 HOLD_POLL_S = 0.02
 """While held (``fill.hold`` in the channel directory), how often the executor looks whether it may work again."""
+
+
+HANDOFF_MIN_S = 0.001
+"""The least time before a bubble's deadline worth handing to another job when one's slice runs out of work in it."""
 
 
 class Link(Protocol):
@@ -103,6 +107,7 @@ class Runner:
             events=events,
         )
         self._next_poll = 0.0
+        self._polled = (-1, 0)  # the active jobs' generation and how many were finishing, at the last poll
         self._stop = ""
         self._held = False
         self._released_ns = 0  # when the last hold ended: a bubble that opened while held stays the trainer's
@@ -116,10 +121,16 @@ class Runner:
         collect.start()  # the garbage collector runs between bubbles only
         while not self._stop:
             collect.between_bubbles()
-            if time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
+            self.jobs.settle()  # commits the writer finished; slices whose work is all written move on
+            # a job that left (finished, failed, let go) makes room: the next one is claimed and prepared now, before
+            # the next bubble, not at the next poll (up to poll_interval_s of bubbles without it)
+            # (or one whose work is all stepped: only its last commit is left)
+            changed = (self.jobs.generation, self.jobs.finishing()) != self._polled
+            room = changed and self.jobs.room()
+            if room or time.monotonic() >= self._next_poll or not self.jobs.active or self.source.changed():
                 self._next_poll = time.monotonic() + self.poll_interval_s
                 self.jobs.refresh()
-            self.jobs.settle()  # commits the writer finished; slices whose work is all written move on
+                self._polled = (self.jobs.generation, self.jobs.finishing())
             held = self.link.hold_requested()
             if held != self._held:
                 self._held = held
@@ -164,14 +175,14 @@ class Runner:
         end_ns = self.ends.end_ns((str(bubble.kind), bubble.mb_idx), bubble.expected_end_ns)
         deadline_ns = end_ns - int(self.settings.guard_s * 1e9)
         offered_s = (bubble.expected_end_ns - bubble.open_ns) / 1e9
-        try:
-            job, reason, out, batch = self.dispatcher.fill(bubble, deadline_ns, offered_s)
-        except JobError as exc:  # the workload raised: that job fails, the executor and other jobs go on
-            self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
-            job, reason, out, batch = exc.job, "error", BubbleOutcome(stop="error"), None
-        except Superseded as exc:  # a commit was refused: the slice moved; stop it, nothing written
-            self.jobs.superseded(exc.job, exc)
-            job, reason, out, batch = exc.job, "superseded", BubbleOutcome(stop="superseded"), None
+        job, reason, out, batch = self._fill(bubble, deadline_ns, offered_s)
+        handoff, handoff_items = None, 0
+        if self._hand_off(job, out, bubble, deadline_ns):  # the job's slice ran out of work: the rest goes on
+            assert job is not None  # for mypy: _hand_off says so
+            handoff, _, rest, _ = self._fill(bubble, deadline_ns, offered_s, exclude=job)
+            if handoff is not None:
+                handoff_items = rest.items
+                out.extend(rest)
         yielded_ns = time.monotonic_ns()
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
         cause = None
@@ -183,8 +194,10 @@ class Runner:
         self.metrics.bubble(offered_s=offered_s, busy_s=used_s, overrun_s=overrun_s, used=out.steps > 0)
         if not out.steps:
             self.metrics.bubbles_skipped.labels(reason or out.stop or "time").inc()
-        if job is not None and out.items:
-            self.metrics.items.labels(job).inc(out.items)
+        if job is not None and out.items - handoff_items:
+            self.metrics.items.labels(job).inc(out.items - handoff_items)
+        if handoff is not None and handoff_items:
+            self.metrics.items.labels(handoff).inc(handoff_items)
         self.events.write(
             FillEvent(
                 id=bubble.id,
@@ -209,9 +222,35 @@ class Runner:
                 batch_sizes=out.batch_sizes,
                 commits_ns=out.commits_ns,
                 deadline_ns=deadline_ns,
+                handoff=handoff,
+                handoff_items=handoff_items,
             )
         )
-        if job is not None:
-            self.jobs.after_bubble(job, out)
-            if job not in self.jobs.active:
-                self._next_poll = 0.0  # room for another job
+        for name in (job, handoff):
+            if name is not None:
+                self.jobs.after_bubble(name, out)
+                if name not in self.jobs.active:
+                    self._next_poll = 0.0  # room for another job
+
+    def _fill(
+        self, bubble: Any, deadline_ns: int, offered_s: float, *, exclude: str | None = None
+    ) -> tuple[str | None, str, BubbleOutcome, int | None]:
+        """The dispatcher's steps in ``bubble``; a job whose workload raised fails, a superseded slice stops."""
+        try:
+            return self.dispatcher.fill(bubble, deadline_ns, offered_s, exclude=exclude)
+        except JobError as exc:  # the workload raised: that job fails, the executor and other jobs go on
+            self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
+            return exc.job, "error", BubbleOutcome(stop="error"), None
+        except Superseded as exc:  # a commit was refused: the slice moved; stop it, nothing written
+            self.jobs.superseded(exc.job, exc)
+            return exc.job, "superseded", BubbleOutcome(stop="superseded"), None
+
+    def _hand_off(self, job: str | None, out: BubbleOutcome, bubble: Any, deadline_ns: int) -> bool:
+        """Whether the rest of ``bubble`` goes to another job: ``job``'s slice ran out of work in it (issue #30: a
+        queue of small jobs switches mid-bubble instead of leaving the rest of it unused), another active job has
+        work, and at least :data:`HANDOFF_MIN_S` is left before the deadline."""
+        if job is None or out.stop != "done" or not self.link.is_open(bubble.id):
+            return False
+        if deadline_ns - time.monotonic_ns() < HANDOFF_MIN_S * 1e9:
+            return False
+        return any(n != job and not a.task.done() for n, a in self.jobs.active.items())

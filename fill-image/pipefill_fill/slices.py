@@ -11,7 +11,6 @@ the job is done when every slice is, and then its outputs are assembled once. La
     slices/<start>-<end>/    the store of each slice of a split job (chunks/, checkpoints/, progress.json)
     chunks/, checkpoints/, progress.json    the store of the only slice of a job that is not split
     outputs.npy              every slice's outputs in sample order (inference), byte-identical to a single-rank run
-    profiles/                the profile cache, shared by the slices
 
 A directory written before slices existed (progress.json, no slices.json) is read as one slice.
 """

@@ -84,12 +84,26 @@ class FillTask:
         self.deferred = 0  # bubbles in a row whose start found a commit due that did not fit
         self._shapes: set[int] = set()  # batch sizes stepped since the slice was opened
         self.first_call = False  # the last step was the first of its batch size
+        self.reused = False  # the workload's reuse hook was given an earlier instance (open)
 
-    def open(self, *, device: torch.device, memory_budget_bytes: int, lock_timeout_s: float | None = None) -> Committed:
+    def open(
+        self,
+        *,
+        device: torch.device,
+        memory_budget_bytes: int,
+        lock_timeout_s: float | None = None,
+        previous: object | None = None,
+    ) -> Committed:
         """Recover the slice's store (waiting at most ``lock_timeout_s`` for its commit lock, see
         :meth:`ProgressStore.recover`), set the workload up and restore its committed state. When the slice was done
-        already, also complete the job if that was left undone (a crash after the last slice, before the outputs)."""
+        already, also complete the job if that was left undone (a crash after the last slice, before the outputs).
+        ``previous``: the executor's last instance of the same workload on ``device``, offered to the workload's
+        optional ``reuse`` hook before ``setup`` (a model built once serves the next slices and jobs)."""
         recovered = self.store.recover(lock_timeout_s=lock_timeout_s)
+        reuse = getattr(self.workload, "reuse", None)
+        if previous is not None and callable(reuse) and type(previous) is type(self.workload):
+            reuse(previous)
+            self.reused = True
         self.workload.setup(device, memory_budget_bytes)
         if recovered.state is not None:
             self.workload.restore(recovered.state)

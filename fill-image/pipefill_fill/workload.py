@@ -63,7 +63,7 @@ class WorkloadContext:
     of ``[0, total)`` this workload works on — an inference job split across ranks (spec.maxParallelRanks > 1) gives
     each executor one slice at a time, otherwise the whole job; ``input_path``: the dataset file (None: a builtin makes
     a synthetic one); ``output_dir``: the job's output directory (the executor owns ``slices.json``, ``slices/``,
-    ``chunks/``, ``checkpoints/``, ``progress.json``, ``outputs.npy`` and ``profiles/`` in it; a workload may write
+    ``chunks/``, ``checkpoints/``, ``progress.json`` and ``outputs.npy`` in it; a workload may write
     other files there, atomically, and must expect other executors' workloads doing the same);
     ``counts_steps``: True when ``total`` is in optimizer steps (spec.totalSteps).
     """
@@ -121,7 +121,10 @@ class Workload:
     Optional hooks: ``batch_sizes()`` (candidates the profiler measures), ``commit_every`` (units of work between
     commits: the checkpoint cadence of training; None: at most once a second), ``modules()`` (the modules and optimizers
     whose state offload mode moves to host memory between bubbles), ``finalize()`` (called once after the last commit;
-    must be idempotent, e.g. write the final model atomically).
+    must be idempotent, e.g. write the final model atomically), ``reuse(previous)`` (called before ``setup`` with the
+    instance of the last slice or job of the same workload — same code and parameters — this executor set up on the
+    same device: take what does not depend on the slice, such as inference weights, so ``setup`` need not build it
+    again; never share what steps change, such as a training model or an optimizer).
     """
 
     kind: ClassVar[str] = "inference"

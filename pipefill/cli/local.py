@@ -201,7 +201,13 @@ def _summary(report: dict[str, Any]) -> str:
     def num(v: float | None, fmt: str, scale: float = 1.0) -> str:
         return "n/a" if v is None else format(scale * v, fmt)
 
-    fills = ", ".join(f"{n} {r['committed']}/{r['total']}{_overruns(r)}" for n, r in report["fill_jobs"].items())
+    rows = report["fill_jobs"].items()
+    fills = ", ".join(
+        f"{n} {r['committed']}/{r['total']} {r['phase']}{_overruns(r)}" for n, r in rows if r.get("started", True)
+    )
+    queued = [f"{n} {r['committed']}/{r['total']} {r['phase']}" for n, r in rows if not r.get("started", True)]
+    if queued:  # never started: queued behind the others, not lost
+        fills += f"; never started ({len(queued)}, in queue order): {', '.join(queued)}"
     return (
         f"steps {report['steps']}, loss {num(report['loss_first'], '.3f')} -> {num(report['loss_last'], '.3f')}, "
         f"step {num(report['step_s_median'], '.1f', 1e3)} ms (median), bubble fraction "

@@ -171,6 +171,11 @@ class StartupEvent(Event):
     """the first calls"""
     batch_sizes: Sequence[int] = ()
     """the batch sizes called once (a size that ran out of memory or took over a second ends the list)"""
+    warm_before: Sequence[int] = ()
+    """the batch sizes the slice will run that this executor called before, for an earlier slice or job of the same
+    workload on the same device: not called again (their one-off costs are the process's)"""
+    reused: bool = False
+    """the workload took what it could of the executor's last instance of the same workload (its ``reuse`` hook)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -236,6 +241,10 @@ class FillEvent(Event):
     """[start, end] of every commit made in the bubble"""
     deadline_ns: int | None = None
     """the time the fill planned to have finished its steps by: the planned end of the bubble minus the guard"""
+    handoff: str | None = None
+    """the job that got the rest of the bubble when ``job``'s slice ran out of work in it (its steps are among
+    ``spans_ns``, after ``job``'s; ``handoff_items`` of ``items`` are its)"""
+    handoff_items: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

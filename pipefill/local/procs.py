@@ -141,6 +141,7 @@ def local_processes(
                     child[env.MODEL_CODE_DIR] = str(code)
             else:
                 child[env.WORK_SOURCE] = f"files:{work_dir}"
+                child[env.FILL_PROFILE_DIR] = str(work_dir / "profiles")  # one cache for every rank and job of the run
             argv = [sys.executable, *plan.argv[1:]]
             procs.append(LocalProcess(rank, plan.name, argv, child, rank_out, port))
     procs.sort(key=lambda p: (p.container != "fill-executor", p.rank))

@@ -36,6 +36,7 @@ __all__ = [
     "fill_job_status",
     "overrun_causes",
     "plot_timeline",
+    "queue_rows",
     "rank_log_paths",
     "write_report",
 ]
@@ -98,6 +99,64 @@ def fill_job_status(work_dir: Path, name: str) -> dict[str, Any] | None:
     }
 
 
+def _manifests(work_dir: Path) -> dict[str, tuple[int | None, int]]:
+    """Every FillJob of the run's queue (its manifests in ``work_dir``): name → (total, priority)."""
+    found: dict[str, tuple[int | None, int]] = {}
+    for path in sorted([*work_dir.glob("*.yaml"), *work_dir.glob("*.yml")]):
+        try:
+            docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        except (OSError, yaml.YAMLError):
+            continue
+        for doc in docs:
+            if not isinstance(doc, dict) or doc.get("kind") != "FillJob":
+                continue
+            spec = doc.get("spec") or {}
+            total = spec.get("totalSamples", spec.get("totalSteps"))
+            name = (doc.get("metadata") or {}).get("name")
+            if name:
+                found[str(name)] = (int(total) if total is not None else None, int(spec.get("priority") or 0))
+    return found
+
+
+def queue_rows(work_dir: Path, rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``rows`` (the jobs the executors' events name) and every other FillJob of the queue, with its phase and progress
+    from its status file (Queued, 0 when it has none), as ``kubectl get filljobs`` lists them, in the queue's order
+    (priority, then name). A job that never started says why it waits: its position among the waiting ones (the
+    executors take the highest priority first, at most PIPEFILL_FILL_MAX_ACTIVE_JOBS per rank), or its status's
+    message (a job no rank's bubbles fit)."""
+    manifests = _manifests(work_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(manifests) | set(rows), key=lambda n: (-manifests.get(n, (None, 0))[1], n)):
+        total, priority = manifests.get(name, (None, 0))
+        row = rows.get(name) or {"committed": 0, "total": total, "phase": "Queued", "started": False}
+        row.setdefault("started", True)
+        row["priority"] = priority
+        status = fill_job_status(work_dir, name)
+        if status is not None:
+            row["committed"] = max(row["committed"], status["committed"])
+            row["phase"] = status["phase"]
+            row["total"] = status["total"] if status["total"] is not None else row["total"]
+        if row["total"] is None:
+            row["total"] = total
+        out[name] = row
+    waiting = [n for n, r in out.items() if not r["started"] and r["phase"] in ("Queued", "Pending")]
+    for i, name in enumerate(waiting, 1):
+        message = _status_message(work_dir, name)
+        out[name]["waiting"] = message or (
+            f"position {i} of {len(waiting)} waiting (priority {out[name]['priority']}); the executors take the "
+            "highest priority first"
+        )
+    return out
+
+
+def _status_message(work_dir: Path, name: str) -> str:
+    try:
+        status = json.loads((work_dir / f"{name}.status.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return ""
+    return str(status.get("message") or "")
+
+
 def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, Any]:
     """Everything ``report.json`` holds."""
     ranks = []
@@ -117,12 +176,9 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
                 row["committed"] = max(row["committed"], e.committed or 0)
                 row["total"] = e.total if e.total is not None else row["total"]
                 row["phase"] = e.phase
-    for name, row in fill_jobs.items():  # events of several ranks interleave; the merged status says where it is
-        status = fill_job_status(out_dir / FILL_WORK_DIR, name)
-        if status is not None:
-            row["committed"] = max(row["committed"], status["committed"])
-            row["phase"] = status["phase"]
-            row["total"] = status["total"] if status["total"] is not None else row["total"]
+    # events of several ranks interleave; the merged status says where a job is; jobs no executor started are listed
+    fill_jobs = queue_rows(out_dir / FILL_WORK_DIR, fill_jobs)
+    for name, row in fill_jobs.items():
         row["overruns"] = overrun_summary(bubbles.get(name, []))  # every rank's bubbles of the job
     trainer0, _ = _logs(out_dir, 0)
     steps = [e for e in trainer0 if isinstance(e, StepEvent)]
@@ -276,8 +332,9 @@ def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
     ]
     for name, row in report["fill_jobs"].items():
         o = row.get("overruns") or overrun_summary([])
+        phase = f"{row['phase']}: {row['waiting']}" if row.get("waiting") else row["phase"]
         lines.append(
-            f"| {name} | {row['committed']} | {row['total']} | {row['phase']} | {o['bubbles']} | "
+            f"| {name} | {row['committed']} | {row['total']} | {phase} | {o['bubbles']} | "
             f"{o['overrun_p50_ms']:.3f} | {o['overrun_p99_ms']:.3f} | {o['overrun_max_ms']:.3f} | {overrun_causes(o)} |"
         )
     lines += ["", *(f"- {k}: `{v}`" for k, v in files.items())]

@@ -53,6 +53,7 @@ class FilesSource(WorkSource):
         self._epochs: dict[tuple[str, Slice], int] = {}  # the epoch each held slice was claimed at
         self._holder = f"{identity.training_job} rank {identity.rank} pid {os.getpid()}"
         self._bad: set[tuple[str, float]] = set()
+        self._parsed: dict[str, tuple[tuple[int, int, int], list[FillJob]]] = {}  # path -> (version, its FillJobs)
 
     def poll(self) -> list[TaskSpec]:
         specs = []
@@ -170,11 +171,18 @@ class FilesSource(WorkSource):
         return self.dir / f"{name}.locks"
 
     def _load(self, path: Path) -> list[FillJob]:
-        key = (str(path), path.stat().st_mtime)
+        st = path.stat()
+        key = (str(path), st.st_mtime)
         if key in self._bad:
             return []
+        version = (st.st_mtime_ns, st.st_size, st.st_ino)
+        known = self._parsed.get(str(path))
+        if known is not None and known[0] == version:  # parsed and validated already: a poll at every job switch
+            return known[1]  # costs a stat per manifest, not a parse (10 ms each, 0.2 s for 20 jobs)
         try:
-            return [m for m in load_file(path) if isinstance(m, FillJob)]
+            jobs = [m for m in load_file(path) if isinstance(m, FillJob)]
+            self._parsed[str(path)] = (version, jobs)
+            return jobs
         except (SpecError, ValueError) as exc:
             self._bad.add(key)  # log once per version of the file
             log.error("work source: %s is not a valid manifest, skipped: %s", path, exc)

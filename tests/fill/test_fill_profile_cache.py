@@ -1,0 +1,110 @@
+"""The profile cache is shared by every job of a workload (issue #30): a second FillJob of the same model is not
+profiled again; a changed parameter, code or device, a larger memory budget or a larger job than the one that cut the
+profile short is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fill_helpers import write_job
+from usercode_helpers import user_job, write_code
+
+from pipefill import env
+from pipefill.spec import load_file
+from pipefill_fill.profilecache import load_cached, profile_dir
+from pipefill_fill.profiler import BubbleProfiler, profile_task
+from pipefill_fill.task import FillTask, TaskSpec
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
+CPU = torch.device("cpu")
+GIB = 1 << 30
+
+
+def _task(manifest: Path) -> FillTask:
+    (job,) = load_file(manifest)
+    task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
+    task.open(device=CPU, memory_budget_bytes=GIB)
+    return task
+
+
+def _profile(task: FillTask, budget: int = GIB) -> bool:
+    """Profile ``task`` (or load it); whether it came from the cache."""
+    return profile_task(task, CPU, memory_budget_bytes=budget, warmup=0, repeats=1).cached
+
+
+def test_a_second_job_of_the_workload_is_not_profiled_again(jobs_dir: Path, profile_cache: Path) -> None:
+    first = _task(write_job(jobs_dir, "eval-1", total=100, parameters=PARAMS))
+    assert not _profile(first)
+    (record,) = profile_cache.glob("profile-*.json")
+    assert json.loads(record.read_text())["complete"] and not (first.spec.output_dir / "profiles").exists()
+    second = _task(write_job(jobs_dir, "eval-2", total=50, parameters=PARAMS, priority=3))  # another job, same model
+    assert _profile(second)
+    profiler = BubbleProfiler(second, CPU, memory_budget_bytes=GIB)
+    assert profiler.result is not None and profiler.result.cached  # the runner starts filling at once
+    assert [p.batch_size for p in profiler.result.points] == [1, 4, 16]
+
+
+def test_a_changed_parameter_or_device_is_profiled_again(jobs_dir: Path) -> None:
+    assert not _profile(_task(write_job(jobs_dir, "a", total=100, parameters=PARAMS)))
+    assert not _profile(_task(write_job(jobs_dir, "b", total=100, parameters={**PARAMS, "hiddenSize": 16})))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # another device key (a CPU's is its model and torch's threads)
+    try:
+        assert not _profile(_task(write_job(jobs_dir, "c", total=100, parameters=PARAMS)))
+    finally:
+        torch.set_num_threads(threads)
+    assert _profile(_task(write_job(jobs_dir, "d", total=100, parameters=PARAMS)))
+
+
+def test_changed_user_code_is_profiled_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = tmp_path / "storage"
+    monkeypatch.setenv(env.FILL_STORAGE_DIR, str(storage))
+    write_code(storage / "code", factor=2.0)
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    assert not _profile(_task(user_job(jobs, "u1", importPath="embed:Scaled", code={"path": "code"})))
+    # (40 samples cut the profile short at batch 64: it serves jobs of up to 32)
+    assert _profile(_task(user_job(jobs, "u2", total=20, importPath="embed:Scaled", code={"path": "code"})))
+    write_code(storage / "code", factor=3.0)  # the same path, other code
+    assert not _profile(_task(user_job(jobs, "u3", total=20, importPath="embed:Scaled", code={"path": "code"})))
+
+
+def test_job_specific_limits_stay_right(jobs_dir: Path) -> None:
+    # a job of 3 samples stops at batch 4 (3 items): its profile serves jobs no larger, not a job of 100
+    small = _task(write_job(jobs_dir, "small", total=3, parameters=PARAMS))
+    own = profile_task(small, CPU, memory_budget_bytes=GIB, warmup=0, repeats=1)
+    assert [(p.batch_size, p.items) for p in own.points] == [(1, 1), (4, 3)]  # the job's own profile is unchanged
+    assert load_cached(_task(write_job(jobs_dir, "tiny", total=1, parameters=PARAMS)), CPU) is not None
+    big = _task(write_job(jobs_dir, "big", total=100, parameters=PARAMS))
+    assert load_cached(big, CPU) is None
+    assert not _profile(big)  # measured again, and the complete profile replaces the partial one
+    assert _profile(_task(write_job(jobs_dir, "big-2", total=100, parameters=PARAMS)))
+    # a smaller memory budget takes the points that fit it
+    cached = load_cached(big, CPU, memory_budget_bytes=GIB)
+    assert cached is not None
+    peaks = sorted(p.peak_bytes for p in cached.points)
+    if peaks[-1] > 0:  # Linux gives the CPU's peak (VmHWM); elsewhere every peak is 0
+        fits = load_cached(big, CPU, memory_budget_bytes=peaks[-1] - 1)
+        assert fits is None or all(p.peak_bytes < peaks[-1] for p in fits.points)
+
+
+def test_a_profile_stopped_by_a_smaller_budget_is_measured_again_with_a_larger(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "m", total=100, parameters=PARAMS))
+    profiler = BubbleProfiler(task, CPU, memory_budget_bytes=1, warmup=0, repeats=1)
+    while profiler.result is None:
+        profiler.measure_one()
+    assert profiler.stopped_by == "memory" or not profiler.result.points
+    assert load_cached(task, CPU, memory_budget_bytes=GIB) is None  # more memory here: larger batches may fit
+
+
+def test_the_cache_lives_where_every_executor_finds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(env.FILL_PROFILE_DIR)
+    monkeypatch.setenv(env.FILL_STORAGE_DIR, str(tmp_path / "storage"))
+    assert profile_dir() == tmp_path / "storage" / ".pipefill" / "profiles"  # every rank pod mounts the storage
+    monkeypatch.delenv(env.FILL_STORAGE_DIR)
+    assert profile_dir().name.startswith("pipefill-profiles-")  # every job of this executor
+    monkeypatch.setenv(env.FILL_PROFILE_DIR, str(tmp_path / "p"))
+    assert profile_dir() == tmp_path / "p"

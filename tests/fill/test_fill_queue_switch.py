@@ -1,0 +1,153 @@
+"""A queue of small FillJobs of one workload (issue #30), as the executor's event log shows it: the first job is
+profiled, the next ones start from the cached profile and spend no bubble on profiling; a next job is claimed as
+soon as one leaves (not at the next poll of the work source), reuses the model and the warm batch sizes of the one
+before, so the switch costs at most a bubble or two, not the start-up of a fresh job."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from fill_helpers import start_executor, start_producer, write_job
+
+from pipefill import env
+from pipefill.events import FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
+from pipefill_fill.store import read_outputs
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
+JOBS = ["q0", "q1", "q2", "q3"]
+
+
+def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0, *, also: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = [*read_events(log), *(read_events(also) if also is not None else [])]
+        done = {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"}
+        if done >= set(names):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"jobs {names} did not all succeed within {timeout_s} s")
+
+
+def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "jobs"
+    for i, name in enumerate(JOBS):  # one after the other: the highest priority first, one job at a time
+        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    try:
+        _wait_done(log, JOBS)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    events = read_events(log)
+    for name in JOBS:  # every sample once
+        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
+
+    profiles = {e.job: e.cached for e in events if isinstance(e, ProfileEvent)}
+    assert profiles == {"q0": False, "q1": True, "q2": True, "q3": True}
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    profiling = {b.job for b in bubbles if b.stop == "profiling"}
+    assert profiling <= {"q0"}, f"jobs profiled in bubbles although their profile was cached: {profiling - {'q0'}}"
+
+    startups = {e.job: e for e in events if isinstance(e, StartupEvent)}
+    first = startups["q0"]
+    assert not first.reused and not first.warm_before and len(first.batch_sizes) >= 3  # a fresh start-up
+    for name in JOBS[1:]:
+        s = startups[name]
+        assert s.reused, f"{name} built its model again"
+        assert set(s.batch_sizes) <= {1} and s.warm_before, f"{name} called warm sizes again: {s}"
+
+    # the switch: bubbles between the last step of one job and the first of the next (counted by the producer's
+    # bubble ids, so bubbles the executor did not wait for while switching count too)
+    worked = [b for b in bubbles if b.steps and b.job is not None]
+    gaps = []
+    for before, after in itertools.pairwise(JOBS):
+        last = max(b.id for b in worked if b.job == before)
+        first_step = min(b.id for b in worked if b.job == after)
+        gaps.append(first_step - last - 1)
+    # before issue #30 each switch lost 38-43 of these bubbles (a fresh start-up, the profile in bubbles, the next
+    # poll); now the next job is prepared while the last commit of the one before is written: 0-3, 9 at worst on a
+    # loaded 2-core VM (the executor runs at idle priority: a busy machine stretches its start-ups)
+    assert sorted(gaps)[1] <= 4 and max(gaps) <= 15, f"bubbles lost per switch: {gaps}"
+
+
+def test_jobs_of_one_workload_started_together_are_profiled_once_and_hand_bubbles_on(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    names = ["p0", "p1", "p2", "p3"]
+    for name in names:  # two active at once (two jobs per executor by default), no profile cached
+        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name)
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    try:
+        _wait_done(log, names)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    events = read_events(log)
+    profiles = sorted((e.job, e.cached) for e in events if isinstance(e, ProfileEvent))
+    assert [cached for _, cached in profiles].count(False) == 1, profiles  # the other took the cached one
+    measured = next(job for job, cached in profiles if not cached)
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    assert {b.job for b in bubbles if b.stop == "profiling"} == {measured}
+    # a job whose slice ran out of work mid-bubble handed the rest of it to the other active job
+    handed = [b for b in bubbles if b.handoff is not None]
+    assert handed and all(b.handoff != b.job for b in handed)
+    done: dict[str, int] = {}
+    for b in bubbles:
+        if b.job is not None:
+            done[b.job] = done.get(b.job, 0) + b.items - b.handoff_items
+        if b.handoff is not None:
+            done[b.handoff] = done.get(b.handoff, 0) + b.handoff_items
+    assert done == dict.fromkeys(names, 96)  # every sample of every job once, whichever job's bubble it was in
+    for name in names:
+        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
+
+
+def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "jobs"
+    for i, name in enumerate(JOBS[:3]):
+        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
+    monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
+    cpu = min(os.sched_getaffinity(0))
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    first = start_executor(tmp_path / "channel", jobs, tmp_path / "fill-1", cpu=cpu)
+    log1, log2 = tmp_path / "fill-1" / "fill-events.jsonl", tmp_path / "fill-2" / "fill-events.jsonl"
+    try:
+        _wait_done(log1, ["q0"])
+        first.send_signal(signal.SIGKILL)  # q0 done; q1 being prepared or just started
+        first.communicate(timeout=30)
+        second = start_executor(tmp_path / "channel", jobs, tmp_path / "fill-2", cpu=cpu)
+        try:
+            _wait_done(log2, ["q1", "q2"], also=log1)  # the first may have finished q1 before the kill
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=60)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+    outputs = [(tmp_path / "out" / name / "outputs.npy").read_bytes() for name in JOBS[:3]]
+    assert outputs[0] == outputs[1] == outputs[2]  # the same model and data: the same bytes, every sample once
+    assert read_outputs(tmp_path / "out" / "q1")["sample_id"].tolist() == list(range(96))
+    later = read_events(log2)
+    assert not [e for e in later if isinstance(e, FillEvent) and e.job == "q0"]  # a finished job is not run again
+    assert not [e for e in later if isinstance(e, JobEvent) and e.job == "q0"]
