@@ -64,8 +64,15 @@ test: ## lint, build/fetch the control plane's and Prometheus' binaries if missi
 	$(BIN)/pytest -q
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
-cluster-bins: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
+# runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed
+# here when missing and we are root).
+cluster-bins: libseccomp ## build the control plane (etcd, kube-*, kwok), helm and the real node (kubelet, containerd, runc, pause) from Go modules (cached)
 	$(PYTHON) -P pipefill/devcluster/bins.py
+
+libseccomp:
+	@pkg-config --exists libseccomp 2>/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq libseccomp-dev >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq libseccomp-dev >/dev/null; }; }; } \
+	  || echo "make cluster-bins: no libseccomp-dev (apt-get install libseccomp-dev): runc, and so the real node, will not build" >&2
 
 chart-check: $(STAMP) cluster-bins ## the chart's checks alone (tests/chart): helm lint, renders, server-side dry runs, install/upgrade/uninstall
 	$(BIN)/pytest -q tests/chart
@@ -73,7 +80,10 @@ chart-check: $(STAMP) cluster-bins ## the chart's checks alone (tests/chart): he
 cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…
 	@$(BIN)/pipefill cluster up --dir .cluster
 
-cluster-down: $(STAMP) ## stop the control plane that `make cluster` started
+cluster-node: $(STAMP) ## `make cluster` plus one real node (kubelet, containerd, runc) that really runs pods; root only
+	@$(BIN)/pipefill cluster up --dir .cluster --kubelet
+
+cluster-down: $(STAMP) ## stop the control plane that `make cluster` started (and its real node, undoing its changes to the host)
 	$(BIN)/pipefill cluster down --dir .cluster
 
 crds: $(STAMP) ## regenerate crds/, the chart's CRD templates and docs/api.md from the spec models
@@ -122,4 +132,4 @@ clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins cluster cluster-down chart-check gpu-check
+.PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check
