@@ -40,6 +40,7 @@ __all__ = [
     "stop",
 ]
 
+_MAX_SOCKET_PATH = 107
 _VAR_LOG_CONTAINERS = Path("/var/log/containers")  # the kubelet links every container's log here, whatever its dirs
 # The kubelet refuses to report a loopback address as its node's ("nodeIP can't be loopback address") and then reports
 # none; set here, in the node's status, it stays (the kubelet's status patches leave fields it did not set alone).
@@ -113,6 +114,14 @@ def start(cp: ControlPlane, *, detach: bool, log: Callable[[str], None] = lambda
     if os.geteuid() != 0:
         raise NodeUnavailable("a real node needs root (containerd and runc mount filesystems and make cgroups)")
     paths = NodePaths.of(cp.root)
+    # The kubelet binds its pod-resources socket under its root directory (a temporary name of 10 digits first); a
+    # unix socket's path must fit in 107 bytes.
+    socket = paths.root / "kubelet" / "pod-resources" / "0123456789"
+    if len(str(socket)) > _MAX_SOCKET_PATH:
+        raise NodeUnavailable(
+            f"the cluster's directory {cp.root} is too long for a real node: the kubelet's socket {socket} would be "
+            f"{len(str(socket))} bytes, over the {_MAX_SOCKET_PATH} a unix socket allows; use a shorter --dir"
+        )
     stop(cp.root)  # whatever a killed earlier run left behind
     binaries = {name: bins.binary(name) for name in ("kubelet", "containerd", "ctr", "loopback", "runc", "pause")}
     shutil.rmtree(paths.root, ignore_errors=True)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +76,20 @@ def _wait_pod(cp: ControlPlane, name: str, phases: tuple[str, ...], timeout_s: f
         time.sleep(0.2)
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A cluster directory with a short path: the kubelet's unix sockets live under it (pytest's own tmp_path can be
+    too long for them)."""
+    path = Path(tempfile.mkdtemp(prefix="pf-node-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.timeout(400)
-def test_cluster_up_kubelet_runs_a_pod_for_real_and_down_leaves_nothing(tmp_path: Path) -> None:
+def test_cluster_up_kubelet_runs_a_pod_for_real_and_down_leaves_nothing(short_dir: Path) -> None:
     _need_node()
     before = node.snapshot()
-    root = tmp_path / "cluster"
+    root = short_dir / "cluster"
     up = _cli("up", "--kubelet", root=root)
     try:
         assert up.returncode == 0, up.stderr
