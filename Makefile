@@ -64,8 +64,15 @@ test: ## lint, build/fetch the control plane's and Prometheus' binaries if missi
 	$(BIN)/pytest -q
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
-cluster-bins: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from Go modules (cached)
+# runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed
+# here when missing and we are root).
+cluster-bins: libseccomp ## build the control plane (etcd, kube-*, kwok), helm and the real node (kubelet, containerd, runc, pause) from Go modules (cached)
 	$(PYTHON) -P pipefill/devcluster/bins.py
+
+libseccomp:
+	@pkg-config --exists libseccomp 2>/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq libseccomp-dev >/dev/null 2>&1 \
+	  || { apt-get update -qq && apt-get install -y -qq libseccomp-dev >/dev/null; }; }; } \
+	  || echo "make cluster-bins: no libseccomp-dev (apt-get install libseccomp-dev): runc, and so the real node, will not build" >&2
 
 chart-check: $(STAMP) cluster-bins ## the chart's checks alone (tests/chart): helm lint, renders, server-side dry runs, install/upgrade/uninstall
 	$(BIN)/pytest -q tests/chart
@@ -73,7 +80,10 @@ chart-check: $(STAMP) cluster-bins ## the chart's checks alone (tests/chart): he
 cluster: $(STAMP) ## start a control plane with kwok GPU nodes on loopback in the background; prints export KUBECONFIG=…
 	@$(BIN)/pipefill cluster up --dir .cluster
 
-cluster-down: $(STAMP) ## stop the control plane that `make cluster` started
+cluster-node: $(STAMP) ## `make cluster` plus one real node (kubelet, containerd, runc) that really runs pods; root only
+	@$(BIN)/pipefill cluster up --dir .cluster --kubelet
+
+cluster-down: $(STAMP) ## stop the control plane that `make cluster` started (and its real node, undoing its changes to the host)
 	$(BIN)/pipefill cluster down --dir .cluster
 
 crds: $(STAMP) ## regenerate crds/, the chart's CRD templates and docs/api.md from the spec models
@@ -85,11 +95,22 @@ dashboards: $(STAMP) ## render the Grafana dashboards (pipefill/dashboards) into
 dashboard-images: $(STAMP) prometheus-bin ## redraw docs/img/dashboard-*.png from a real scrape of a short local run
 	PIPEFILL_DASHBOARD_IMAGES=docs/img $(BIN)/pytest -q tests/dashboards/test_prometheus.py
 
-images: ## build the three images with a container engine (ENGINE=docker or podman; none on the CI machines)
-	@command -v $(ENGINE) >/dev/null || { echo "make images: '$(ENGINE)' not found; set ENGINE=podman or install a container engine" >&2; exit 2; }
+# ENGINE=buildah needs no daemon (Debian's buildah and debootstrap): pipefill/devcluster/images.py builds the same
+# Dockerfiles on a base it makes here (no registry image can be pulled on this project's machines), cached by the hash
+# of their inputs; standard library only, like bins.py. IMAGES=operator picks some; BASE=<image> builds on another base.
+IMAGES ?= operator,trainer,fill
+images: ## build the three images (ENGINE=docker or podman; ENGINE=buildah: no daemon, a local base, cached by their inputs)
+ifeq ($(ENGINE),buildah)
+	$(PYTHON) -P pipefill/devcluster/images.py --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE))
+else
+	@command -v $(ENGINE) >/dev/null || { echo "make images: '$(ENGINE)' not found; set ENGINE=podman or ENGINE=buildah, or install a container engine" >&2; exit 2; }
 	$(ENGINE) build -f operator/Dockerfile -t $(REGISTRY)/operator:$(IMAGE_TAG) .
 	$(ENGINE) build -f trainer-image/Dockerfile -t $(REGISTRY)/trainer:$(IMAGE_TAG) .
 	$(ENGINE) build -f fill-image/Dockerfile -t $(REGISTRY)/fill:$(IMAGE_TAG) .
+endif
+
+images-load: $(STAMP) ## build the images with buildah (as ENGINE=buildah) and import them into the real node of `make cluster-node`
+	$(BIN)/python -m pipefill.devcluster.images --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE)) --load .cluster
 
 prometheus-bin: ## Prometheus and promtool into PIPEFILL_BINS/prometheus/ (default ~/.cache/pipefill/bins), once
 	@test "$$(cat "$(PROMETHEUS_DIR)/VERSION" 2>/dev/null)" = "$(PROMETHEUS_DEB)" || $(MAKE) --no-print-directory fetch-prometheus
@@ -121,5 +142,5 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins cluster cluster-down chart-check gpu-check
+.PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check

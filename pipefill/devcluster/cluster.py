@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from pipefill.devcluster import bins, config, dra, kwok, pki
+from pipefill.devcluster import bins, config, dra, kwok, node, pki
 from pipefill.devcluster.procs import Proc, StartFailed, alive, free_port, wait_http, wait_until
 
 __all__ = ["ControlPlane", "StartFailed", "kubectl_binary", "repo_root", "start"]
@@ -29,6 +29,9 @@ _CLIENTS = {  # kubeconfig name -> (user, group) of its client certificate
     "kube-controller-manager": ("system:kube-controller-manager", None),
     "kube-scheduler": ("system:kube-scheduler", None),
     "kwok": ("kwok-controller", "system:masters"),
+    # The real node (node.py): the kubelet's identity, and the API server's when it calls the kubelet (logs, exec).
+    "kubelet": (f"system:node:{node.NODE_IP}", "system:nodes"),
+    "kube-apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
 }
 
 
@@ -52,6 +55,7 @@ class ControlPlane:
     audit_log: Path
     nodes: int
     processes: list[Proc] = field(default_factory=list)
+    real_node: node.RealNode | None = None  # `pipefill cluster up --kubelet`
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run kubectl as the admin; with ``check``, a failure raises with kubectl's own message."""
@@ -84,8 +88,15 @@ class ControlPlane:
             return []
         return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
+    def add_node(self, *, detach: bool, log: Callable[[str], None] = lambda _line: None) -> node.RealNode:
+        """Start the real node (kubelet, containerd, runc) on this control plane; Ready when this returns."""
+        self.real_node = node.start(self, detach=detach, log=log)
+        return self.real_node
+
     def stop(self) -> None:
-        """Stop every component, newest first; returns once all are gone."""
+        """Stop every component, newest first (the real node, if any, before all); returns once all are gone and
+        the node's changes to the host are undone."""
+        node.stop(self.root)
         for proc in reversed(self.processes or alive(self.root / "state.json")):
             proc.stop()
         (self.root / "state.json").unlink(missing_ok=True)
@@ -108,7 +119,9 @@ class ControlPlane:
             return None
         state = json.loads(state_file.read_text())
         kubeconfig = Path(state["kubeconfig"])
-        return cls(root, state["server"], kubeconfig, root / "audit.log", int(state["nodes"]), procs)
+        cp = cls(root, state["server"], kubeconfig, root / "audit.log", int(state["nodes"]), procs)
+        cp.real_node = node.running(root)
+        return cp
 
 
 def _prepare(root: Path, ports: config.Ports, *, audit: bool) -> str:
@@ -134,11 +147,13 @@ def start(
     audit: bool = True,
     detach: bool = False,
     crds: Path | None = None,
+    real_node: bool = False,
     log: Callable[[str], None] = lambda _line: None,
 ) -> ControlPlane:
     """Start a control plane in ``root`` (created; must not hold a running one) with ``nodes`` kwok GPU nodes, the
     last ``tainted`` of them tainted like dedicated GPU nodes, and the CRDs in ``crds`` (default: the repo's crds/)
-    applied. ``detach``: the processes outlive this one (``make cluster``); otherwise they die with it."""
+    applied; with ``real_node``, one real node too (node.py). ``detach``: the processes outlive this one
+    (``make cluster``); otherwise they die with it."""
     started_s = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("etcd", "pki", "audit.log", "identities"):
@@ -191,6 +206,9 @@ def start(
         log(f"controller-manager, scheduler and kwok ready ({time.monotonic() - started_s:.1f} s)")
         _populate(cp, nodes=nodes, tainted=tainted, crds=crds or repo_root() / "crds", kwok_proc=kw)
         log(f"{nodes} kwok GPU nodes Ready, CRDs established ({time.monotonic() - started_s:.1f} s)")
+        if real_node:
+            cp.add_node(detach=detach, log=log)
+            log(f"real node Ready ({time.monotonic() - started_s:.1f} s)")
     except BaseException:
         cp.stop()
         raise

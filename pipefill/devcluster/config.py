@@ -87,6 +87,9 @@ def component_argv(name: str, binary: Path, root: Path, ports: Ports, *, audit: 
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
+            # Who the API server is to a kubelet (the real node's: logs, exec); kwok's nodes never see it.
+            f"--kubelet-client-certificate={pki / 'kube-apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kube-apiserver-kubelet-client.key'}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

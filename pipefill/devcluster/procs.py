@@ -59,11 +59,12 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)  # when we started it
 
     @classmethod
-    def spawn(cls, name: str, argv: list[str], log: Path, *, detach: bool) -> Proc:
+    def spawn(cls, name: str, argv: list[str], log: Path, *, detach: bool, env: dict[str, str] | None = None) -> Proc:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipefill.devcluster.images import context_files as _context_files
 
 __all__ = ["IMAGES", "ROOT", "Dockerfile", "context_files", "parse"]
 
@@ -64,37 +64,6 @@ def parse(path: Path) -> Dockerfile:
 
 
 def context_files(root: Path = ROOT) -> list[Path]:
-    """The files ``docker build`` sends for ``root`` under its .dockerignore (patterns in order, the last match wins,
-    ``!`` re-includes; a pattern matching a directory matches everything below it; ``**/`` any leading directories).
-    Excluded directories that no ``!`` pattern reaches into are not walked (``.venv`` holds gigabytes)."""
-    rules = []
-    for line in (root / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            rules.append((line.startswith("!"), line.lstrip("!").strip("/")))
-
-    def excluded(rel: str) -> bool:
-        parts = rel.split("/")
-        ancestors = ["/".join(parts[: n + 1]) for n in range(len(parts))]
-        verdict = False
-        for include, pattern in rules:
-            if any(_match(a, pattern) for a in ancestors):
-                verdict = not include
-        return verdict
-
-    def reached(rel: str) -> bool:
-        return any(include and pattern.startswith(rel + "/") for include, pattern in rules)
-
-    sent = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath).relative_to(root).as_posix()
-        prefix = "" if base == "." else base + "/"
-        dirnames[:] = sorted(d for d in dirnames if not excluded(prefix + d) or reached(prefix + d))
-        sent += [Path(dirpath) / f for f in sorted(filenames) if not excluded(prefix + f)]
-    return sent
-
-
-def _match(rel: str, pattern: str) -> bool:
-    if pattern.startswith("**/"):
-        return any(_match("/".join(rel.split("/")[i:]), pattern[3:]) for i in range(rel.count("/") + 1))
-    return rel.count("/") == pattern.count("/") and fnmatch.fnmatchcase(rel, pattern)
+    """The files ``docker build`` sends for ``root`` under its .dockerignore (the core's reading, which the image
+    cache of ``make images ENGINE=buildah`` hashes)."""
+    return _context_files(root)

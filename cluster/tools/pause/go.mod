@@ -1,0 +1,3 @@
+module pipefill.io/cluster-tools/pause
+
+go 1.26.0
