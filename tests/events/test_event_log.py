@@ -40,7 +40,9 @@ SAMPLES: list[Event] = [
     StartEvent(device="cpu", cpus=[0], memory_budget_bytes=1 << 20, guard_s=5e-4, training_job="demo", rank=1),
     JobEvent(job="embed", phase="Running", committed=0, total=100),
     SliceEvent(job="embed", start=0, end=50, phase="claimed", position=0, adopted=0, removed=1),
-    StartupEvent(job="embed", slice=[0, 50], start_ns=1, end_ns=9, open_s=5e-9, warm_s=3e-9, batch_sizes=[1, 4]),
+    StartupEvent(
+        job="embed", slice=[0, 50], start_ns=1, end_ns=9, open_s=5e-9, warm_s=3e-9, batch_sizes=[1, 4], warm_before=[1]
+    ),
     ProfileEvent(job="embed", cached=False, device="cpu", points=[{"batch_size": 4, "step_s": 0.01, "peak_bytes": 9}]),
     AssignEvent(classes={"12.500ms": "embed"}, jobs=["embed"]),
     FillEvent(
@@ -63,6 +65,8 @@ SAMPLES: list[Event] = [
         batch_sizes=[4, 3],
         commits_ns=[[181, 189]],
         deadline_ns=195,
+        handoff="embed-2",
+        handoff_items=4,
     ),
     HoldEvent(held=True),
     CommitEvent(job="embed", end=8, slice=[0, 50], position=8, bytes=512, commit_s=1e-4, at="shutdown"),
