@@ -13,11 +13,10 @@ from typing import Unpack
 import torch
 
 from pipefill.env import fill_max_active_jobs
-from pipefill.events import EventWriter, JobEvent, ProfileEvent, SliceEvent, StartupEvent
+from pipefill.events import EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import ProfileEntry, RankBubbles
-from pipefill_fill import collect
 from pipefill_fill.active import ActiveJob, tail_sizes
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, built_key, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
@@ -37,6 +36,7 @@ from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.store import Superseded
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.unfit import bubble_classes, unfit_report
+from pipefill_fill.warmup import start_slice, warm
 
 __all__ = ["ActiveJob", "Jobs"]
 
@@ -146,53 +146,19 @@ class Jobs:
         self._report(spec, job, FillJobPhase.RUNNING, start_time=a.started)
 
     def _warm_up(self, a: ActiveJob, started_ns: int) -> bool:
-        """A slice just opened (since ``started_ns``: claim, recovery, setup): the first call of each batch size it
-        will run — its profile's, or the profiler's candidates — here, between bubbles and before its first, at the
-        executor's priority, so that none is paid inside a bubble. False when the workload raised (the job failed)."""
-        opened_ns = time.monotonic_ns()
-        sizes = tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
+        """A slice just opened: its first calls between bubbles (:func:`warmup.start_slice`). False when the workload
+        raised (the job failed)."""
         try:
-            called, warmed = self._warm(a, sizes, instance=True)
-            a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
-            if not a.commit_estimate:  # measured, not assumed: the first commit is planned into a bubble by it
-                a.commit_estimate.record(a.task.dry_commit_s())
+            start_slice(
+                a, started_ns, self.warm.setdefault(built_key(a.task, self.device), {}), self.device, self.events
+            )
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
-        collect.after_startup(full=not a.task.reused)  # the slice's objects live as long as it: frozen
-        end_ns = time.monotonic_ns()
-        s = a.slice
-        self.events.write(
-            StartupEvent(
-                job=a.name,
-                slice=[s.start, s.end],
-                start_ns=started_ns,
-                end_ns=end_ns,
-                open_s=round((opened_ns - started_ns) / 1e9, 6),
-                warm_s=round((end_ns - opened_ns) / 1e9, 6),
-                batch_sizes=called,
-                warm_before=[b for b in warmed if b not in called],
-                reused=a.task.reused,
-            )
-        )
         return True
 
     def _warm(self, a: ActiveJob, sizes: list[int], *, instance: bool) -> tuple[list[int], dict[int, float]]:
-        """The first calls of ``sizes`` (``FillTask.warm_up``), except those this executor made already for another
-        slice or job of the same workload on this device: the one-off costs of a batch size (allocations, kernels
-        chosen for a shape) are the process's, not the model instance's. A new instance (``instance``) still makes
-        one call of its smallest size, for what it initializes lazily. Returns the sizes called now, and every size
-        known warm → the seconds of a warm step (the profiler's hints)."""
-        known = self.warm.setdefault(built_key(a.task, self.device), {})
-        todo = [b for b in sizes if b not in known]
-        if instance and not todo and sizes:
-            todo = [min(sizes)]
-        called = a.task.warm_up(todo, device=self.device) if todo else {}
-        known.update(called)
-        for b in sizes:
-            if b in known:
-                a.task.saw_shape(b)
-        return list(called), {**{b: known[b] for b in sizes if b in known}, **called}
+        return warm(self.warm.setdefault(built_key(a.task, self.device), {}), a, sizes, self.device, instance=instance)
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
         """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
