@@ -15,7 +15,7 @@ import pytest
 from fill_helpers import start_executor, start_producer, write_job
 
 from pipefill import env
-from pipefill.events import FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
+from pipefill.events import Event, FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
 from pipefill_fill.store import read_outputs
 
 pytestmark = pytest.mark.slow
@@ -42,18 +42,7 @@ def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
     for i, name in enumerate(JOBS):  # one after the other: the highest priority first, one job at a time
         write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
     monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
-    cpu = min(os.sched_getaffinity(0))
-    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
-    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
-    log = tmp_path / "fill" / "fill-events.jsonl"
-    try:
-        _wait_done(log, JOBS)
-    finally:
-        producer.send_signal(signal.SIGKILL)
-        producer.communicate(timeout=10)
-        _, err = fill.communicate(timeout=60)
-    assert fill.returncode == 0, err
-    events = read_events(log)
+    events = _run_until_done(tmp_path, JOBS)
     for name in JOBS:  # every sample once
         assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
 
@@ -90,18 +79,7 @@ def test_jobs_of_one_workload_started_together_are_profiled_once_and_hand_bubble
     names = ["p0", "p1", "p2", "p3"]
     for name in names:  # two active at once (two jobs per executor by default), no profile cached
         write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name)
-    cpu = min(os.sched_getaffinity(0))
-    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
-    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
-    log = tmp_path / "fill" / "fill-events.jsonl"
-    try:
-        _wait_done(log, names)
-    finally:
-        producer.send_signal(signal.SIGKILL)
-        producer.communicate(timeout=10)
-        _, err = fill.communicate(timeout=60)
-    assert fill.returncode == 0, err
-    events = read_events(log)
+    events = _run_until_done(tmp_path, names)
     profiles = sorted((e.job, e.cached) for e in events if isinstance(e, ProfileEvent))
     assert [cached for _, cached in profiles].count(False) == 1, profiles  # the other took the cached one
     measured = next(job for job, cached in profiles if not cached)
@@ -151,3 +129,20 @@ def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
     later = read_events(log2)
     assert not [e for e in later if isinstance(e, FillEvent) and e.job == "q0"]  # a finished job is not run again
     assert not [e for e in later if isinstance(e, JobEvent) and e.job == "q0"]
+
+
+def _run_until_done(tmp_path: Path, names: list[str]) -> list[Event]:
+    """An executor on ``tmp_path / "jobs"`` beside a synthetic trainer (20 ms bubbles) until every job of ``names``
+    is done; its event log."""
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp_path / "channel", tmp_path / "jobs", tmp_path / "fill", cpu=cpu)
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
+    log = tmp_path / "fill" / "fill-events.jsonl"
+    try:
+        _wait_done(log, names)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    return read_events(log)
