@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a FillJob scheduling pass at least this often (default %(default)s)",
     )
+    p.add_argument(
+        "--admission-warnings",
+        action="store_true",
+        help="the chart's ValidatingAdmissionPolicy warns at apply time of a job without a checkpoint claim: record "
+        "it in the job's condition without an Event (the chart sets this when it installs the policy)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="log kopf's own progress too")
     return p
 
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         status_interval_s=args.status_interval,
         status_rate=args.status_rate,
+        admission_warnings=args.admission_warnings,
     )
     try:
         queue_config = QueueConfig(

@@ -36,7 +36,9 @@ COMPONENT = "pipefill-operator"
 PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
 CONFIG_MAP = resource_of("v1", "ConfigMap")
-RANKS_READY_INTERVAL_S = 5.0  # a gang that starts over minutes (a busy scheduler) writes its progress this often
+# A gang that starts over minutes (a busy scheduler) writes its progress this often: at 8 000 rank pods starting at
+# once, 5 s cost 0.7 status writes a job more than the two every job needs (docs/benchmarks.md, #29)
+RANKS_READY_INTERVAL_S = 30.0
 # The fields the status reader owns; a reconcile never writes them.
 READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
 

@@ -1,16 +1,16 @@
 """``pipefill bench operator``: many training jobs created at once on a thousand simulated GPU nodes.
 
-A control plane with ``--nodes`` kwok nodes (8 GPUs each, none tainted; no audit log), the operator as its own process (all
-namespaces, under a ServiceAccount bound to operator/rbac/clusterrole.yaml), then ``--jobs`` PipelineTrainingJobs of
-``--ranks`` ranks created at once from a thread pool. It reports the seconds until every job is Running (per job:
-p50, p95, last), how long the control plane took to schedule the pods apart from the operator's own work
-(reconcile wall time, and that time minus the waits on the API server), reconciles per second, the operator's CPU
-seconds and peak resident memory, each control-plane component's CPU seconds meanwhile (they share the machine's
-cores), the API requests per job (in all and by HTTP method: POST creates, PATCH writes status, GET reads; only
-POST is fixed per job, the status writes vary with how long a gang takes to start) and the ERROR lines and tracebacks
-in the operator's log;
-for a job that never became Running, why its pods wait. kwok plays the kubelet: pods are bound and reported Running,
-never run.
+A control plane with ``--nodes`` kwok nodes (8 GPUs each, none tainted; no audit log), the chart's admission policy as
+``helm install`` creates it (``--no-admission-policy``: none), the operator as its own process (all namespaces, under
+a ServiceAccount bound to operator/rbac/clusterrole.yaml, with ``--admission-warnings`` as the chart runs it beside
+the policy), then ``--jobs`` PipelineTrainingJobs of ``--ranks`` ranks created at once from a thread pool. It
+reports the seconds until every job is Running (per job: p50, p95, last), how long the control plane took to
+schedule the pods apart from the operator's own work (reconcile wall time, and that time minus the waits on the API
+server), reconciles per second, the operator's CPU seconds and peak resident memory, each control-plane component's
+CPU seconds meanwhile (they share the machine's cores), the API requests per job (in all and by HTTP method: POST
+creates, PATCH writes status, GET reads; only POST is fixed per job, the status writes vary with how long a gang
+takes to start) and the ERROR lines and tracebacks in the operator's log; for a job that never became Running, why
+its pods wait. kwok plays the kubelet: pods are bound and reported Running, never run.
 
 The control plane's directory (etcd's data, every component's log, the operator's log: 60–130 MB) is removed after
 the run unless ``--keep`` is given; a directory named with ``--dir`` is the caller's and stays.
@@ -38,7 +38,7 @@ import yaml
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipefill.devcluster import ControlPlane, start
+from pipefill.devcluster import ControlPlane, bins, start
 from pipefill.devcluster.cluster import repo_root
 from pipefill.ports import free_port
 
@@ -90,6 +90,17 @@ def _operator_identity(cp: ControlPlane) -> Path:
         ]
     )
     return cp.kubeconfig_for(OPERATOR_NAMESPACE, "pipefill-operator")
+
+
+def _admission_policy(cp: ControlPlane, workdir: Path) -> None:
+    """The chart's ValidatingAdmissionPolicy and its binding, rendered by helm and created as ``helm install`` would."""
+    home = workdir / "helm"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_") and k != "KUBECONFIG"}
+    env |= {var: str(home / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}
+    chart = repo_root() / "charts" / "pipefill"
+    argv = [str(bins.binary("helm")), "template", "pf", str(chart), "--show-only", "templates/admissionpolicy.yaml"]
+    rendered = subprocess.run(argv, capture_output=True, text=True, env=env, check=True, timeout=120).stdout
+    cp.kubectl("create", "-f", "-", stdin=rendered)
 
 
 def _proc_usage(pid: int) -> tuple[float, int]:
@@ -271,16 +282,20 @@ def _measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "control_plane_start_s": round(time.monotonic() - began, 1),
         "cpus": os.cpu_count(),
         "load_before": [round(x, 2) for x in os.getloadavg()],
+        "admission_policy": args.admission_policy,
     }
     operator: subprocess.Popen[bytes] | None = None
     stack = contextlib.ExitStack()
     try:
         kubeconfig = _operator_identity(cp)
+        if args.admission_policy:
+            _admission_policy(cp, workdir)
         metrics_port = free_port()
         log = stack.enter_context((workdir / "operator.log").open("w"))
         operator = subprocess.Popen(
             [sys.executable, "-m", "pipefill_operator", "--kubeconfig", str(kubeconfig), "--workers", str(args.workers),
-             "--metrics-address", f"127.0.0.1:{metrics_port}", "--status-interval", "30"],
+             "--metrics-address", f"127.0.0.1:{metrics_port}", "--status-interval", "30",
+             *(["--admission-warnings"] if args.admission_policy else [])],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         api = config.new_client_from_config(str(cp.kubeconfig))  # type: ignore[no-untyped-call]
@@ -369,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sharing", choices=["visibleDevices", "dra", "none"], default="visibleDevices",
                    help="spec.gpuSharing.mode of the jobs (default %(default)s)")  # fmt: skip
     p.add_argument("--workers", type=int, default=8, help="the operator's reconcile workers (default %(default)s)")
+    p.add_argument("--no-admission-policy", dest="admission_policy", action="store_false",
+                   help="without the chart's warning policy: the operator posts its CheckpointsNotShared Events")  # fmt: skip
     p.add_argument("--timeout", type=float, default=300, help="give up after this many seconds (default %(default)s)")
     p.add_argument("--dir", help="control plane directory, kept afterwards (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep the temporary control plane directory (logs, etcd data)")

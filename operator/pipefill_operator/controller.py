@@ -58,6 +58,9 @@ class OperatorConfig:
     """Metrics endpoints read per second at most, over all jobs: a round over every running job then takes at least
     endpoints ÷ rate seconds (8 000 rank pods, 16 000 endpoints: 160 s), so the operator's CPU for status stays
     bounded however large the cluster (a read costs a few ms of parsing)."""
+    admission_warnings: bool = False
+    """The chart's ValidatingAdmissionPolicy is installed: it warns at ``kubectl apply`` of a job without a
+    checkpoint claim, so the operator records that in the CheckpointsShared condition without an Event."""
 
     @property
     def clusterwide(self) -> bool:
@@ -87,6 +90,7 @@ class Controller:
             pods=self.cache.pods,
             nodes=self.nodes,
             on_schedule_csv=fill.schedule_csv if fill is not None else None,
+            admission_warnings=config.admission_warnings,
         )
         # a watch of each ConfigMap or claim some job waits for, and of no other
         self.awaited = AwaitedObjects(kube, self.object_changed, seen=self.reconciler.prereqs.seen)

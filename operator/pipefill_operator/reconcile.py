@@ -66,8 +66,11 @@ class Reconciler:
         nodes: NodeIndex | None = None,
         now: Callable[[], datetime.datetime] | None = None,
         on_schedule_csv: Callable[[Key, str | None], None] | None = None,
+        admission_warnings: bool = False,
     ) -> None:
         self.kube = kube
+        # the chart's ValidatingAdmissionPolicy warns at `kubectl apply` of a job without a checkpoint claim
+        self.admission_warnings = admission_warnings
         self.pods = pods  # the rank pods as the watch shows them (and as this operator's creates returned them)
         self.on_schedule_csv = on_schedule_csv  # told each custom schedule's CSV (the fill queue predicts with it)
         self.prereqs = Prerequisites(kube, nodes)
@@ -192,7 +195,14 @@ class Reconciler:
                 waiting, checkpoints = (checkpoints[1], f"{checkpoints[2]}; the job starts once it exists"), None
                 self.waiting_for.setdefault(("PersistentVolumeClaim", namespace, claim), set()).add(key)
         tick = time.perf_counter()
-        observed = Observed(pods=views, now=self.now(), problems=problems, waiting=waiting, checkpoints=checkpoints)
+        observed = Observed(
+            pods=views,
+            now=self.now(),
+            problems=problems,
+            waiting=waiting,
+            checkpoints=checkpoints,
+            checkpoints_warned_at_admission=self.admission_warnings and job.spec.checkpoint.claim_name is None,
+        )
         decision = decide(job, status, observed, job_generation=generation)
         own += time.perf_counter() - tick
         try:

@@ -51,6 +51,9 @@ class Observed:
     problems: Sequence[str] = ()  # InvalidSpec: each names the field, the value, the rule and the fix
     waiting: tuple[str, str] | None = None  # (reason, message): something the job needs does not exist yet
     checkpoints: tuple[bool, str, str] | None = None  # (shared, reason, message) of the checkpoint volume
+    # the checkpoint warning was already shown to whoever applied the job, by the chart's ValidatingAdmissionPolicy
+    # (its Warn action): the condition records it, an Event would tell it twice (and cost a request a job)
+    checkpoints_warned_at_admission: bool = False
 
 
 @dataclass
@@ -196,7 +199,8 @@ class _Step:
             return
         shared, reason, message = self.obs.checkpoints
         was = find(self.s.conditions, C.CHECKPOINTS_SHARED)
-        if not shared and (was is None or was.status == "True" or was.message != message):
+        changed = was is None or was.status == "True" or was.message != message
+        if not shared and changed and not self.obs.checkpoints_warned_at_admission:
             self.event("Warning", reason, message)
         self.cond(C.CHECKPOINTS_SHARED, shared, reason, message)
 
@@ -315,7 +319,10 @@ class _Step:
             if not current:
                 message = f"generation {self.s.generation}: {world} pods created"
                 self.cond(C.CREATED, True, "PodsCreated", message)
-                self.event("Normal", "PodsCreated", message)
+                if self.s.generation > 0:
+                    # a restart's new gang is news; a new job's first one is what ``kubectl apply`` asked for, told
+                    # by the condition now and by the Running Event once it runs (an Event is a request: #29)
+                    self.event("Normal", "PodsCreated", message)
         self.s.ranks_ready = sum(1 for p in current if p.trainer_running)
         running = self.s.ranks_ready == world
         if running and self.s.phase != JobPhase.RUNNING:

@@ -32,7 +32,8 @@ from kubernetes import client
 from operator_harness import GROUP, PLURAL, VERSION, Kube, condition, job_manifest, operator_requests, phase, running
 
 from pipefill.devcluster import ControlPlane
-from pipefill.spec import KINDS, crd
+from pipefill.lifecycle.checks import checkpoint_sharing
+from pipefill.spec import KINDS, crd, parse
 
 pytestmark = pytest.mark.cluster
 
@@ -159,9 +160,20 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_the_users_jobs(chart_plane
     operator, urls = _operator(cp, "pf", tmp_path / "operator.log")
     operator.start()
     try:
-        kube.create_job("users", job_manifest("train"))
+        # The chart's admission policy warns whoever applies a job whose restart would not find its checkpoints,
+        # in the operator's words; the operator then records it in the condition and posts no Event of its own.
+        applied = cp.kubectl("apply", "-n", "users", "-f", "-", stdin=yaml.safe_dump(job_manifest("train")))
+        _, _, no_claim = checkpoint_sharing(parse(job_manifest("train")), None)
+        assert f"Warning: {no_claim}" in " ".join(applied.stderr.split()), applied.stderr
         kube.wait_pods("users", "train", running(2))
         kube.wait_job("users", "train", phase("Running"))
+        shared = condition(kube.job("users", "train"), "CheckpointsShared") or {}
+        assert shared.get("reason") == "CheckpointsNotShared", shared
+        reasons = {e["reason"] for e in kube.wait_events("users", {"Running"})}
+        assert "CheckpointsNotShared" not in reasons and "PodsCreated" not in reasons, reasons
+        single = cp.kubectl("apply", "-n", "users", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(
+            job_manifest("one", pipeline={"stages": 1, "microbatches": 2, "globalBatch": 4})))  # fmt: skip
+        assert "Warning" not in single.stderr, single.stderr  # one rank: its own disk is shared enough
         assert "pipefill_operator_" in _get(urls["metrics"])  # the endpoints the Service and the probe use
         _get(urls["liveness"])
     finally:

@@ -170,11 +170,18 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
         "--policy=makespan",
         "--metrics-address=$(POD_IP):9500",
         "--liveness=http://[$(POD_IP)]:8081/healthz",
+        "--admission-warnings",
         "--verbose",
     ]
     assert [p["containerPort"] for p in container["ports"]] == [9500, 8081]
     off = _operator_container(
-        render({"operator": {"metrics": {"enabled": False}, "liveness": {"enabled": False}}}, tmp_path)
+        render(
+            {
+                "operator": {"metrics": {"enabled": False}, "liveness": {"enabled": False}},
+                "admissionPolicy": {"enabled": False},
+            },
+            tmp_path,
+        )
     )
     assert off["args"] == ["--workers=8", "--status-interval=30", "--status-rate=100", "--metrics-address=127.0.0.1:0"]
     assert "ports" not in off and "livenessProbe" not in off

@@ -94,7 +94,7 @@ def test_a_new_job_creates_every_rank_then_runs() -> None:
     first = _step(job, PipelineTrainingJobStatus(), [])
     assert first.create_ranks == [0, 1, 2, 3] and first.delete_pods == []
     assert first.status.phase == JobPhase.PENDING and first.status.start_time == "2026-03-01T12:00:00Z"
-    assert _cond(first.status, "Created") == ("True", "PodsCreated") and _reasons(first) == ["PodsCreated"]
+    assert _cond(first.status, "Created") == ("True", "PodsCreated") and _reasons(first) == []
     assert first.status.observed_generation == 1
     half = _step(job, first.status, [_pod(0), _pod(1), _pod(2, state="pending"), _pod(3, state="pending")])
     assert half.status.phase == JobPhase.PENDING and half.status.ranks_ready == 2 and half.create_ranks == []
@@ -131,6 +131,7 @@ def test_retryable_exit_restarts_the_whole_gang_once_after_the_old_one_is_gone()
     assert replay.delete_pods == ["j-1", "j-3"]
     gone = _step(job, s, [])
     assert gone.create_ranks == [0, 1, 2, 3] and gone.status.restarts == 1 and gone.status.phase == JobPhase.RESTARTING
+    assert _reasons(gone) == ["PodsCreated"]  # a restart's gang is news (a new job's first is not: no Event)
     new = [_pod(r, 1) for r in range(WORLD)]
     back = _step(job, gone.status, new)
     assert back.status.phase == JobPhase.RUNNING and _cond(back.status, "Restarting") == ("False", "Restarted")
@@ -260,7 +261,7 @@ def test_invalid_spec_is_reported_once_and_looked_at_again_when_the_spec_changes
     changed = _step(job, d.status, [], gen=2, problems=other)
     assert _reasons(changed) == ["InvalidSpec"] and find(changed.status.conditions, "InvalidSpec").message == other[0]  # type: ignore[union-attr]
     fixed = _step(job, changed.status, [], gen=3)
-    assert fixed.create_ranks == [0, 1, 2, 3] and _reasons(fixed) == ["SpecFixed", "PodsCreated"]
+    assert fixed.create_ranks == [0, 1, 2, 3] and _reasons(fixed) == ["SpecFixed"]
     assert _cond(fixed.status, "InvalidSpec") == ("False", "SpecFixed") and fixed.status.phase == JobPhase.PENDING
 
 
@@ -280,11 +281,14 @@ def test_checkpoints_not_shared_is_a_warning_once() -> None:
     job = _job()
     warn = (False, "CheckpointsNotShared", "spec.checkpoint has no claimName")
     d = _step(job, PipelineTrainingJobStatus(), [], checkpoints=warn)
-    assert _reasons(d) == ["CheckpointsNotShared", "PodsCreated"]
+    assert _reasons(d) == ["CheckpointsNotShared"]
     assert _cond(d.status, "CheckpointsShared") == ("False", "CheckpointsNotShared")
     pods = [_pod(r) for r in range(WORLD)]
     running = _step(job, d.status, pods, checkpoints=warn)
     assert "CheckpointsNotShared" not in _reasons(running)
+    # told at `kubectl apply` by the chart's admission policy: recorded in the condition, no Event of its own
+    told = _step(job, PipelineTrainingJobStatus(), [], checkpoints=warn, checkpoints_warned_at_admission=True)
+    assert _reasons(told) == [] and _cond(told.status, "CheckpointsShared") == ("False", "CheckpointsNotShared")
 
 
 def test_terminal_jobs_stop_their_remaining_pods_and_pods_of_a_newer_generation_are_adopted() -> None:
