@@ -19,6 +19,7 @@ from chart_harness import CHART, MONITORING, RELEASE_NAMESPACE, ROOT, by_kind, h
 from operator_harness import job_manifest
 
 from pipefill.cli.crds import render_chart
+from pipefill.lifecycle.checks import checkpoint_sharing
 from pipefill.pods import rank_pod
 from pipefill.spec import KINDS, crd, parse
 
@@ -55,7 +56,15 @@ def test_defaults_install_the_operator_for_all_namespaces_with_its_derived_clust
     assert kinds == sorted(
         ["CustomResourceDefinition"] * 2
         + ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"]
+        + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     )
+    policy, policy_binding = one(objs, "ValidatingAdmissionPolicy"), one(objs, "ValidatingAdmissionPolicyBinding")
+    assert policy_binding["spec"]["validationActions"] == ["Warn"] and policy["spec"]["failurePolicy"] == "Ignore"
+    assert "matchResources" not in policy_binding["spec"]  # every namespace, as the operator serves
+    (rule,) = policy["spec"]["validations"]
+    job = parse(job_manifest())  # 2 ranks, no checkpoint claim
+    assert " ".join(rule["message"].split()) == checkpoint_sharing(job, None)[2]  # the operator's words
+    assert not by_kind(render({"admissionPolicy": {"enabled": False}}, tmp_path), "ValidatingAdmissionPolicy")
     role, binding, sa = one(objs, "ClusterRole"), one(objs, "ClusterRoleBinding"), one(objs, "ServiceAccount")
     assert role["rules"] == OPERATOR_RULES  # verbatim, in the same order
     assert binding["roleRef"] == {
@@ -87,11 +96,21 @@ def test_a_namespaced_install_splits_the_derived_rules_by_scope_and_drops_the_no
     deployment = one(objs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
+    # the apply-time warnings of the namespaces it serves, and of no other team's
+    selector = one(objs, "ValidatingAdmissionPolicyBinding")["spec"]["matchResources"]["namespaceSelector"]
+    assert selector == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+    }
 
 
 def test_without_rbac_and_service_account_the_operator_runs_as_the_named_account(tmp_path: Path) -> None:
     objs = render(
-        {"crds": {"install": False}, "rbac": {"create": False}, "serviceAccount": {"create": False, "name": "op"}},
+        {
+            "crds": {"install": False},
+            "rbac": {"create": False},
+            "serviceAccount": {"create": False, "name": "op"},
+            "admissionPolicy": {"enabled": False},
+        },
         tmp_path,
     )
     assert sorted(o["kind"] for o in objs) == ["Deployment", "Service"]
@@ -121,6 +140,7 @@ def test_the_deployment_is_one_recreated_non_root_pod_with_the_images_writable_p
         "--status-rate=100",
         "--metrics-address=$(POD_IP):9402",
         "--liveness=http://$(POD_IP):8080/healthz",
+        "--admission-warnings",
     ]
     assert container["env"] == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
