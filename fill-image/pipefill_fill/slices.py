@@ -112,7 +112,10 @@ class JobDir:
         out = []
         for s in self.plan():
             committed, done = read_pointer(self.slice_dir(s), start=s.start)
-            out.append(SliceState(s, committed, done or committed >= s.end))
+            done = done or committed >= s.end
+            # a slice marked done has all of its work committed, whatever its record still says (a finished slice's
+            # record may hold only the mark): its pointer is its end, or a job of one slice reports 0 when it succeeds
+            out.append(SliceState(s, s.end if done else committed, done))
         return out
 
     def committed(self) -> int:

@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, str] = {
     "cluster": "pipefill.bench.cluster",
     "colocation": "pipefill.bench.colocation",
     "fill": "pipefill.bench.fill",
+    "fill-queue": "pipefill.bench.fill_queue",
     "operator": "pipefill_operator.bench",
     "scheduler": "pipefill.queue.bench",
     "trainer": "pipefill.bench.trainer",
