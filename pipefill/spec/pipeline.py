@@ -74,6 +74,26 @@ class Pipeline:
             field_path=".customSchedule",
             reason="FieldValueRequired",
         ),
+        # Sizes every part of the product handles in seconds: a step's schedule has stages × virtualStages ×
+        # microbatches × 2–3 actions, and validating it (the deadlock check) and predicting its bubbles (the fill
+        # queue) grow with them — 32 stages × 65 536 microbatches took 98 s and 1.8 GB to validate, more than the
+        # operator's memory limit. A job's rank pods are bounded by what one cluster runs.
+        Rule(
+            rule="self.stages * self.virtualStages * self.microbatches <= 65536",
+            message="spec.pipeline: stages × virtualStages × microbatches must not exceed 65536",
+            message_expression="'spec.pipeline: stages × virtualStages × microbatches = %d exceeds 65536: the"
+            " schedule of a step grows with it, and validating and predicting it would take minutes and gigabytes;"
+            " use fewer, larger microbatches or fewer stages'.format([self.stages * self.virtualStages *"
+            " self.microbatches])",
+            field_path=".microbatches",
+        ),
+        Rule(
+            rule="self.stages * self.dataParallel <= 65536",
+            message="spec.pipeline: stages × dataParallel (the job's rank pods) must not exceed 65536",
+            message_expression="'spec.pipeline: stages × dataParallel = %d rank pods exceeds 65536, more than one"
+            " cluster runs; use fewer data-parallel replicas'.format([self.stages * self.dataParallel])",
+            field_path=".dataParallel",
+        ),
         Rule(
             rule="!has(self.layersPerStage) || size(self.layersPerStage) == self.stages * self.virtualStages",
             message="spec.pipeline.layersPerStage needs one entry per stage (stages × virtualStages)",

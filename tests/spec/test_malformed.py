@@ -87,6 +87,18 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "divisible by microbatches × dataParallel = 12",
     ),
     (
+        "schedule-too-large",  # 4 × 32 768: validating a schedule of 2 M stage-microbatches took 98 s and 1.8 GB
+        _with(PTJ, spec__pipeline__stages=4, spec__pipeline__microbatches=32768, spec__pipeline__globalBatch=32768),
+        "spec.pipeline.microbatches",
+        "stages × virtualStages × microbatches = 131072 exceeds 65536",
+    ),
+    (
+        "too-many-rank-pods",
+        _with(PTJ, spec__pipeline__dataParallel=65536, spec__pipeline__globalBatch=4 * 65536),
+        "spec.pipeline.dataParallel",
+        "stages × dataParallel = 131072 rank pods exceeds 65536",
+    ),
+    (
         "unknown-schedule",
         _with(PTJ, spec__pipeline__schedule="pipedream"),
         "spec.pipeline.schedule",
