@@ -37,8 +37,9 @@ PTJ = resource_of("pipefill.io/v1alpha1", "PipelineTrainingJob")
 POD = resource_of("v1", "Pod")
 CONFIG_MAP = resource_of("v1", "ConfigMap")
 # A gang that starts over minutes (a busy scheduler) writes its progress this often: at 8 000 rank pods starting at
-# once, 5 s cost 0.7 status writes a job more than the two every job needs (docs/benchmarks.md, #29)
-RANKS_READY_INTERVAL_S = 30.0
+# once, 5 s cost 0.7 status writes a job more than the two every job needs, and 30 s still 0.34 at 1 200 pods on a
+# loaded machine (docs/benchmarks.md, #29)
+RANKS_READY_INTERVAL_S = 60.0
 # The fields the status reader owns; a reconcile never writes them.
 READER_FIELDS = ("currentStep", "bubbleFraction", "fillUtilization")
 
