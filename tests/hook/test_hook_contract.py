@@ -142,3 +142,28 @@ def _value(text: str, name: str) -> float:
         if line.startswith(name) and line[len(name)] in " {":
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def test_what_the_init_container_copies_is_enough_to_hook_a_process(tmp_path: Path) -> None:
+    """``python -m pipefill_hook.install DIR`` (the init container), then a process with only DIR's two paths: the
+    hook activates from the copy and wraps the schedules."""
+    target = tmp_path / "hook"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill_hook.install", str(target)], env={**os.environ, "PYTHONPATH": _path()},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    probe = (
+        "import torch.distributed.pipelining.schedules as s, pipefill_hook.patch as p, pipefill, pipefill_trainer\n"
+        "print(hasattr(s._wait_batch_p2p, '__wrapped__'), p._state['applied'], pipefill.__file__, pipefill_trainer.__file__)\n"
+    )
+    env = {**os.environ, "PIPEFILL_HOOK": "1", "PYTHONPATH": f"{target / 'boot'}{os.pathsep}{target / 'lib'}"}
+    out = subprocess.run(  # not in the checkout: `python -c` puts the working directory first on sys.path
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    wrapped_in, applied, core, trainer = out.stdout.split()
+    assert (wrapped_in, applied) == ("True", "True")
+    assert core.startswith(str(target)) and trainer.startswith(str(target)), out.stdout
+    copied = {p.name for p in (target / "lib" / "pipefill_trainer").iterdir()}
+    assert copied == {"__init__.py", "instrument.py", "metrics.py", "devsync.py", "baseline.py"}
