@@ -56,11 +56,12 @@ def _consume(channel: Path, into: list[Bubble], stop: threading.Event) -> None:
 def run_example(
     tmp: Path, args: list[str], *, hook: bool, world: int = 2, extra_env: dict[str, str] | None = None,
     rank_env: Callable[[int], dict[str, str]] | None = None, consume: bool = True, timeout_s: float = 90,
-    during: Callable[[], None] | None = None,
+    during: Callable[[], None] | None = None, script: Path = EXAMPLE,
 ) -> Run:  # fmt: skip
     """Every rank of ``train.py args``; with ``hook``, PIPEFILL_HOOK=1, the hook on PYTHONPATH, a channel and an
     output directory per rank, and (``consume``) a consumer thread on each channel; ``rank_env``: more variables per
-    rank; ``during``: called once all ranks started, before they are awaited."""
+    rank; ``during``: called once all ranks started, before they are awaited; ``script``: another training script
+    (run from the repository root; its losses are its own to report)."""
     tmp.mkdir(parents=True, exist_ok=True)
     port, losses_file = free_port(), tmp / "losses.json"
     base_path = os.pathsep.join(
@@ -89,8 +90,10 @@ def run_example(
                 env.FILL_MIN_BUBBLE_MS: "0",
             }
         proc_env |= (extra_env or {}) | (rank_env(rank) if rank_env else {})
-        cmd = [sys.executable, str(EXAMPLE), *args, "--losses", str(losses_file)]
-        procs.append(subprocess.Popen(cmd, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        cmd = [sys.executable, str(script), *args, *(["--losses", str(losses_file)] if script == EXAMPLE else [])]
+        procs.append(
+            subprocess.Popen(cmd, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        )
         ranks.append(Rank(0, "", out))
         if hook and consume:
             stop = threading.Event()
@@ -115,4 +118,4 @@ def run_example(
             t.join(timeout=10)
     for r in ranks:
         assert r.code == 0, r.output
-    return Run(ranks, json.loads(losses_file.read_text()))
+    return Run(ranks, json.loads(losses_file.read_text()) if losses_file.exists() else [])

@@ -217,11 +217,9 @@ def apply(schedules: Any, new_session: Callable[[], Session]) -> bool:
     stage_mod.forward_one_chunk = _wrap_compute(stage_mod.forward_one_chunk, lambda b: Kind.F)
     stage_mod.backward_one_chunk = _wrap_compute(stage_mod.backward_one_chunk, _backward_kind)
     stage_mod.backward_weight_one_chunk = _wrap_compute(stage_mod.backward_weight_one_chunk, lambda b: Kind.W)
-    c10d = dist.distributed_c10d
-    for name, device_aware in (("all_reduce", True), ("barrier", False)):
-        wrapped = _wrap_collective(getattr(c10d, name), device_aware=device_aware)
-        setattr(c10d, name, wrapped)
-        setattr(dist, name, wrapped)
+    for module in (dist.distributed_c10d, dist):  # each as it is bound now (the user's own wrapper stays inside)
+        for name, device_aware in (("all_reduce", True), ("barrier", False)):
+            setattr(module, name, _wrap_collective(getattr(module, name), device_aware=device_aware))
     _state["applied"] = True
     return True
 
