@@ -11,6 +11,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from pipefill import env
 from pipefill.channel import Bubble, Consumer
@@ -119,3 +122,22 @@ def run_example(
     for r in ranks:
         assert r.code == 0, r.output
     return Run(ranks, json.loads(losses_file.read_text()) if losses_file.exists() else [])
+
+
+def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, Any], Path]:
+    """``pipefill local`` of ``job`` with the inference FillJob of the examples, from the repository root: the
+    report (checked: the training finished after ``steps`` steps and the FillJob committed work) and the output
+    directory."""
+    job_file, out = tmp / "job.yaml", tmp / "out"
+    job_file.write_text(yaml.safe_dump(job))
+    fill = REPO / "examples" / "fill-inference.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
+         "--plain", "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=115, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    assert report["outcome"]["reason"] == "training finished" and report["steps"] == steps
+    assert report["fill_jobs"]["embed-corpus"]["committed"] > 0, "the FillJob made no progress in the bubbles"
+    return report, out

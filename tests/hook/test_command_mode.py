@@ -4,15 +4,14 @@ container, PYTHONPATH, rank environment in the trainer alone, the user's image) 
 from __future__ import annotations
 
 import copy
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hook_procs import run_local
 
 from pipefill.events import BubbleEvent, read_events
 from pipefill.local.procs import local_processes
@@ -133,18 +132,7 @@ def test_local_processes_run_the_command_with_this_pythons_hook(tmp_path: Path) 
 def test_pipefill_local_runs_the_command_hooked_and_a_filljob_works_in_its_bubbles(tmp_path: Path) -> None:
     obj = _demo()
     obj["spec"]["trainer"]["args"] = ["--schedule", "1F1B", "--microbatches", "4", "--steps", "40"]
-    job_file, out = tmp_path / "job.yaml", tmp_path / "out"
-    job_file.write_text(yaml.safe_dump(obj))
-    fill = ROOT / "examples" / "fill-inference.yaml"
-    done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
-         "--plain", "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=110, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads((out / "report.json").read_text())
-    assert report["outcome"]["reason"] == "training finished" and report["steps"] == 40
-    assert report["fill_jobs"]["embed-corpus"]["committed"] > 0, "the FillJob made no progress in the bubbles"
+    _, out = run_local(tmp_path, obj, steps=40)
     for rank in (0, 1):
         events = read_events(out / "ranks" / str(rank) / "trainer" / "events.jsonl")
         assert any(isinstance(e, BubbleEvent) and e.announced for e in events), f"rank {rank} announced nothing"

@@ -6,15 +6,12 @@ bubbles are simulated from its schedule, announced and received, and the losses 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from hook_procs import REPO, Run, run_example
+from hook_procs import REPO, Run, run_example, run_local
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed: pip install 'pipefill-operator[torchtitan]'")
 pytestmark = pytest.mark.slow
@@ -56,14 +53,4 @@ def test_torchtitan_pp2_is_announced_and_computes_the_same(tmp_path: Path, sched
 def test_torchtitan_under_pipefill_local_with_a_filljob(tmp_path: Path) -> None:
     job = yaml.safe_load((REPO / "examples" / "torchtitan-llama3.yaml").read_text())
     job["spec"]["trainer"]["args"] += ["--training.steps", "16", "--job.dump_folder", str(tmp_path / "dump")]
-    job_file, out = tmp_path / "job.yaml", tmp_path / "out"
-    job_file.write_text(yaml.safe_dump(job))
-    done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f",
-         str(REPO / "examples" / "fill-inference.yaml"), "--out", str(out), "--plain", "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=115, cwd=REPO,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads((out / "report.json").read_text())
-    assert report["outcome"]["reason"] == "training finished" and report["steps"] == 16
-    assert report["fill_jobs"]["embed-corpus"]["committed"] > 0, "the FillJob made no progress in torchtitan's bubbles"
+    run_local(tmp_path, job, steps=16)
