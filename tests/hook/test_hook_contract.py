@@ -133,6 +133,7 @@ def test_the_trainer_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> N
     for text in seen.values():
         assert _value(text, "pipefill_trainer_step") >= 4
         assert _value(text, "pipefill_trainer_bubble_seconds_total") > 0
+        assert _value(text, "pipefill_trainer_hook_announcing") == 1
 
 
 def _value(text: str, name: str) -> float:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from pipefill.channel import Producer
 from pipefill.events import TRAINER_EVENTS, ActionEvent, BubbleEvent, EventWriter, StepEvent
@@ -44,7 +44,17 @@ from pipefill_trainer.devsync import device_uuids, free_bytes_fn
 from pipefill_trainer.instrument import BubbleAnnouncer, stage_medians
 from pipefill_trainer.metrics import TrainerMetrics
 
-__all__ = ["Session", "StepTrace", "warn"]
+__all__ = ["Session", "StepTrace", "hook_gauge", "warn"]
+
+
+def hook_gauge(registry: CollectorRegistry) -> Gauge:
+    """``pipefill_trainer_hook_announcing`` (docs/metrics.md): what the hook does in this process."""
+    return Gauge(
+        "pipefill_trainer_hook_announcing",
+        "The bubble hook (spec.trainer): 1 announces bubbles; 0 measures only (a torch it was not tested against, "
+        "fill disabled, or the hook disabled itself after an error of its own).",
+        registry=registry,
+    )
 
 
 def warn(message: str) -> None:
@@ -70,6 +80,7 @@ class Session:
         self.settings, self.announce = settings, announce
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics: TrainerMetrics | None = None
+        self.announcing: Gauge | None = None
         self.events = EventWriter(settings.out_dir / TRAINER_EVENTS if settings.out_dir else None, flush_each=False)
         self.producer: Producer | None = None
         self.nofill: NoFillSteps | None = None
@@ -96,6 +107,7 @@ class Session:
         self._started = True
         cuda = device.type == "cuda"
         self.metrics = TrainerMetrics(self.registry, device_index=(device.index or 0) if cuda else None)
+        self.announcing = hook_gauge(self.registry)
         TrainerMetrics.serve(self.settings.metrics_port, self.registry)
         s = self.settings
         if self.announce and s.channel_dir is not None:
@@ -108,6 +120,7 @@ class Session:
                 gpu_uuids=device_uuids(device),
             )
         self._free_bytes = free_bytes_fn(device, reserved_bytes=s.reserved_bytes)
+        self.announcing.set(1 if self.producer is not None else 0)
         self.nofill = NoFillSteps(
             self.metrics, producer=self.producer, channel_dir=s.channel_dir, every_steps=s.baseline_every_steps
         )
@@ -270,6 +283,8 @@ class Session:
         self.disabled = True
         warn(f"disabled after an error of its own ({type(exc).__name__}: {exc}); training continues unannounced")
         self.announcer, self.announce, self.trace = None, False, None
+        if self.announcing is not None:
+            self.announcing.set(0)
         if self.producer is not None:
             self.producer.close()
             self.producer = None
