@@ -169,10 +169,10 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Any]:
             schema[key] = value
     if info.exclusive_minimum:
         schema["exclusiveMinimum"] = True
+    if info.schema_optional:  # its Python default is a placeholder: the schema neither requires nor defaults it
+        return schema
     default = f.default
-    if info.schema_optional:
-        pass
-    elif default is not _MISSING and default is not None:
+    if default is not _MISSING and default is not None:
         schema["default"] = default.value if isinstance(default, enum.Enum) else default
     elif f.default_factory is not _MISSING:
         factory: Any = f.default_factory
