@@ -6,7 +6,8 @@ One place names every variable, so the pod builder, the local runner, the traine
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 __all__ = [
     "BASELINE_EVERY_STEPS",
@@ -45,9 +46,12 @@ __all__ = [
     "TRAINER_LATE_ANNOUNCE_US",
     "WORK_SOURCE",
     "cpu_list",
+    "env_float",
     "env_int",
     "fill_max_active_jobs",
 ]
+
+_N = TypeVar("_N", int, float)
 
 DEFAULT_CHANNEL_DIR = "/run/pipefill"
 """Where both containers mount the memory-backed emptyDir of the bubble channel; ``CHANNEL_DIR`` overrides it."""
@@ -103,15 +107,24 @@ EXIT_RETRYABLE = 75  # EX_TEMPFAIL: transient (a peer died, a rendezvous timed o
 EXIT_PEER_FAILED = EXIT_RETRYABLE
 
 
-def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None) -> int:
-    """An integer environment variable (of ``environ``, default ``os.environ``); the error names it."""
+def _env_number(name: str, default: _N, parse: Callable[[str], _N], what: str, environ: Mapping[str, str] | None) -> _N:
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+        raise ValueError(f"environment variable {name}={raw!r} must be {what}") from None
+
+
+def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None) -> int:
+    """An integer environment variable (of ``environ``, default ``os.environ``); the error names it."""
+    return _env_number(name, default, int, "an integer", environ)
+
+
+def env_float(name: str, default: float, *, environ: Mapping[str, str] | None = None) -> float:
+    """A number environment variable (of ``environ``, default ``os.environ``); the error names it."""
+    return _env_number(name, default, float, "a number", environ)
 
 
 def fill_max_active_jobs(environ: Mapping[str, str] | None = None) -> int:

@@ -30,6 +30,7 @@ from pipefill.children import (
 from pipefill.overlay import apply_overlay
 from pipefill.podgroups import gang_pod_fields
 from pipefill.spec import PipelineTrainingJob, Schedule, SharingMode, parse_bytes
+from pipefill.usercommand import add_hook, trainer_command
 
 __all__ = [
     "CHANNEL_MOUNT",
@@ -75,10 +76,11 @@ class ContainerPlan:
     module: str  # run as ``python -m <module>``
     env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0
+    command: tuple[str, ...] = ()  # spec.trainer's command and args instead of ``python -m <module>``
 
     @property
     def argv(self) -> list[str]:
-        return ["python", "-m", self.module]
+        return list(self.command) if self.command else ["python", "-m", self.module]
 
 
 def pod_name(job: PipelineTrainingJob, rank: int) -> str:
@@ -150,7 +152,8 @@ def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int
             mib = parse_bytes(limit, field="spec.gpuSharing.mps.fillPinnedMemoryLimit") // 2**20
             fill_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mib}M"
         plans.append(ContainerPlan("fill-executor", spec.fill_image, "pipefill_fill", fill_env, fill_port))
-    plans.append(ContainerPlan("trainer", spec.trainer_image, "pipefill_trainer", trainer_env, trainer_port))
+    image, argv = trainer_command(job, rank, trainer_env, master_port=MASTER_PORT)  # spec.trainer: the user's
+    plans.append(ContainerPlan("trainer", image, "pipefill_trainer", trainer_env, trainer_port, argv))
     return plans
 
 
@@ -375,6 +378,7 @@ def rank_pod(
         sidecar["env"].append({"name": env.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}})
         sidecar["restartPolicy"] = "Always"  # native sidecar
         pod_spec["initContainers"] = [sidecar]
+    add_hook(job, pod_spec)  # spec.trainer.hook: the init container and volume that bring the hook in
     scheduler = _scheduler_name(job)
     if scheduler:
         pod_spec["schedulerName"] = scheduler

@@ -15,16 +15,6 @@ _SPEC = FillSettings()
 __all__ = ["Settings"]
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} must be a number") from None
-
-
 @dataclass(frozen=True)
 class Settings:
     channel_dir: Path
@@ -75,11 +65,11 @@ class Settings:
         source = e.get(env.WORK_SOURCE, "")
         if not source:
             raise ValueError(f"{env.WORK_SOURCE} is not set: set files:<dir> (local runs) or kubernetes")
-        guard_ms = _env_float(env.FILL_GUARD_MS, _SPEC.guard_milliseconds)
-        min_ms = _env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
-        spin_us = _env_float(env.FILL_SPIN_US, 0.0)
-        end_quantile = _env_float(env.FILL_END_QUANTILE, 0.25)
-        budget_us = _env_float(env.FILL_OVERRUN_BUDGET_US, 50.0)
+        guard_ms = env.env_float(env.FILL_GUARD_MS, _SPEC.guard_milliseconds)
+        min_ms = env.env_float(env.FILL_MIN_BUBBLE_MS, 0.0)
+        spin_us = env.env_float(env.FILL_SPIN_US, 0.0)
+        end_quantile = env.env_float(env.FILL_END_QUANTILE, 0.25)
+        budget_us = env.env_float(env.FILL_OVERRUN_BUDGET_US, 50.0)
         if not 0 <= budget_us <= 10_000:
             raise ValueError(
                 f"{env.FILL_OVERRUN_BUDGET_US}={budget_us:g}: the expected overrun per step must be within 0..10000 µs"

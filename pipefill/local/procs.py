@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from pipefill import env
 from pipefill.pods import rank_containers
 from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
+from pipefill.usercommand import local_argv, local_command_env
 
 __all__ = ["LocalProcess", "free_port", "local_processes", "schedule_file", "stop_all"]
 
@@ -142,7 +142,9 @@ def local_processes(
             else:
                 child[env.WORK_SOURCE] = f"files:{work_dir}"
                 child[env.FILL_PROFILE_DIR] = str(work_dir / "profiles")  # one cache for every rank and job of the run
-            argv = [sys.executable, *plan.argv[1:]]
+            if plan.name == "trainer" and job.spec.trainer is not None:  # the user's command (pipefill.usercommand)
+                local_command_env(job, child, master_port=master_port)
+            argv = local_argv(plan.argv)
             procs.append(LocalProcess(rank, plan.name, argv, child, rank_out, port))
     procs.sort(key=lambda p: (p.container != "fill-executor", p.rank))
     return procs

@@ -18,7 +18,11 @@ from typing import Any, ClassVar, Protocol
 
 from pipefill.spec.quantity import QUANTITY_PATTERN
 
-__all__ = ["FieldInfo", "Model", "Rule", "field", "from_obj", "json_name", "openapi", "to_obj"]
+__all__ = ["DERIVED", "FieldInfo", "Model", "Rule", "field", "from_obj", "json_name", "openapi", "to_obj"]
+
+DERIVED = "_pipefill_derived"
+"""set (True) on a model instance the user did not write (a placeholder, or a part derived from another):
+:func:`to_obj` leaves it out, so a parsed object written back reads the same"""
 
 _MISSING: Any = dataclasses.MISSING
 _T = typing.TypeVar("_T")
@@ -69,6 +73,8 @@ class FieldInfo:
     fmt: str | None = None  # OpenAPI format, e.g. "date-time"
     quantity: bool = False  # a Kubernetes resource quantity: int or string like "6Gi"
     free_form: bool = False  # dict[str, Any] kept as is (x-kubernetes-preserve-unknown-fields)
+    schema_optional: bool = False  # neither required nor defaulted by the schema: the Python default is a
+    # placeholder, and the type's rules say when the field is required
 
 
 class Model(Protocol):
@@ -163,6 +169,8 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Any]:
             schema[key] = value
     if info.exclusive_minimum:
         schema["exclusiveMinimum"] = True
+    if info.schema_optional:  # its Python default is a placeholder: the schema neither requires nor defaults it
+        return schema
     default = f.default
     if default is not _MISSING and default is not None:
         schema["default"] = default.value if isinstance(default, enum.Enum) else default
@@ -192,7 +200,7 @@ def openapi(cls: type[Any]) -> dict[str, Any]:
     required: list[str] = []
     for f in dataclasses.fields(cls):
         properties[json_name(f)] = _field_schema(f, hints[f.name])
-        if f.default is _MISSING and f.default_factory is _MISSING:
+        if f.default is _MISSING and f.default_factory is _MISSING and not f.metadata["spec"].schema_optional:
             required.append(json_name(f))
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if cls.__doc__:
@@ -255,6 +263,6 @@ def to_obj(model: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(model):
         value = getattr(model, f.name)
-        if value is not None:
+        if value is not None and not getattr(value, DERIVED, False):
             out[json_name(f)] = _dump(value)
     return out

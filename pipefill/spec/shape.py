@@ -191,6 +191,8 @@ def shape_errors(job: PipelineTrainingJob) -> list[FieldError]:
     """
     pipe = job.spec.pipeline
     errors: list[FieldError] = []
+    if job.spec.trainer is not None:
+        return errors  # the command's schedule is its own (spec.trainer)
     if canonical_name(str(pipe.schedule)) != "custom":
         try:
             from_spec(job)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from pipefill.spec._schema import Rule, field
+from pipefill.spec._schema import DERIVED, Rule, field
+from pipefill.spec.command import TrainerCommand
 from pipefill.spec.common import NAME_RULE, Condition
 from pipefill.spec.model import LAYERS_CEL, MODEL_PRESETS, Data, DataSource, Model, Optimizer
 from pipefill.spec.pipeline import ConfigMapKey, Pipeline, Schedule
@@ -43,7 +44,11 @@ __all__ = [
     "Schedule",
     "Scheduling",
     "SharingMode",
+    "TrainerCommand",
 ]
+
+
+_M = TypeVar("_M")
 
 
 class JobPhase(enum.StrEnum):
@@ -62,8 +67,20 @@ class JobPhase(enum.StrEnum):
 class PipelineTrainingJobSpec:
     """Desired state of a PipelineTrainingJob."""
 
-    pipeline: Pipeline = field(doc="Stages, microbatches, schedule.")
-    model: Model = field(doc="The decoder to train.")
+    pipeline: Pipeline = field(
+        doc="Stages, microbatches, schedule of our trainer; required unless spec.trainer runs your own command.",
+        default_factory=lambda: _derived(Pipeline(stages=1, microbatches=1, global_batch=1)),
+        schema_optional=True,
+    )
+    model: Model = field(
+        doc="The decoder our trainer trains; required unless spec.trainer runs your own command.",
+        default_factory=lambda: _derived(Model()),
+        schema_optional=True,
+    )
+    trainer: TrainerCommand | None = field(
+        doc='Your own training command in place of our trainer (docs/trainer.md, "Your own training command").',
+        default=None,
+    )
     trainer_image: str = field(
         doc="Image of the trainer container.", max_length=1024, default="ghcr.io/pipefill/trainer:0.1.0"
     )
@@ -86,8 +103,22 @@ class PipelineTrainingJobSpec:
 
     __rules__: ClassVar[tuple[Rule, ...]] = (
         Rule(
+            rule="has(self.trainer) || (has(self.model) && has(self.pipeline))",
+            message="spec.model and spec.pipeline are required for our trainer; set them, or set spec.trainer to run "
+            "your own training command",
+            field_path=".pipeline",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            rule="!has(self.trainer) || (!has(self.model) && !has(self.pipeline))",
+            message="spec.trainer runs your own command, which builds its own model and schedule: remove spec.model "
+            "and spec.pipeline (the stage count is spec.trainer.stages)",
+            field_path=".trainer",
+        ),
+        Rule(
             # An unknown preset is the pattern's error; this rule must not fail on its map lookup as well.
-            rule=f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? (self.model.preset in"
+            rule="!has(self.model) || !has(self.pipeline) || "
+            f"self.pipeline.stages * self.pipeline.virtualStages <= (has(self.model.preset) ? (self.model.preset in"
             f" {LAYERS_CEL} ? {LAYERS_CEL}[self.model.preset] : 1048576)"
             " : (has(self.model.layers) ? self.model.layers : 1048576))",
             message="spec.pipeline: stages × virtualStages must not exceed the model's layers",
@@ -97,14 +128,14 @@ class PipelineTrainingJobSpec:
             field_path=".pipeline.stages",
         ),
         Rule(
-            rule="!has(self.model.python) || !has(self.model.python.code) || !has(self.model.python.code.path)"
+            rule="!has(self.model) || !has(self.model.python) || !has(self.model.python.code) || !has(self.model.python.code.path)"
             " || has(self.fill.storage)",
             message="spec.model.python.code.path is a directory on the fill storage: set spec.fill.storage (a claim) "
             "or use code.configMap or an image that holds the code",
             field_path=".model.python.code.path",
         ),
         Rule(
-            rule="!has(self.model.huggingFace) || !has(self.model.huggingFace.exportPath)"
+            rule="!has(self.model) || !has(self.model.huggingFace) || !has(self.model.huggingFace.exportPath)"
             " || !has(self.checkpoint.format) || self.checkpoint.format == 'dcp'",
             message="spec.model.huggingFace.exportPath reads the final dcp checkpoint: set spec.checkpoint.format dcp"
             " (or leave it unset) or remove exportPath",
@@ -129,11 +160,33 @@ class PipelineTrainingJobSpec:
             field_path=".gpuSharing.mps.enabled",
         ),
         Rule(
-            rule="!has(self.scheduling.gangMinMembers) || self.scheduling.gangMinMembers <= self.pipeline.stages * self.pipeline.dataParallel",
+            rule="!has(self.scheduling.gangMinMembers) || self.scheduling.gangMinMembers <= (has(self.trainer) ?"
+            " self.trainer.stages * self.trainer.dataParallel : has(self.pipeline) ?"
+            " self.pipeline.stages * self.pipeline.dataParallel : 1048576)",
             message="spec.scheduling.gangMinMembers cannot exceed the job's pods (stages × dataParallel)",
             field_path=".scheduling.gangMinMembers",
         ),
     )
+
+    def __post_init__(self) -> None:
+        """With spec.trainer, the pipeline the rest of the system sees is the command's rank layout (schedule and
+        microbatches are the command's own): derived, never written back (:func:`pipefill.spec.to_obj` leaves it
+        out). The command's retryable exit codes join spec.runPolicy.restartOnExitCodes."""
+        t = self.trainer
+        if t is None:
+            return
+        self.pipeline = _derived(
+            Pipeline(stages=t.stages, microbatches=1, global_batch=t.data_parallel, data_parallel=t.data_parallel,
+                     schedule=Schedule.GPIPE)
+        )  # fmt: skip
+        codes = self.run_policy.restart_on_exit_codes
+        self.run_policy.restart_on_exit_codes = sorted({*codes, *t.retry_exit_codes})
+
+
+def _derived(value: _M) -> _M:
+    """Mark a spec part that was not written but derived (a placeholder, or the command's layout)."""
+    object.__setattr__(value, DERIVED, True)
+    return value
 
 
 @dataclass

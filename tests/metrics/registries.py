@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from pipefill.local.metrics import ChildrenCollector
 from pipefill.local.runner import RunOutcome
 from pipefill_fill.metrics import FillMetrics
+from pipefill_hook.session import hook_gauge
 from pipefill_operator.metrics import FillQueueMetrics, OperatorMetrics
 from pipefill_trainer.metrics import TrainerMetrics
 
@@ -41,6 +42,7 @@ def fresh() -> dict[str, CollectorRegistry]:
     """One registry per component, as each process builds it (CPU: no NVML metrics)."""
     out = {name: CollectorRegistry() for name in COMPONENTS}
     TrainerMetrics(out["trainer"])
+    hook_gauge(out["trainer"])  # the bubble hook serves the trainer's metrics and this one (spec.trainer)
     FillMetrics(out["fill"])
     OperatorMetrics(out["operator"])
     FillQueueMetrics(out["operator"])  # the same process and registry (pipefill_operator.__main__)

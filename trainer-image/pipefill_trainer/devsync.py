@@ -1,4 +1,5 @@
-"""What a wait point means on the device: the one place the trainer's CPU and GPU semantics differ.
+"""What a wait point means on the device: the one place the trainer's CPU and GPU semantics differ (and the device's
+memory a bubble offers and its UUIDs, which the channel publishes).
 
 On CPU (gloo) compute runs on the calling thread, so when the CPU reaches a wait point the device (the core) has
 done the rank's work, and ``Work.wait()`` blocks until the data is there: the bubble begins when the CPU gets there
@@ -29,7 +30,18 @@ from typing import Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["BlockingSync", "CudaSync", "DeviceSync", "Pending", "WorkPending", "device_sync", "poll_until"]
+__all__ = [
+    "GPU_SAFETY_BYTES",
+    "BlockingSync",
+    "CudaSync",
+    "DeviceSync",
+    "Pending",
+    "WorkPending",
+    "device_sync",
+    "device_uuids",
+    "free_bytes_fn",
+    "poll_until",
+]
 
 T = TypeVar("T", covariant=True)
 
@@ -158,3 +170,31 @@ def device_sync(device: torch.device) -> DeviceSync:
     if device.type == "cpu":
         return BlockingSync()
     raise ValueError(f"device {device}: the trainer runs on cpu or cuda (PIPEFILL_DEVICE)")
+
+
+GPU_SAFETY_BYTES = 512 * 2**20
+"""never offered: the trainer's allocator may still grow a little inside a bubble"""
+
+
+def device_uuids(device: torch.device) -> list[str]:
+    """UUIDs of the GPU the trainer uses (what the fill executor selects under visibleDevices); [] on CPU."""
+    if device.type != "cuda":
+        return []
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):
+        return []
+    return [uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
+
+
+def free_bytes_fn(device: torch.device, *, reserved_bytes: int) -> Callable[[], int]:
+    """The device memory a bubble offers: on CUDA what is free now less :data:`GPU_SAFETY_BYTES`; on CPU the
+    configured budget (``spec.fill.reservedMemory``)."""
+    if device.type != "cuda":
+        return lambda: reserved_bytes
+
+    def gpu_free() -> int:
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(0, free - GPU_SAFETY_BYTES)
+
+    return gpu_free

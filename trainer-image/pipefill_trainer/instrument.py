@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipefill.schedules.model import Action, Kind
+from pipefill.schedules.timeline import Timeline
 
 HISTORY = 5
 """measurements per bubble slot that its prediction is the median of"""
@@ -34,7 +35,7 @@ LATE_QUANTILE = 0.25
 """a late bubble is announced with this quantile of what the slot's past long waits had left at that point: low,
 because a fill step planned into time that does not come delays the training"""
 
-__all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "stage_medians"]
+__all__ = ["BubbleAnnouncer", "BubbleProducer", "Slot", "build_profile", "slots_from", "stage_medians"]
 
 
 class BubbleProducer(Protocol):
@@ -107,6 +108,16 @@ def build_profile(
         med.setdefault("F", 0.0)
         stages.append({"stage_idx": s, "median_s": med, **(extra or {}).get(s, {})})
     return {"stages": stages, "p2p": {"latency_s": 0.0}, "step_end_s": 0.0}
+
+
+def slots_from(timeline: Timeline, rank: int, actions: Sequence[Action]) -> dict[int, Slot]:
+    """``rank``'s simulated bubbles as its slots, by the index of the action each precedes (of ``actions``, the
+    rank's order)."""
+    slots = {}
+    for b in timeline.bubbles(rank):
+        mb = actions[b.before_action_idx].mb_idx if b.before_action_idx < len(actions) else -1
+        slots[b.before_action_idx] = Slot(b.before_action_idx, b.kind, b.duration_s, mb)
+    return slots
 
 
 def _kinds(actions: Sequence[Action]) -> Callable[[int], str]:

@@ -20,7 +20,7 @@ from pipefill.schedules.costs import Costs
 from pipefill.schedules.model import Schedule
 from pipefill.schedules.simulate import simulate
 from pipefill.schedules.timeline import Timeline
-from pipefill_trainer.instrument import Slot, build_profile
+from pipefill_trainer.instrument import Slot, build_profile, slots_from
 from pipefill_trainer.partition import PartSeconds
 
 __all__ = [
@@ -80,12 +80,7 @@ def predict(schedule: Schedule, pp_rank: int, stages: Mapping[int, StageProfile]
     profile["schedule"] = schedule.name
     profile["replay"] = replay
     timeline = simulate(schedule, Costs.from_profile(profile), validate=False)
-    actions = schedule.ranks[pp_rank]
-    slots = {}
-    for b in timeline.bubbles(pp_rank):
-        mb = actions[b.before_action_idx].mb_idx if b.before_action_idx < len(actions) else -1
-        slots[b.before_action_idx] = Slot(b.before_action_idx, b.kind, b.duration_s, mb)
-    return Prediction(profile, timeline, slots)
+    return Prediction(profile, timeline, slots_from(timeline, pp_rank, schedule.ranks[pp_rank]))
 
 
 def modeled_stage_profiles(

@@ -1,0 +1,56 @@
+"""The bubble hook on a plain torch.distributed.pipelining script (examples/pipelining/train.py), 2 gloo ranks:
+every schedule torch 2.13 offers and a CSV schedule. Hooked, bubbles are predicted from the schedule's own order
+(simulated), announced, and a consumer on each channel receives them; the losses are those of the unhooked run,
+bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hook_procs import run_example
+
+from pipefill.schedules.csvio import dump_csv
+from pipefill.schedules.generators import build_schedule
+
+pytestmark = pytest.mark.slow
+
+SCHEDULES: list[tuple[str, list[str]]] = [
+    ("GPipe", []),
+    ("1F1B", []),
+    ("Interleaved1F1B", []),
+    ("LoopedBFS", []),
+    ("InterleavedZeroBubble", []),
+    ("ZBVZeroBubble", []),
+    ("DualPipeV", []),
+]
+STEPS = 8
+
+
+def _check(tmp: Path, args: list[str]) -> None:
+    plain = run_example(tmp / "plain", args, hook=False)
+    hooked = run_example(tmp / "hooked", args, hook=True)
+    assert hooked.losses == plain.losses, "the hook changed what the training computes"
+    assert len(plain.losses) == STEPS
+    for rank, r in enumerate(hooked.ranks):
+        assert "bubbles simulated" in r.output, f"rank {rank}: the schedule's order was not used:\n{r.output}"
+        announced = [b for b in r.bubbles() if b.announced]
+        assert announced, f"rank {rank}: no bubble announced:\n{r.output}"
+        assert {b.id for b in r.received}, f"rank {rank}: the consumer received none of {len(announced)} bubbles"
+        assert len(r.received) <= len(announced)
+        assert [s.step for s in r.steps()] == list(range(STEPS))
+        assert min(b.step for b in announced) >= 3, "a bubble announced while profiling"
+    assert (hooked.ranks[0].out_dir / "profile.json").is_file()
+
+
+@pytest.mark.parametrize("schedule,extra", SCHEDULES, ids=[s for s, _ in SCHEDULES])
+def test_every_torch_schedule_is_announced_and_computes_the_same(
+    tmp_path: Path, schedule: str, extra: list[str]
+) -> None:
+    _check(tmp_path, ["--schedule", schedule, "--microbatches", "4", "--steps", str(STEPS), *extra])
+
+
+def test_a_csv_schedule_is_announced_and_computes_the_same(tmp_path: Path) -> None:
+    csv = tmp_path / "zb.csv"
+    csv.write_text(dump_csv(build_schedule("zero-bubble-h1", ranks=2, microbatches=4)))
+    _check(tmp_path, ["--csv", str(csv), "--microbatches", "4", "--steps", str(STEPS)])
