@@ -171,10 +171,14 @@ class SampleWorkload(Workload):
 
     def take(self, batch_size: int) -> tuple[int, int]:
         """The next at most ``batch_size`` samples, ``[start, end)``; empty when the slice is done."""
-        start = self.next_sample
-        end = max(start, min(start + batch_size, self.context.end))
+        start, end = self.peek(batch_size)
         self.next_sample = end
         return start, end
+
+    def peek(self, batch_size: int) -> tuple[int, int]:
+        """What :meth:`take` would give, without advancing (a batch run in pieces advances when it completes)."""
+        start = self.next_sample
+        return start, max(start, min(start + batch_size, self.context.end))
 
     def state(self) -> dict[str, Any]:
         return {"next_sample": self.next_sample}
