@@ -166,7 +166,7 @@ class EncoderInference(PieceSteps, SampleWorkload):
         return end - start
 
     def pieces(self, batch_size: int) -> int:
-        return self.layers
+        return max(1, int(self.layers))
 
     @torch.inference_mode()
     def start_batch(self, batch_size: int) -> tuple[int, int, torch.Tensor, torch.Tensor | None] | None:

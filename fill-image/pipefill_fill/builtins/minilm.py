@@ -90,7 +90,8 @@ class SentenceEncoder(nn.Module):
 
     @property
     def layers(self) -> int:
-        return len(self.bert.encoder.layer)
+        bert: Any = self.bert
+        return len(bert.encoder.layer)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
@@ -111,7 +112,8 @@ class SentenceEncoder(nn.Module):
 
     def layer(self, index: int, x: torch.Tensor, mask: Any) -> torch.Tensor:
         """Encoder layer ``index`` as ``BertEncoder.forward`` calls it."""
-        out: torch.Tensor = self.bert.encoder.layer[index](
+        bert: Any = self.bert
+        out: torch.Tensor = bert.encoder.layer[index](
             x, mask, None, encoder_attention_mask=None, past_key_values=None, position_ids=None
         )
         return out
