@@ -1,8 +1,9 @@
 """Inside a bubble, the next step of a job whose workload runs its steps in pieces (issue #25, partial steps;
 :mod:`pipefill_fill.pieces`): the next piece of the batch in flight when it fits the time left; else a whole batch
 sized to the time left, as for any workload; else — no whole batch fits — a new batch started in pieces, of the size
-the plan at piece granularity gives this bubble's class (:func:`pipefill.plan.plan_pieces`, on the step times the
-step model has learnt), or smaller when its first piece does not fit what is left.
+the plan at piece granularity gives this bubble's class or the short bubbles of the last ones, the shorter
+(:func:`pipefill.plan.plan_pieces`, on the step times the step model has learnt; :meth:`PieceCosts.planning_class_s`),
+or smaller when its first piece does not fit what is left.
 
 A piece is predicted as its share of its batch's step (the profile's piece times) times the step model's base, and
 fits by the step's rule (expected overrun within the budget). A batch in flight whose next piece fits no fresh bubble
@@ -11,6 +12,7 @@ for :data:`FLIGHT_MISSES` bubbles in a row is dropped: nothing of it was committ
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +41,21 @@ class PieceCosts:
     def __init__(self, points: Sequence[ProfilePoint]) -> None:
         self.points = sorted((p for p in points if p.piece_s and sum(p.piece_s) > 0), key=lambda p: p.batch_size)
         self._shares = {p.batch_size: tuple(t / sum(p.piece_s) for t in p.piece_s) for p in self.points}
+        self._classes: deque[float] = deque(maxlen=64)  # usable lengths of the last bubbles
+
+    def note_class(self, class_s: float) -> None:
+        """A bubble of usable length ``class_s`` began."""
+        self._classes.append(class_s)
+
+    def planning_class_s(self, class_s: float) -> float:
+        """The bubble length a batch started now is planned for: this bubble's, or — shorter — the 10th percentile of
+        the last bubbles' (a batch started in a long bubble's tail goes on in the next bubbles; sized for the long
+        ones, its pieces would fit no short bubble, which would then wait for the next long one: measured in
+        tests/fill/test_fill_pieces.py, bubbles of 30 and 2.5 ms)."""
+        if not self._classes:
+            return class_s
+        ordered = sorted(self._classes)
+        return min(class_s, ordered[len(ordered) // 10])
 
     def __bool__(self) -> bool:
         return bool(self.points)
@@ -80,6 +97,8 @@ def next_work(
 ) -> Next | None:
     """The next step that fits ``left_s`` (None: none); ``class_s``: the usable length of this bubble (its class);
     ``fresh``: nothing ran in the bubble yet (a piece in flight that does not fit counts as a miss)."""
+    if fresh and costs:
+        costs.note_class(class_s)
     flight = task.in_flight() if costs else None
     if flight is not None and costs is not None:
         share = costs.share(flight.batch_size, flight.done, flight.pieces)
@@ -99,7 +118,7 @@ def next_work(
     if not costs or task.pieces is None:
         return None
     points = costs.plan_points(model, max_batch)
-    plan = plan_pieces(class_s, points)
+    plan = plan_pieces(costs.planning_class_s(class_s), points)
     if plan is None:
         return None
     for p in reversed(points):  # the planned size, or the largest smaller one whose first piece fits what is left

@@ -99,3 +99,16 @@ def test_the_batch_in_flight_goes_on_first_and_is_dropped_after_the_misses() -> 
     # dropped (redone later): a whole batch fits, of 2 (0.4 + 0.2 / 3 ms; 3 would take 0.53)
     assert _next(task, 0.5, 1.0, fresh=True) == Next(2)
     assert task.dropped == 1 and task.flight is None and task.flight_misses == 0
+
+
+def test_a_batch_started_in_a_long_bubbles_tail_is_planned_for_the_short_bubbles_seen() -> None:
+    costs = PieceCosts(POINTS)
+    assert costs.planning_class_s(20 * MS) == 20 * MS  # nothing seen yet: this bubble's class
+    for duration_ms in (20.0, 1.0) * 5:
+        costs.note_class(duration_ms * MS)
+    assert costs.planning_class_s(20 * MS) == 1.0 * MS  # its pieces must fit the short ones it will go on in
+    assert costs.planning_class_s(0.5 * MS) == 0.5 * MS
+    # planned for 1 ms: batch 16 (0.6 ms pieces), not 64 (1.5 ms pieces: no short bubble would advance it)
+    planned = plan_pieces(costs.planning_class_s(20 * MS), POINTS)
+    unplanned = plan_pieces(20 * MS, POINTS)
+    assert planned is not None and unplanned is not None and (planned.batch_size, unplanned.batch_size) == (16, 64)
