@@ -193,7 +193,8 @@ def _run_one(
         "overrun_p99_ms": overruns["overrun_p99_ms"],
         "overrun_max_ms": overruns["overrun_max_ms"],
         "overrun_causes": overruns["causes"],
-        "per_job": {n: overrun_summary(b for b in used if b.job == n) for n in names} if a.life else None,
+        # a job's bubbles: its own and those handed to it mid-bubble (a small job may run only in those)
+        "per_job": {n: overrun_summary(b for b in used if n in (b.job, b.handoff)) for n in names} if a.life else None,
         "jobs_succeeded": sorted(
             e.job for e in fill_log if isinstance(e, JobEvent) and e.phase == "Succeeded" and e.job in names
         ),

@@ -53,7 +53,7 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
     assert run["samples"] >= 4000  # every sample of both jobs (profiling steps are not counted as work)
     assert set(run["per_job"]) == {"life-0", "life-1"} and all(j["bubbles"] > 0 for j in run["per_job"].values())
-    assert sum(j["bubbles"] for j in run["per_job"].values()) == run["bubbles_used"]
+    assert sum(j["bubbles"] for j in run["per_job"].values()) >= run["bubbles_used"]  # hand-offs count for both
     assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
     assert set(run["overrun_causes"]) <= {"step", "start-up", "commit", "transfer", "yield"}
 
