@@ -124,7 +124,8 @@ class Workload:
     must be idempotent, e.g. write the final model atomically), ``reuse(previous)`` (called before ``setup`` with the
     instance of the last slice or job of the same workload — same code and parameters — this executor set up on the
     same device: take what does not depend on the slice, such as inference weights, so ``setup`` need not build it
-    again; never share what steps change, such as a training model or an optimizer).
+    again; never share what steps change, such as a training model or an optimizer). Partial steps (a step run in
+    pieces, a layer of one batch at a time: :mod:`pipefill_fill.pieces`) are a mixin of their own, ``PieceSteps``.
     """
 
     kind: ClassVar[str] = "inference"
