@@ -133,6 +133,7 @@ def _run_one(
         env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
         env.FILL_STORAGE_DIR: str(REPO),  # user-code's code.path is examples/user-code
+        env.FILL_PROFILE_DIR: str(work / "profiles"),  # not <fill storage>/.pipefill: that is the checkout
         **({env.FILL_MAX_ACTIVE_JOBS: "1"} if a.life else {}),  # one job after the other: switches are measured
     }
     environ[env.PARENT_PID] = fill_env[env.PARENT_PID] = str(os.getpid())  # children end with this process
