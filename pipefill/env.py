@@ -21,6 +21,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PEER_FAILED",
     "EXIT_RETRYABLE",
+    "FILL_CONTINUE_PIECE_US",
     "FILL_CPU_PRIORITY",
     "FILL_END_QUANTILE",
     "FILL_GUARD_MS",
@@ -85,6 +86,7 @@ FILL_GUARD_MS = "PIPEFILL_FILL_GUARD_MS"  # spec.fill.guardMilliseconds
 FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host memory between bubbles (GPU); default off
 FILL_END_QUANTILE = "PIPEFILL_FILL_END_QUANTILE"  # where a bubble is planned to end (fill.md, the end model)
 FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a step may have, µs (fill.md); default 50
+FILL_CONTINUE_PIECE_US = "PIPEFILL_FILL_CONTINUE_PIECE_US"  # continuation past a bubble's planned end while it is open: the longest piece it may start, µs; 0 (default): never
 FILL_CPU_PRIORITY = "PIPEFILL_FILL_CPU_PRIORITY"  # "idle" or "normal"; default idle when pinned to the trainer's core
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # mount of the training job's fill storage (spec.fill.storage); FillJob paths on it are relative to it

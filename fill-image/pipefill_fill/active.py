@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.offload import Offloader
 from pipefill_fill.overruns import Margin
 from pipefill_fill.predict import Estimator, StepModel
@@ -33,6 +34,8 @@ class ActiveJob:
     transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
     margin: Margin = field(default_factory=Margin)
     profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)
+    early: StepModel | None = None  # the step model of the sizes measured while the profile goes on
+    _costs: tuple[object, PieceCosts | None] | None = None  # (the profile, its piece costs)
     started: str = field(default_factory=now_rfc3339)
     reported_at: float = 0.0
     rate_units: int = 0
@@ -49,6 +52,28 @@ class ActiveJob:
     @property
     def profile(self) -> Profile | None:
         return self.profiler.result
+
+    def early_model(self) -> StepModel | None:
+        """While the profile is being measured: a step model of the batch sizes measured so far (None: none yet), so
+        the job works in the time its next measurement does not fit (issue #25: a job starts with its first measured
+        points, the smallest batch first)."""
+        points = self.profiler.points
+        if not points:
+            return None
+        if self.early is None or len(self.early.sizes) != len(points):
+            self.early = StepModel({p.batch_size: p.step_s for p in points})
+        return self.early
+
+    def piece_costs(self) -> PieceCosts | None:
+        """The pieces of the job's steps, from its complete profile: None when its workload runs whole steps only (or
+        the profile has no piece times, e.g. cached before partial steps)."""
+        profile = self.profile
+        if profile is None or self.task.pieces is None:
+            return None
+        if self._costs is None or self._costs[0] is not profile:
+            costs = PieceCosts(profile.points)
+            self._costs = (profile, costs if costs else None)
+        return self._costs[1]
 
     @property
     def any_batch_size(self) -> bool:

@@ -1,6 +1,7 @@
 """Per bubble: which active job gets it and at which batch size, then its steps (:mod:`pipefill_fill.inbubble`).
 
-Profiling comes first (it is short and everything waits on it), then a slice whose work is done and whose last commit
+Profiling comes first (it is short and bounded), and the rest of its bubble goes to work that fits: the job's steps
+at the batch sizes measured so far, or — nothing measured yet — another job (the runner hands it on). Then a slice whose work is done and whose last commit
 is still to be made (its device part needs a bubble). With several profiled jobs, each bubble goes to the job
 :func:`pipefill.plan.assign_jobs` gave the class nearest its length, recomputed from the channel's ring of
 measured bubbles every 64 bubbles and whenever the active jobs change.
@@ -19,8 +20,9 @@ from pipefill.events import AssignEvent, EventWriter
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
 from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
+from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.jobs import Jobs
-from pipefill_fill.predict import Estimator
+from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.settings import Settings
 from pipefill_fill.store import Superseded
 
@@ -79,27 +81,58 @@ class Dispatcher:
             return None, "short", BubbleOutcome(), None
         if not active:
             return None, "idle", BubbleOutcome(), None
-        for name, a in active.items():  # profiling comes first: it is short and everything waits on it
+        for name, a in active.items():  # profiling first: it is short and bounded (inbubble.PROFILE_MISSES)
             if a.profile is None:
                 with _guard(name):
                     out = run_profile_steps(bubble, profiler=a.profiler, is_open=self.is_open, deadline_ns=deadline_ns)
-                return name, "profiling", out, None  # a complete profile is taken in after the bubble
+                if out.stop != "time" or a.profile is not None:
+                    return name, "profiling", out, None  # a complete profile is taken in after the bubble
+                # the next measurement does not fit the time left: work that fits, with the sizes measured so far
+                early = a.early_model()
+                if early is None:  # nothing measured yet: the runner hands the rest of the bubble to another job
+                    out.stop = "profiling"
+                    return name, "profiling", out, None
+                a.profiler.pause()
+                why, rest, batch = self._steps(
+                    name, a, bubble, deadline_ns, offered_s, early, any_size=False, pieces=None
+                )
+                out.extend(rest)
+                return name, why, out, batch
         # a slice whose work is done waits only for its last commit: it goes first, whatever the classes say
         finishing = [n for n, a in active.items() if a.profile and a.task.done() and a.task.commit_due()]
         chosen = finishing[0] if finishing else self._job_for(bubble, exclude)
         if chosen is None:
             return None, "memory", BubbleOutcome(), None
-        name, a = chosen, active[chosen]
+        a = active[chosen]
+        if a.model is None:
+            return chosen, "memory", BubbleOutcome(), None
+        why, out, batch = self._steps(
+            chosen, a, bubble, deadline_ns, offered_s, a.model, any_size=a.any_batch_size, pieces=a.piece_costs()
+        )
+        return chosen, why, out, batch
+
+    def _steps(
+        self,
+        name: str,
+        a: ActiveJob,
+        bubble: Any,
+        deadline_ns: int,
+        offered_s: float,
+        model: StepModel,
+        *,
+        any_size: bool,
+        pieces: PieceCosts | None,
+    ) -> tuple[str, BubbleOutcome, int | None]:
+        """Steps of job ``name`` in ``bubble`` with ``model``: (why nothing ran or "", outcome, largest batch)."""
         free = min(
             int(getattr(bubble, "free_bytes", 0) or 0) or self.settings.reserved_bytes, self.settings.reserved_bytes
         )
         margin = self.settings.margin_bytes if self.device.type == "cuda" else 0
-        points = [p for p in (a.profile.points if a.profile else ()) if p.peak_bytes <= free - margin]
-        if not points or a.model is None:
-            return name, "memory", BubbleOutcome(), None
+        points = [p for p in a.profiler.points if p.peak_bytes <= free - margin]
+        if not points:
+            return "memory", BubbleOutcome(), None
         # never larger than the most efficient batch that fits the memory (by the step times measured since the
         # profile: a profile taken on a busy machine can be far off); smaller ones as the time left requires
-        model = a.model
         max_batch = max(points, key=lambda p: p.items / model.base_s(p.batch_size)).batch_size
         extra_ns = int(1e9 * min(a.margin.extra_s(), offered_s / 2))  # a job whose steps overran: planned earlier
         if extra_ns and not a.margin.warned:
@@ -126,15 +159,17 @@ class Dispatcher:
                 deadline_ns=deadline_ns - extra_ns,
                 device=self.device,
                 kind=str(getattr(bubble, "kind", "")),
-                any_size=a.any_batch_size,
+                any_size=any_size,
                 budget_s=self.settings.overrun_budget_s,
                 offloader=a.offloader if self.settings.offload else None,
                 transfer_estimate=a.transfer_estimate,
                 cost_clock=self.jobs.step_clock,
+                pieces=pieces,
+                continue_piece_s=self.settings.continue_piece_s,
             )
         out.margin_ns = extra_ns
         a.margin.record(out, deadline_ns=deadline_ns - extra_ns, room_ns=bubble.expected_end_ns - deadline_ns)
-        return name, "", out, max_batch
+        return "", out, max_batch
 
     def _job_for(self, bubble: Any, exclude: str | None = None) -> str | None:
         """The job whose class this bubble belongs to."""

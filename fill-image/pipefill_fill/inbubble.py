@@ -22,16 +22,21 @@ from typing import Protocol
 
 import torch
 
+from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
-__all__ = ["DEFER_BUBBLES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+__all__ = ["DEFER_BUBBLES", "PROFILE_MISSES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
 
 DEFER_BUBBLES = 64
 """Bubbles in a row a due commit may wait for one whose start fits its device part; then it is made at a start anyway
 (its overrun, if any, is recorded with the cause ``commit``)."""
+
+
+PROFILE_MISSES = 8
+"""Bubbles in a row in which a profile's next measurement did not run before its candidate batch size is given up."""
 
 
 class OpenBubble(Protocol):
@@ -65,6 +70,13 @@ class BubbleOutcome:
     """[start, end] of offload mode's copies to and from the device"""
     startup_steps: set[int] = field(default_factory=set)
     """indices (in ``spans_ns``) of first calls: profiling steps, a batch size the slice had not run yet"""
+    kinds: list[str] = field(default_factory=list)
+    """what each span was (the ``fill`` record's ``span_kinds``): w a whole step, p a piece, c a piece of a batch an
+    earlier bubble left in flight, x a piece past the planned end (continuation), m a profiling measurement"""
+    pieces: int = 0
+    """steps that were pieces of a batch (partial steps, :mod:`pipefill_fill.pieces`)"""
+    continued: int = 0
+    """pieces run after the planned end while the bubble was still open (the last ones of ``spans_ns``)"""
     margin_ns: int = 0
     """the extra margin the steps were planned with (:class:`pipefill_fill.overruns.Margin`)"""
     stop: str = ""  # why the last step was not started: time, closed, done, error
@@ -73,6 +85,9 @@ class BubbleOutcome:
         """Add ``other`` (the steps of the job the rest of the bubble was handed to) after these."""
         self.startup_steps |= {len(self.spans_ns) + i for i in other.startup_steps}
         self.steps += other.steps
+        self.kinds += other.kinds
+        self.pieces += other.pieces
+        self.continued += other.continued
         self.items += other.items
         self.busy_ns += other.busy_ns
         self.commit_ns += other.commit_ns
@@ -116,12 +131,16 @@ def run_steps(
     transfer_estimate: Estimator | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     cost_clock: Callable[[], int] | None = None,  # what a step costs, for the model (None: ``clock``)
+    pieces: PieceCosts | None = None,  # the job's piece costs: its steps may run in pieces (issue #25)
+    continue_piece_s: float = 0.0,  # pieces past the planned end while the bubble is open, none longer (0: never)
 ) -> BubbleOutcome:
     """Steps of ``task`` until the next would not finish by ``deadline_ns`` (expected end − guard).
 
     Each step runs the largest batch (≤ ``max_batch``) whose predicted time (:class:`StepModel`, at its high
     quantile for bubbles of ``kind``) fits the time left, so the last steps of a bubble are sized to its tail:
-    any size with ``any_size`` (inference), else the profiled sizes only.
+    any size with ``any_size`` (inference), else the profiled sizes only. With ``pieces`` (a workload with partial
+    steps), the batch in flight goes on piece by piece first, and a bubble too short for a whole batch starts one in
+    pieces (:func:`pipefill_fill.inpieces.next_work`).
     """
     out = BubbleOutcome()
     moving = offloader is not None and offloader.enabled
@@ -145,28 +164,48 @@ def run_steps(
             break
         start = clock()
         left_s = (deadline_ns - start) / 1e9 - transfer_s
-        batch_size = model.largest_fitting(left_s, max_batch, kind, any_size=any_size, budget_s=budget_s)
-        if batch_size is None:
+        nxt = next_work(
+            task,
+            model,
+            pieces,
+            left_s=left_s,
+            class_s=(deadline_ns - bubble.open_ns) / 1e9 - 2 * transfer_s,
+            max_batch=max_batch,
+            kind=kind,
+            any_size=any_size,
+            budget_s=budget_s,
+            fresh=not out.steps,
+        )
+        if nxt is None:
             out.stop = "time"
             break
         if not is_open(bubble.id):
             out.stop = "closed"
             break
-        cost0 = cost_clock() if cost_clock is not None else start
-        items = task.step(batch_size)
-        _sync(device)
-        end = clock()
-        model.record(batch_size, ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9, kind)
-        if task.first_call:
-            out.startup_steps.add(len(out.spans_ns))
-        out.spans_ns.append((start, end))
-        out.batch_sizes.append(batch_size)
-        out.steps += 1
-        out.items += items
-        out.busy_ns += end - start
-        if items <= 0:
+        if _run(task, nxt, out, model, kind=kind, device=device, clock=clock, cost_clock=cost_clock, start=start):
             out.stop = "done"
             break
+    # the trainer still idle at the planned end (issue #25 item 3): pieces while the channel says the bubble is open,
+    # none predicted longer than continue_piece_s, so the trainer's resume waits at most one such piece
+    while out.stop == "time" and continue_piece_s > 0 and pieces and not moving and not task.done():
+        nxt = continue_work(task, model, pieces, max_piece_s=continue_piece_s, max_batch=max_batch, kind=kind)
+        start = clock()
+        if nxt is None or not is_open(bubble.id):
+            break
+        out.continued += 1
+        if _run(
+            task,
+            nxt,
+            out,
+            model,
+            kind=kind,
+            device=device,
+            clock=clock,
+            cost_clock=cost_clock,
+            start=start,
+            continued=True,
+        ):
+            out.stop = "done"
     if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
         _commit(task, out, commit_estimate, clock)  # the last one of a slice too: else the next bubble's start
     if moving:
@@ -177,6 +216,42 @@ def run_steps(
         if transfer_estimate is not None:
             transfer_estimate.record(out.transfer_ns / 2e9)
     return out
+
+
+def _run(
+    task: FillTask,
+    nxt: Next,
+    out: BubbleOutcome,
+    model: StepModel,
+    *,
+    kind: str,
+    device: torch.device,
+    clock: Callable[[], int],
+    cost_clock: Callable[[], int] | None,
+    start: int,
+    continued: bool = False,
+) -> bool:
+    """Run ``nxt`` (a step, or a piece), synchronize, account for it in ``out`` and the model; whether the slice has
+    no work left."""
+    batch_size = nxt.batch_size
+    # a piece of the batch in flight when the bubble began, until it completes: the carry-over
+    carried = nxt.piece and task.in_flight() is not None and (not out.kinds or out.kinds[-1] == "c")
+    cost0 = cost_clock() if cost_clock is not None else start
+    items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
+    _sync(device)
+    end = clock()
+    cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9
+    model.record(batch_size, cost_s / nxt.share, kind)  # a piece: as the step it is that share of
+    if task.first_call:
+        out.startup_steps.add(len(out.spans_ns))
+    out.spans_ns.append((start, end))
+    out.batch_sizes.append(batch_size)
+    out.steps += 1
+    out.pieces += nxt.piece
+    out.kinds.append("x" if continued else "c" if carried else "p" if nxt.piece else "w")
+    out.items += items
+    out.busy_ns += end - start
+    return items <= 0 and task.in_flight() is None
 
 
 def _fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool:
@@ -204,24 +279,26 @@ def run_profile_steps(
     deadline_ns: int,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> BubbleOutcome:
-    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble."""
+    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble.
+
+    A bubble in which the next measurement did not run counts as a miss, whatever the reason (a step predicted to fit
+    a fresh bubble can still never fit after the wake-up); after :data:`PROFILE_MISSES` in a row the candidate is
+    given up (the profile ends with the sizes measured so far), or — the first size, nothing measured yet — measured
+    at the next bubble's start whatever its prediction. So a profile takes at most (warm-up + measured steps +
+    :data:`PROFILE_MISSES`) bubbles per candidate. ``out.stop`` is "time" when the next measurement did not fit the
+    time left (the rest of the bubble may go to work that fits: :mod:`pipefill_fill.dispatch`)."""
     out = BubbleOutcome()
     while profiler.result is None:
         start = clock()
         guess = profiler.predict_s()
+        retry = not profiler.measured and not out.steps and profiler.misses >= PROFILE_MISSES
         if guess is None:
             if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:
                 out.stop = "time"
                 break
-        elif start + int(1e9 * guess) > deadline_ns:
-            retry = not profiler.measured and not out.steps and profiler.misses >= 8
-            if not retry:  # the first size is never given up: its slow steps may have been interrupted ones
-                out.stop = "time"
-                if not out.steps and bubble.open_ns + int(1e9 * guess) > deadline_ns:
-                    profiler.misses += 1  # would not fit even a fresh bubble of this length
-                    if profiler.misses >= 8 and profiler.measured:
-                        profiler.give_up_candidate()
-                break
+        elif start + int(1e9 * guess) > deadline_ns and not retry:
+            out.stop = "time"  # the first size is never given up: its slow steps may have been interrupted ones
+            break
         if not is_open(bubble.id):
             out.stop = "closed"
             break
@@ -230,6 +307,12 @@ def run_profile_steps(
         end = clock()
         out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size
         out.spans_ns.append((start, end))
+        out.batch_sizes.append(0)  # 0: a profiling step (it does no work)
+        out.kinds.append("m")
         out.steps += 1
         out.busy_ns += end - start
+    if not out.steps and out.stop == "time" and profiler.result is None:
+        profiler.misses += 1  # no measurement in this bubble
+        if profiler.misses >= PROFILE_MISSES and profiler.measured:
+            profiler.give_up_candidate()
     return out

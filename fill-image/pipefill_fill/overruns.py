@@ -51,9 +51,10 @@ class Margin:
 
     def record(self, out: BubbleOutcome, *, deadline_ns: int, room_ns: int) -> None:
         """A bubble ``out`` whose steps were sized to end by ``deadline_ns``, ``room_ns`` before the expected end."""
-        if not out.spans_ns or (len(out.spans_ns) - 1) in out.startup_steps:
+        last = len(out.spans_ns) - 1 - out.continued  # pieces run on past the planned end were not planned to end
+        if last < 0 or last in out.startup_steps:
             return
-        self._past.append((out.spans_ns[-1][1] - deadline_ns - room_ns) / 1e9)
+        self._past.append((out.spans_ns[last][1] - deadline_ns - room_ns) / 1e9)
 
     def extra_s(self) -> float:
         if len(self._past) < self.warm:

@@ -208,18 +208,10 @@ class StepModel:
         """The largest batch size ≤ ``max_batch`` whose expected overrun past ``time_s`` is within ``budget_s``:
         any size (inference: every sample is computed alike whatever the batch), else only profiled sizes; None when
         not even the smallest qualifies."""
-        if self._expires_ns and self.clock() > self._expires_ns:
-            self._forget(self.clock())
-        window = self._ratios.get(kind)
-        if window is None or len(window) < self.warm:
-            window = self._ratios.get("")
-        ratios = window if window is not None and len(window) >= self.warm else None
+        ratios = self._ratios_of(kind)
 
         def fits(b: int) -> bool:
-            base = self.base_s(b)
-            if ratios is None:  # nothing measured yet: the base itself must fit
-                return base <= time_s
-            return base * ratios.mean_excess(time_s / base) <= budget_s
+            return self._fits(self.base_s(b), time_s, ratios, budget_s)
 
         sizes = [b for b in self.sizes if b <= max_batch] or [min(self.sizes)]
         if not any_size:
@@ -235,6 +227,25 @@ class StepModel:
             else:
                 hi = mid - 1
         return lo
+
+    def fits(self, base_s: float, time_s: float, kind: str = "", *, budget_s: float = OVERRUN_BUDGET_S) -> bool:
+        """Whether work of ``base_s`` (a piece of a step: its share of the step's base) fits ``time_s`` by the same
+        rule as a step (:meth:`largest_fitting`)."""
+        return self._fits(base_s, time_s, self._ratios_of(kind), budget_s)
+
+    def _ratios_of(self, kind: str) -> _Window | None:
+        if self._expires_ns and self.clock() > self._expires_ns:
+            self._forget(self.clock())
+        window = self._ratios.get(kind)
+        if window is None or len(window) < self.warm:
+            window = self._ratios.get("")
+        return window if window is not None and len(window) >= self.warm else None
+
+    @staticmethod
+    def _fits(base: float, time_s: float, ratios: _Window | None, budget_s: float) -> bool:
+        if ratios is None:  # nothing measured yet: the base itself must fit
+            return base <= time_s
+        return base * ratios.mean_excess(time_s / max(base, 1e-12)) <= budget_s
 
 
 def _monotone(values: list[float]) -> list[float]:

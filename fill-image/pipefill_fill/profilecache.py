@@ -108,7 +108,7 @@ def load_cached(task: FillTask, device: torch.device, *, memory_budget_bytes: in
         return None
     if data.get("workload_key") != wkey or data.get("device_key") != dkey:
         return None  # a digest collision, or a file from before the key
-    points = [ProfilePoint(**p) for p in data.get("points") or ()]
+    points = [ProfilePoint(**{**p, "piece_s": tuple(p.get("piece_s") or ())}) for p in data.get("points") or ()]
     budget = memory_budget_bytes
     if budget is not None:
         if int(data.get("budget_bytes") or 0) < budget and data.get("stopped_by") == "memory":
@@ -156,6 +156,7 @@ def store_profile(
                     "step_s": p.step_s,
                     "peak_bytes": p.peak_bytes,
                     "items_per_step": p.items_per_step,
+                    **({"piece_s": list(p.piece_s)} if p.piece_s else {}),
                 }
                 for p in shared
             ],

@@ -11,6 +11,7 @@ set high-water mark (``VmHWM`` after resetting it through ``/proc/self/clear_ref
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -21,6 +22,7 @@ import torch
 
 from pipefill.plan import ProfilePoint
 from pipefill_fill.device import proc_status_kb
+from pipefill_fill.pieces import piece_steps
 from pipefill_fill.profilecache import Profile, device_key, load_cached, store_profile
 from pipefill_fill.task import FillTask
 
@@ -102,6 +104,7 @@ class BubbleProfiler:
         self._items = 0
         self._peak = 0
         self._points: list[ProfilePoint] = []
+        self._piece_times: list[list[float]] = []  # per measured step of the candidate: its pieces' seconds
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
         self.stopped_by = ""  # why the last candidate was not kept: "memory" (over budget, out of memory), "time"
@@ -147,8 +150,19 @@ class BubbleProfiler:
         self.task.workload.restore(dict(self._snapshot))
         try:
             t0 = self.clock()
-            self._items = int(self.task.workload.step(bs))
-            _sync(self.device)
+            pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
+            if pieces is None:
+                self._items = int(self.task.workload.step(bs))
+                _sync(self.device)
+            else:  # a step in pieces, each timed: the plan at piece granularity needs their costs
+                marks = [t0]
+                while True:
+                    self._items = int(pieces.step_piece(bs))
+                    _sync(self.device)
+                    marks.append(self.clock())
+                    if pieces.in_flight() is None:
+                        break
+                self._piece_times.append([(b - a) / 1e9 for a, b in itertools.pairwise(marks)])
             duration_s = (self.clock() - t0) / 1e9
             self.task.saw_shape(bs)
         except torch.OutOfMemoryError:
@@ -162,11 +176,22 @@ class BubbleProfiler:
             self._next_candidate()
         return duration_s
 
-    def adopt(self, profile: Profile) -> None:
-        """Take ``profile`` (another job of the workload just cached it) instead of measuring further."""
+    @property
+    def points(self) -> tuple[ProfilePoint, ...]:
+        """The batch sizes measured so far (the whole profile once complete): a job works with them while the larger
+        candidates are still being measured (:mod:`pipefill_fill.dispatch`)."""
+        return self.result.points if self.result is not None else tuple(self._points)
+
+    def pause(self) -> None:
+        """Put the workload back where the measurements started (their outputs dropped), so real steps may run; the
+        next measurement starts from the state those steps leave."""
         if self._snapshot is not None:
             self.task.end_profiling(self._snapshot)
             self._snapshot = None
+
+    def adopt(self, profile: Profile) -> None:
+        """Take ``profile`` (another job of the workload just cached it) instead of measuring further."""
+        self.pause()
         self.result = profile
 
     def give_up_candidate(self) -> None:
@@ -176,10 +201,20 @@ class BubbleProfiler:
 
     def _next_candidate(self) -> None:
         bs = self.batch_size
-        point = ProfilePoint(
-            bs, statistics.median(self._times[self.warmup :]), self._peak, None if self._items == bs else self._items
+        measured = self._piece_times[self.warmup :]
+        piece_s = (
+            ()
+            if not measured or len({len(m) for m in measured}) != 1
+            else tuple(map(statistics.median, zip(*measured, strict=True)))
         )
-        self._times, self._peak = [], 0
+        point = ProfilePoint(
+            bs,
+            statistics.median(self._times[self.warmup :]),
+            self._peak,
+            None if self._items == bs else self._items,
+            piece_s=piece_s,
+        )
+        self._times, self._peak, self._piece_times = [], 0, []
         self.last_step_s, self.last_peak_bytes = point.step_s, point.peak_bytes
         if self._items <= 0 or point.peak_bytes > self.budget:
             self.stopped_by = "memory" if point.peak_bytes > self.budget else "time"

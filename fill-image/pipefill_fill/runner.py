@@ -224,6 +224,7 @@ class Runner:
                 deadline_ns=deadline_ns,
                 handoff=handoff,
                 handoff_items=handoff_items,
+                span_kinds="".join(out.kinds),
             )
         )
         for name in (job, handoff):
@@ -247,9 +248,10 @@ class Runner:
 
     def _hand_off(self, job: str | None, out: BubbleOutcome, bubble: Any, deadline_ns: int) -> bool:
         """Whether the rest of ``bubble`` goes to another job: ``job``'s slice ran out of work in it (issue #30: a
-        queue of small jobs switches mid-bubble instead of leaving the rest of it unused), another active job has
-        work, and at least :data:`HANDOFF_MIN_S` is left before the deadline."""
-        if job is None or out.stop != "done" or not self.link.is_open(bubble.id):
+        queue of small jobs switches mid-bubble instead of leaving the rest of it unused) or ``job`` is being profiled
+        with nothing measured yet and its next measurement does not fit (issue #25), another active job has work, and
+        at least :data:`HANDOFF_MIN_S` is left before the deadline."""
+        if job is None or out.stop not in ("done", "profiling") or not self.link.is_open(bubble.id):
             return False
         if deadline_ns - time.monotonic_ns() < HANDOFF_MIN_S * 1e9:
             return False

@@ -48,6 +48,11 @@ class Settings:
     overrun_budget_s: float = 5e-5
     """the expected overrun a step may have past the deadline (PIPEFILL_FILL_OVERRUN_BUDGET_US; default 50 µs; 0: only
     steps that would not have overrun in any recent measurement)"""
+    continue_piece_s: float = 0.0
+    """the continuation bound (PIPEFILL_FILL_CONTINUE_PIECE_US; default 0: off): past a bubble's planned end, while the
+    channel says the bubble is open, a job with partial steps goes on piece by piece with pieces predicted to take at
+    most this long, so the trainer's resume waits at most one of them. Not the overrun budget (the expected overrun
+    of a step planned to end by the deadline)"""
     spin_s: float = 0.0
     """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
     on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
@@ -70,6 +75,12 @@ class Settings:
         spin_us = env.env_float(env.FILL_SPIN_US, 0.0)
         end_quantile = env.env_float(env.FILL_END_QUANTILE, 0.25)
         budget_us = env.env_float(env.FILL_OVERRUN_BUDGET_US, 50.0)
+        continue_us = env.env_float(env.FILL_CONTINUE_PIECE_US, 0.0)
+        if not 0 <= continue_us <= 10_000:
+            raise ValueError(
+                f"{env.FILL_CONTINUE_PIECE_US}={continue_us:g}: the longest piece run past a bubble's planned end must "
+                "be within 0..10000 µs (0: no continuation); the trainer's resume may wait that long"
+            )
         if not 0 <= budget_us <= 10_000:
             raise ValueError(
                 f"{env.FILL_OVERRUN_BUDGET_US}={budget_us:g}: the expected overrun per step must be within 0..10000 µs"
@@ -110,5 +121,6 @@ class Settings:
             spin_s=spin_us / 1e6,
             end_quantile=end_quantile,
             overrun_budget_s=budget_us / 1e6,
+            continue_piece_s=continue_us / 1e6,
             cpu_idle=priority == "idle",
         )

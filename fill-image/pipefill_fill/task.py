@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from pipefill_fill.commits import CommitWriter, Pending
+from pipefill_fill.pieces import Flight, PieceSteps, piece_steps
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore, serialized
 from pipefill_fill.usercode import load_job_workload
@@ -78,13 +80,15 @@ class FillTask:
         self.progress = 0  # units done, committed or not
         self.recovered: Committed | None = None
         self._profiling = False
-        self._committed_at = time.monotonic()
+        self._committed_at = -math.inf  # a slice's first work is committed at once: progress within its first bubbles
         self.writer: CommitWriter | None = None  # the executor's; None: commits are written at once
         self.inflight: Pending | None = None  # the commit staged and not yet settled (at most one)
         self.deferred = 0  # bubbles in a row whose start found a commit due that did not fit
         self._shapes: set[int] = set()  # batch sizes stepped since the slice was opened
         self.first_call = False  # the last step was the first of its batch size
         self.reused = False  # the workload's reuse hook was given an earlier instance (open)
+        self.use_pieces = True  # run the workload's partial steps where it has them (issue #25)
+        self.flight_misses = 0  # fresh bubbles in a row the next piece of the batch in flight did not fit
 
     def open(
         self,
@@ -144,11 +148,53 @@ class FillTask:
         return self.progress >= self.slice.end or bool(self.workload.done())
 
     def step(self, batch_size: int) -> int:
-        """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done."""
+        """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done. A workload
+        with partial steps runs it as its pieces back to back (after the batch in flight, which is all it does
+        then)."""
+        pieces = self.pieces
+        if pieces is not None and (flight := pieces.in_flight()) is not None:
+            self.first_call = False
+            items = pieces.step_piece(flight.batch_size)
+            while pieces.in_flight() is not None:
+                items = pieces.step_piece(flight.batch_size)
+            self.progress += items
+            return items
         n = max(1, min(batch_size, self.slice.end - self.progress))
         self.first_call = n not in self._shapes
         self._shapes.add(n)
-        items = int(self.workload.step(n))
+        if pieces is not None:
+            items = pieces.step_piece(n)
+            while pieces.in_flight() is not None:
+                items = pieces.step_piece(n)
+        else:
+            items = int(self.workload.step(n))
+        self.progress += items
+        return items
+
+    @property
+    def pieces(self) -> PieceSteps | None:
+        """The workload when it runs its steps in pieces (:mod:`pipefill_fill.pieces`) and the executor lets it."""
+        return piece_steps(self.workload) if self.use_pieces else None
+
+    def in_flight(self) -> Flight | None:
+        """The batch in flight (begun in pieces, not completed): it holds no committed or progress units yet."""
+        pieces = self.pieces
+        return pieces.in_flight() if pieces is not None else None
+
+    def step_piece(self, batch_size: int) -> int:
+        """One piece: of the batch in flight, or the first of a new batch of at most ``batch_size`` units; returns the
+        units the batch completed (0 before its last piece)."""
+        pieces = self.pieces
+        if pieces is None:
+            raise RuntimeError(f"job {self.spec.name}: step_piece on a workload without partial steps")
+        flight = pieces.in_flight()
+        if flight is None:
+            n = max(1, min(batch_size, self.slice.end - self.progress))
+            self.first_call = n not in self._shapes
+            self._shapes.add(n)
+        else:
+            n, self.first_call = flight.batch_size, False
+        items = int(pieces.step_piece(n))
         self.progress += items
         return items
 

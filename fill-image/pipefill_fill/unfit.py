@@ -87,11 +87,16 @@ def unfit_report(
         return _too_short(identity, round(profiler.last_step_s * 1e3, 3), longest_ms, free_bytes)
     if longest_ms is None or len(bubbles) < MIN_BUBBLES_SEEN:
         return None
-    shortest = min(points, key=lambda p: p.step_s)
-    step_ms = round(shortest.step_s * 1e3, 3)
+    shortest = min(points, key=_unit_s)  # a step in pieces (issue #25) needs a bubble for its longest piece only
+    step_ms = round(_unit_s(shortest) * 1e3, 3)
     if step_ms <= longest_ms:
         return None
     return _too_short(identity, step_ms, longest_ms, free_bytes, peak=shortest.peak_bytes)
+
+
+def _unit_s(point: _Point) -> float:
+    """The longest part of ``point``'s step a bubble must hold: the whole step, or its longest piece."""
+    return max(getattr(point, "piece_s", ()) or (point.step_s,))
 
 
 def _too_short(

@@ -124,7 +124,8 @@ class Workload:
     must be idempotent, e.g. write the final model atomically), ``reuse(previous)`` (called before ``setup`` with the
     instance of the last slice or job of the same workload — same code and parameters — this executor set up on the
     same device: take what does not depend on the slice, such as inference weights, so ``setup`` need not build it
-    again; never share what steps change, such as a training model or an optimizer).
+    again; never share what steps change, such as a training model or an optimizer). Partial steps (a step run in
+    pieces, a layer of one batch at a time: :mod:`pipefill_fill.pieces`) are a mixin of their own, ``PieceSteps``.
     """
 
     kind: ClassVar[str] = "inference"
@@ -171,10 +172,14 @@ class SampleWorkload(Workload):
 
     def take(self, batch_size: int) -> tuple[int, int]:
         """The next at most ``batch_size`` samples, ``[start, end)``; empty when the slice is done."""
-        start = self.next_sample
-        end = max(start, min(start + batch_size, self.context.end))
+        start, end = self.peek(batch_size)
         self.next_sample = end
         return start, end
+
+    def peek(self, batch_size: int) -> tuple[int, int]:
+        """What :meth:`take` would give, without advancing (a batch run in pieces advances when it completes)."""
+        start = self.next_sample
+        return start, max(start, min(start + batch_size, self.context.end))
 
     def state(self) -> dict[str, Any]:
         return {"next_sample": self.next_sample}

@@ -19,6 +19,9 @@ the idle-time account of ``pipefill local``'s report (:class:`pipefill.local.idl
 writes the trainer's ``bubble`` records); **overrun** = how long after a bubble's expected end the fill yielded
 (p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running.
 Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield).
+Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped and the benchmark exits 1
+naming what it waited for. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
+is killed.
 Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_max_ms", ...}, ...]}``.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +52,7 @@ from pipefill.events import (
     read_events,
 )
 from pipefill.local.stats import RankStats, merged, overrun_summary, quantile
+from pipefill.parent import signal_on_parent_death
 
 __all__ = ["main"]
 
@@ -56,13 +61,25 @@ _SETTLE_S = 1.0
 _TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
 
 
+class BenchTimeout(Exception):
+    """A configuration ran past ``--timeout-s``."""
+
+
 def _spinner(cpu: int) -> subprocess.Popen[bytes]:
-    """The ``busy`` load: a process spinning on ``cpu`` until killed."""
+    """The ``busy`` load: a process spinning on ``cpu`` until killed (or until this process dies)."""
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
-    return subprocess.Popen([sys.executable, "-c", code])
+    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: signal_on_parent_death(signal.SIGKILL))
 
 
-def _start_measuring_after_profile(work: Path, trainer: subprocess.Popen[bytes]) -> None:
+def _left(deadline: float, what: str) -> float:
+    """Seconds left before ``deadline`` (monotonic); :class:`BenchTimeout` naming ``what`` was awaited when none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BenchTimeout(what)
+    return left
+
+
+def _start_measuring_after_profile(work: Path, trainer: subprocess.Popen[bytes], deadline: float) -> None:
     """Let the synthetic trainer start its measured bubbles once the fill's profile is complete (plus a settle)."""
     tail = EventTail(work / "fill" / FILL_EVENTS)
     while trainer.poll() is None:
@@ -70,18 +87,26 @@ def _start_measuring_after_profile(work: Path, trainer: subprocess.Popen[bytes])
             time.sleep(_SETTLE_S)
             (work / "measure").touch()
             return
+        _left(deadline, "the fill's profile (its profile record)")
         time.sleep(0.05)
 
 
-def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[str]) -> None:
+def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[str], deadline: float) -> None:
     """Whole life: let the synthetic trainer stop once every job succeeded (or the fill gave one up)."""
     tail, ended = EventTail(work / "fill" / FILL_EVENTS), set[str]()
     while trainer.poll() is None and not ended >= set(names):
         ended |= {
             e.job for e in tail.read() if isinstance(e, JobEvent) and e.phase in ("Succeeded", "Failed", "Queued")
         }
+        _left(deadline, f"the jobs to end (ended: {sorted(ended) or 'none'} of {names})")
         time.sleep(0.05)
     (work / "stop").touch()
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _fill_core(a: argparse.Namespace) -> int:
@@ -108,10 +133,15 @@ def _run_one(
         env.FILL_GUARD_MS: str(a.guard_ms),
         env.LOG_LEVEL: "WARNING",
         env.FILL_STORAGE_DIR: str(REPO),  # user-code's code.path is examples/user-code
+        env.FILL_PROFILE_DIR: str(work / "profiles"),  # not <fill storage>/.pipefill: that is the checkout
         **({env.FILL_MAX_ACTIVE_JOBS: "1"} if a.life else {}),  # one job after the other: switches are measured
     }
+    environ[env.PARENT_PID] = fill_env[env.PARENT_PID] = str(os.getpid())  # children end with this process
     others = sorted(os.sched_getaffinity(0) - {a.cpu})
+    deadline = time.monotonic() + a.timeout_s
     spinner = _spinner(others[0]) if load == "busy" and others else None
+    fill: subprocess.Popen[bytes] | None = None
+    trainer_proc: subprocess.Popen[bytes] | None = None
     try:
         fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
         producer = [
@@ -126,16 +156,22 @@ def _run_one(
             producer += ["--measure-after", str(work / "measure")]
         trainer_proc = subprocess.Popen(producer, env=environ, stdout=subprocess.DEVNULL)
         if a.life:
-            _stop_when_done(work, trainer_proc, names)
+            _stop_when_done(work, trainer_proc, names, deadline)
         else:
-            _start_measuring_after_profile(work, trainer_proc)
-        if trainer_proc.wait() != 0:
-            raise RuntimeError(f"the synthetic trainer exited {trainer_proc.returncode}")
-        fill.wait(timeout=120)
-    finally:
-        if spinner is not None:
-            spinner.kill()
-            spinner.wait()
+            _start_measuring_after_profile(work, trainer_proc, deadline)
+        try:
+            code = trainer_proc.wait(timeout=_left(deadline, "the synthetic trainer's bubbles"))
+        except subprocess.TimeoutExpired:
+            raise BenchTimeout("the synthetic trainer's bubbles") from None
+        if code != 0:
+            raise RuntimeError(f"the synthetic trainer exited {code}")
+        try:
+            fill.wait(timeout=min(120.0, _left(deadline, "the fill executor's exit")))
+        except subprocess.TimeoutExpired:
+            raise BenchTimeout("the fill executor's exit (its trainer ended)") from None
+    finally:  # a run that failed or timed out leaves no process behind
+        for proc in (trainer_proc, fill, spinner):
+            _stop(proc)
     trainer = read_events(work / "trainer" / TRAINER_EVENTS)
     fill_log = read_events(work / "fill" / FILL_EVENTS)
     # the trainer logs only the measured bubbles: once the fill's profile is complete (steady), or all (life)
@@ -158,7 +194,8 @@ def _run_one(
         "overrun_p99_ms": overruns["overrun_p99_ms"],
         "overrun_max_ms": overruns["overrun_max_ms"],
         "overrun_causes": overruns["causes"],
-        "per_job": {n: overrun_summary(b for b in used if b.job == n) for n in names} if a.life else None,
+        # a job's bubbles: its own and those handed to it mid-bubble (a small job may run only in those)
+        "per_job": {n: overrun_summary(b for b in used if n in (b.job, b.handoff)) for n in names} if a.life else None,
         "jobs_succeeded": sorted(
             e.job for e in fill_log if isinstance(e, JobEvent) and e.phase == "Succeeded" and e.job in names
         ),
@@ -168,9 +205,9 @@ def _run_one(
         "bubbles": total["waits"],
         "bubbles_used": sum(1 for b in used if b.steps),
         "samples": sum(b.items for b in used),
-        "batch_sizes": sorted({s for b in used for s in b.batch_sizes}),
+        "batch_sizes": sorted({s for b in used for s in b.batch_sizes if s}),
         "idle_share": {k: round(v, 4) for k, v in total["share"].items()},
-        "fill_exit_code": fill.returncode,
+        "fill_exit_code": fill.returncode if fill is not None else None,
     }
 
 
@@ -186,6 +223,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--total", type=int, default=0, help="life: units of each job (default: a few seconds of work)")
     p.add_argument("--split", type=int, default=2, help="life: an inference job's maxParallelRanks (its slices)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
+    p.add_argument(
+        "--timeout-s", type=float, default=900.0, help="give up on a configuration after this long (default 900)"
+    )
     p.add_argument("--guard-ms", type=float, default=0.5, help="PIPEFILL_FILL_GUARD_MS of the executor (default 0.5)")
     p.add_argument(
         "--device",
@@ -201,6 +241,8 @@ def main(argv: list[str]) -> int:
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads or set(loads) - {"idle", "busy"} or args.bubbles < 1:
         p.error(f"--loads {args.loads!r}: use idle, busy or both; --bubbles must be ≥ 1")
+    if not args.timeout_s > 0:
+        p.error(f"--timeout-s {args.timeout_s}: must be > 0 seconds")
     if args.jobs < 1 or args.total < 0 or args.split < 1:
         p.error(
             f"--jobs {args.jobs}, --total {args.total}, --split {args.split}: use --jobs ≥ 1, --split ≥ 1, --total ≥ 0"
@@ -218,7 +260,16 @@ def main(argv: list[str]) -> int:
         for i, ms in enumerate(float(x) for x in args.bubbles_ms.split(",")):
             for load in loads:  # interleaved: each length idle, then busy
                 work = Path(tmp) / f"run{i}-{load}"
-                runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params))
+                try:
+                    runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params))
+                except BenchTimeout as exc:
+                    print(
+                        f"pipefill bench fill: the {ms:g} ms {load} run took longer than --timeout-s "
+                        f"{args.timeout_s:g} waiting for {exc}; its processes were stopped. Raise --timeout-s, or see "
+                        "why in the fill executor's output above",
+                        file=sys.stderr,
+                    )
+                    return 1
                 print(f"{ms:g} ms {load}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
     machine["load_avg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     out = {

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipefill.channel import BubbleKind, Producer
 from pipefill.events import BubbleEvent, EventWriter
+from pipefill.parent import stop_with_parent
 
 __all__ = ["main"]
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-name", default="synthetic")
     p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
     args = p.parse_args(argv)
+    stop_with_parent()  # started by a benchmark: ends with it (PIPEFILL_PARENT_PID)
     lengths_s = [float(x) / 1e3 for x in args.bubbles_ms.split(",") if x.strip()]
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})

@@ -217,7 +217,7 @@ class FillEvent(Event):
     job: str | None = None
     batch_size: int | None = None
     """the largest batch size the bubble's steps could use (the job's most efficient one that fits the memory);
-    None while the job is being profiled"""
+    None while the job is being profiled and did no work in the bubble"""
     steps: int
     items: int
     used_s: float
@@ -236,7 +236,7 @@ class FillEvent(Event):
     step: int | None = None
     """the training step the bubble belongs to (as announced)"""
     batch_sizes: Sequence[int] = ()
-    """the batch size of every step (the last ones sized to the time left)"""
+    """the batch size of every step (the last ones sized to the time left); 0: a profiling step (no work)"""
     commits_ns: Sequence[Sequence[int]] = ()
     """[start, end] of every commit made in the bubble"""
     deadline_ns: int | None = None
@@ -245,6 +245,10 @@ class FillEvent(Event):
     """the job that got the rest of the bubble when ``job``'s slice ran out of work in it (its steps are among
     ``spans_ns``, after ``job``'s; ``handoff_items`` of ``items`` are its)"""
     handoff_items: int = 0
+    span_kinds: str = ""
+    """one letter per span of ``spans_ns``: ``w`` a whole step, ``p`` a piece of a batch (partial steps), ``c`` a piece
+    of a batch an earlier bubble left in flight, ``x`` a piece run past the planned end while the channel said the
+    bubble was open (the continuation), ``m`` a profiling measurement"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

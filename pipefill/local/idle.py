@@ -12,8 +12,10 @@ its length exactly:
     from the rank blocking to the fill running (the announcement, the futex wake, the scheduler);
 ``switch_in``, ``between_steps``, ``yield``
     the fill's own bookkeeping: before its first step (planning), between steps, after its last (acknowledging);
-``fill_steps``, ``profiling``, ``commit``
-    the fill's steps (profiling steps do no work), and its commits;
+``fill_steps``, ``fill_pieces``, ``fill_carried``, ``fill_continued``, ``profiling``, ``commit``
+    the fill's work — whole steps; pieces of a batch (partial steps, issue #25); pieces of a batch an earlier bubble
+    left in flight (the carry-over); pieces run past the planned end while the bubble was still open (the
+    continuation) —, its profiling steps (they do no work), and its commits;
 ``tail_short``, ``guard``, ``beyond_prediction``
     idle after the fill yielded: before the fill's deadline (no step fitted the time left), between it and the
     trainer's expected end (the guard, and the margin the fill's end model kept), and past both (the wait lasted
@@ -23,7 +25,8 @@ its length exactly:
     smallest step fitted, ``error``).
 
 ``overrun_past_close`` is not idle time: how long the fill ran after the rank resumed (what training waited for).
-Recovery = ``fill_steps`` ÷ idle: announcing less or holding a bubble without working cannot raise it.
+Recovery = the fill's work (:data:`WORK`) ÷ idle: announcing less or holding a bubble without working cannot raise
+it.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from typing import Any
 
 from pipefill.events import BubbleEvent, Event, FillEvent, HoldEvent, StartEvent
 
-__all__ = ["CATEGORIES", "IdleAccount", "breakdown_markdown", "breakdown_rows"]
+__all__ = ["CATEGORIES", "WORK", "IdleAccount", "breakdown_markdown", "breakdown_rows"]
 
+WORK = ("fill_steps", "fill_pieces", "fill_carried", "fill_continued")
+"""The pieces of the idle time the fill did work in (recovery is their sum ÷ idle)."""
 CATEGORIES = (
-    "fill_steps",
+    *WORK,
     "profiling",
     "commit",
     "wake_up",
@@ -143,10 +148,8 @@ class IdleAccount:
         if not f.spans_ns and not f.commits_ns:
             row[f"skipped_{f.stop or 'time'}"] += (end - woke) / 1e9
             return
-        work = "profiling" if f.batch_size is None else "fill_steps"
-        pieces = sorted(
-            [(int(s), int(e), work) for s, e in f.spans_ns] + [(int(s), int(e), "commit") for s, e in f.commits_ns]
-        )
+        spans = [(int(s), int(e), _span_kind(f, i)) for i, (s, e) in enumerate(f.spans_ns)]
+        pieces = sorted(spans + [(int(s), int(e), "commit") for s, e in f.commits_ns])
         cursor, gap = woke, "switch_in"
         for s, e, what in pieces:
             s, e = min(max(s, cursor), end), min(max(e, cursor), end)
@@ -161,6 +164,18 @@ class IdleAccount:
         row["guard"] += _overlap(done, end, deadline, max(deadline, expected)) / 1e9
         row["beyond_prediction"] += _overlap(done, end, max(deadline, expected), end) / 1e9
         self.overrun_past_close_s += max(0, f.yielded_ns - end) / 1e9
+
+
+_SPAN_KINDS = {"w": "fill_steps", "p": "fill_pieces", "c": "fill_carried", "x": "fill_continued", "m": "profiling"}
+
+
+def _span_kind(f: FillEvent, i: int) -> str:
+    """What span ``i`` of ``f`` was: the record's ``span_kinds`` letter; a record without them (older logs): a
+    profiling step when the bubble had no work batch size or its batch size is 0, else a whole step."""
+    if i < len(f.span_kinds):
+        return _SPAN_KINDS.get(f.span_kinds[i], "fill_steps")
+    sizes = f.batch_sizes
+    return "profiling" if f.batch_size is None or (i < len(sizes) and not sizes[i]) else "fill_steps"
 
 
 def breakdown_rows(account: IdleAccount) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipefill.events import BubbleEvent, Event, FillEvent, StepEvent
-from pipefill.local.idle import IdleAccount, breakdown_rows
+from pipefill.local.idle import WORK, IdleAccount, breakdown_rows
 
 __all__ = ["RankStats", "merged", "overrun_summary", "quantile"]
 
@@ -99,7 +99,7 @@ class RankStats:
         bubble_s = sum(r["total_s"] for r in self._by_kind.values())
         announced_s = sum(r["announced_s"] for r in self._by_kind.values())
         idle = self.idle
-        idle_s, steps_s = idle.idle_s(), idle.piece_s("fill_steps")
+        idle_s, steps_s = idle.idle_s(), sum(idle.piece_s(k) for k in WORK)
         offered_s = idle_s - idle.piece_s("not_announced")
         return {
             "steps_measured": len(self._measured_steps),

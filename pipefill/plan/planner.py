@@ -53,6 +53,8 @@ class ProfilePoint:
     step_s: float
     peak_bytes: int
     items_per_step: int | None = None  # units of work one step does; None: batch_size (training by steps: 1)
+    piece_s: tuple[float, ...] = ()
+    """median seconds of each piece of a step run in pieces (issue #25: partial steps); empty: whole steps only"""
 
     @property
     def items(self) -> int:
@@ -67,6 +69,8 @@ class ProfilePoint:
             raise ValueError(f"ProfilePoint.step_s: {self.step_s!r} must be > 0 seconds")
         if self.peak_bytes < 0:
             raise ValueError(f"ProfilePoint.peak_bytes: {self.peak_bytes!r} must be ≥ 0 bytes")
+        if any(not t >= 0 for t in self.piece_s):
+            raise ValueError(f"ProfilePoint.piece_s: {self.piece_s!r} must be ≥ 0 seconds each")
 
 
 @dataclass(frozen=True)

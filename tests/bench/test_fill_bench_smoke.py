@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from pipefill.local.idle import WORK
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
@@ -31,7 +33,8 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
         assert 0 <= run["recovery"] <= 1.05 and run["samples"] >= 0
         assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
         assert sum(run["idle_share"].values()) == pytest.approx(1.0, abs=1e-3)
-        assert run["idle_share"].get("fill_steps", 0.0) == pytest.approx(run["recovery"], abs=1e-3)
+        work = sum(run["idle_share"].get(k, 0.0) for k in WORK)  # whole steps, pieces, carried, continued
+        assert work == pytest.approx(run["recovery"], abs=1e-3)
 
 
 @pytest.mark.slow
@@ -50,7 +53,7 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
     assert run["samples"] >= 4000  # every sample of both jobs (profiling steps are not counted as work)
     assert set(run["per_job"]) == {"life-0", "life-1"} and all(j["bubbles"] > 0 for j in run["per_job"].values())
-    assert sum(j["bubbles"] for j in run["per_job"].values()) == run["bubbles_used"]
+    assert sum(j["bubbles"] for j in run["per_job"].values()) >= run["bubbles_used"]  # hand-offs count for both
     assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
     assert set(run["overrun_causes"]) <= {"step", "start-up", "commit", "transfer", "yield"}
 

@@ -82,8 +82,9 @@ def stub_dispatcher(tmp_path: Path, tasks: dict[str, FillTask], *, guard_s: floa
     """The executor's dispatcher over ``tasks`` as active, profiled jobs (steps of 0.125 ms a sample, batch 8)."""
 
     def active(task: FillTask) -> SimpleNamespace:
+        profile = SimpleNamespace(points=[ProfilePoint(8, 1e-3, 0)])
         return SimpleNamespace(
-            task=task, profile=SimpleNamespace(points=[ProfilePoint(8, 1e-3, 0)]), model=StepModel({8: 1e-3}),
+            task=task, profile=profile, profiler=profile, piece_costs=lambda: None, model=StepModel({8: 1e-3}),
             commit_estimate=Estimator(default_s=0.0), margin=Margin(), any_batch_size=True, offloader=None,
             transfer_estimate=Estimator(default_s=0.0), spec=SimpleNamespace(priority=0, kind="inference"),
         )  # fmt: skip

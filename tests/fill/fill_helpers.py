@@ -98,3 +98,15 @@ def start_executor(
     if cpu is not None:
         env[env_names.CPU_AFFINITY] = str(cpu)
     return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> subprocess.Popen[str]:
+    """``_drive.py``: one job run to completion without bubbles, a commit every ``every`` steps (``mode``: partial
+    steps, see its docstring), pipes for its READY/DONE lines."""
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_drive.py"), str(manifest), str(batch), str(every), *([mode] if mode else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )

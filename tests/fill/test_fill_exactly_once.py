@@ -5,18 +5,15 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from fill_helpers import HERE, subprocess_env, write_job
+from fill_helpers import start_drive, write_job
 
 from pipefill_fill.store import ProgressStore, read_outputs
-
-DRIVE = str(HERE / "_drive.py")
 
 
 def _store(tmp_path: Path, *, outputs: bool = True) -> ProgressStore:
@@ -98,13 +95,7 @@ def test_training_adopts_newest_complete_state(tmp_path: Path) -> None:
 
 
 def _drive(manifest: Path, batch: int, every: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, DRIVE, str(manifest), str(batch), str(every)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
+    return start_drive(manifest, batch, every)
 
 
 def _finished(proc: subprocess.Popen[str]) -> None:

@@ -175,3 +175,26 @@ def test_breakdown_rows_and_table() -> None:
     table = breakdown_markdown([(0, rows)])
     assert table[0].startswith("| rank | kind | waits | idle s | fill steps |")
     assert "| 0 | **all** | 2 | 0.012 | 66.7% |" in table[-1]
+
+
+def test_pieces_carry_over_continuation_and_measurements_have_their_own_columns_and_count_as_work() -> None:
+    """Issue #25: a bubble that measured (profiling), went on with a batch in flight, ran whole steps and pieces,
+    then pieces past its planned end while still open — each span in its column, every one but profiling work."""
+    spans = [(0.2, 1.2), (1.2, 2.2), (2.2, 5.2), (5.2, 6.2), (6.2, 7.2), (9.0, 11.0)]
+    e = dataclasses.replace(fill(0.0, 10.0, 0.1, 11.0, spans), span_kinds="mcwppx", batch_sizes=[0, 8, 8, 8, 8, 8])
+    stats = RankStats()
+    for x in merged([wait(1, 0.0, 12.0)], [e]):
+        stats.add(x)
+    stats.finish()
+    s = stats.summary()
+    share = s["idle_breakdown"][-1]["seconds"]
+    assert {k: round(share[k] * 1e3, 6) for k in ("profiling", "fill_carried", "fill_steps", "fill_pieces")} == {
+        "profiling": 1.0,
+        "fill_carried": 1.0,
+        "fill_steps": 3.0,
+        "fill_pieces": 2.0,
+    }
+    assert round(share["fill_continued"] * 1e3, 6) == 2.0  # (9.0, 11.0): past the planned end, the bubble open
+    assert s["fill_step_s"] == pytest.approx(8e-3) and s["bubble_recovery"] == pytest.approx(8 / 12)
+    table = breakdown_markdown([(0, s["idle_breakdown"])])
+    assert "| fill steps | fill pieces | fill carried | fill continued | profiling |" in table[0]

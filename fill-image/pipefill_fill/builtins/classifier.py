@@ -21,12 +21,17 @@ from torch.nn import functional as F
 
 from pipefill_fill.atomic import atomic_write
 from pipefill_fill.builtins.datasets import classification_dataset, open_dataset
+from pipefill_fill.pieces import PieceSteps
 from pipefill_fill.workload import Workload, WorkloadContext
 
 __all__ = ["TrainClassifier"]
 
 
-class TrainClassifier(Workload):
+class TrainClassifier(PieceSteps, Workload):
+    """Partial steps (:mod:`pipefill_fill.pieces`): four pieces per batch — the first layer forward, the second and
+    the loss, the backward of the second, the backward of the first and the optimizer step (the weights change in the
+    last piece only, so ``state()`` is the last whole step's until then)."""
+
     kind: ClassVar[str] = "training"
 
     def __init__(self, context: WorkloadContext) -> None:
@@ -122,6 +127,41 @@ class TrainClassifier(Workload):
         self.samples += batch_size
         return 1 if self.context.counts_steps else batch_size
 
+    def pieces(self, batch_size: int) -> int:
+        return 4
+
+    def start_batch(self, batch_size: int) -> dict[str, Any] | None:
+        if self.model is None or self.opt is None or self.data is None:
+            raise RuntimeError("TrainClassifier.start_batch called before setup")
+        if self.done():
+            return None
+        rows = self.data[self._indices(self.samples, batch_size)]
+        x = torch.from_numpy(np.ascontiguousarray(rows["x"], dtype=np.float32)).to(self.device)
+        y = torch.from_numpy(np.ascontiguousarray(rows["y"], dtype=np.int64)).to(self.device)
+        return {"x": x, "y": y, "batch_size": batch_size}
+
+    def run_piece(self, carry: dict[str, Any], index: int) -> dict[str, Any]:
+        assert self.model is not None and self.opt is not None  # for mypy: start_batch checked
+        first, relu, second = self.model
+        if index == 0:  # forward of the first layer; its graph stays for piece 3
+            carry["h"] = relu(first(carry["x"]))
+        elif index == 1:  # forward of the second from a cut of the graph, and the loss
+            carry["h_in"] = carry["h"].detach().requires_grad_()
+            carry["loss"] = F.cross_entropy(second(carry["h_in"]), carry["y"])
+        elif index == 2:  # backward of the second layer: its gradients, and the one of its input
+            self.opt.zero_grad(set_to_none=True)
+            carry["loss"].backward()
+        else:  # backward of the first layer from there, then the optimizer step
+            carry["h"].backward(carry["h_in"].grad)
+            self.opt.step()
+        return carry
+
+    def finish_batch(self, carry: dict[str, Any]) -> int:
+        self.last_loss = float(carry["loss"].detach())
+        self.steps += 1
+        self.samples += carry["batch_size"]
+        return 1 if self.context.counts_steps else int(carry["batch_size"])
+
     def _progress(self) -> int:
         return self.steps if self.context.counts_steps else self.samples
 
@@ -140,6 +180,7 @@ class TrainClassifier(Workload):
     def restore(self, state: dict[str, Any]) -> None:
         if self.model is None or self.opt is None:
             raise RuntimeError("TrainClassifier.restore called before setup")
+        self.drop_in_flight()
         self.steps, self.samples = int(state["steps"]), int(state["samples"])
         self.last_loss = float(state["last_loss"])
         self.model.load_state_dict(state["model"])

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipefill_fill.builtins.datasets import open_dataset, token_dataset
+from pipefill_fill.pieces import PieceSteps
 from pipefill_fill.workload import SampleWorkload, WorkloadContext
 
 __all__ = ["Encoder", "EncoderInference"]
@@ -59,17 +60,30 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(_Layer(hidden, heads) for _ in range(layers))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x, keep = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, keep)
+        return self.pool(x, keep)
+
+    def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embedded tokens ``(B, T, C)`` and the attention mask ``(B, T)``."""
         keep = tokens != 0  # (B, T)
         keep[:, 0] = True  # an all-padding row still attends to something
         x = self.norm(self.tok(tokens) + self.pos.weight[None, : tokens.shape[1]])  # (B, T, C)
-        for layer in self.layers:
-            x = layer(x, keep)
+        return x, keep
+
+    @staticmethod
+    def pool(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Masked mean over the tokens, ``(B, C)``."""
         w = keep.to(x.dtype)[..., None]  # (B, T, 1)
         pooled: torch.Tensor = (x * w).sum(1) / w.sum(1)  # (B, C)
         return pooled
 
 
-class EncoderInference(SampleWorkload):
+class EncoderInference(PieceSteps, SampleWorkload):
+    """Partial steps (:mod:`pipefill_fill.pieces`): one piece per encoder layer, the embedding in the first and the
+    pooling in the last."""
+
     kind: ClassVar[str] = "inference"
 
     def __init__(self, context: WorkloadContext) -> None:
@@ -149,6 +163,38 @@ class EncoderInference(SampleWorkload):
         batch = torch.from_numpy(np.array(self.tokens[start:end, : self.seq_len], dtype=np.int64)).to(self.device)
         pooled = self.model(batch).float().cpu().numpy()  # (B, C)
         self.context.emit(np.arange(start, end, dtype=np.int64), pooled)
+        return end - start
+
+    def pieces(self, batch_size: int) -> int:
+        return max(1, int(self.layers))
+
+    @torch.inference_mode()
+    def start_batch(self, batch_size: int) -> tuple[int, int, torch.Tensor, torch.Tensor | None] | None:
+        if self.model is None or self.tokens is None:
+            raise RuntimeError("EncoderInference.start_batch called before setup")
+        start, end = self.peek(batch_size)
+        if end <= start:
+            return None
+        batch = torch.from_numpy(np.array(self.tokens[start:end, : self.seq_len], dtype=np.int64)).to(self.device)
+        return start, end, batch, None
+
+    @torch.inference_mode()
+    def run_piece(
+        self, carry: tuple[int, int, torch.Tensor, torch.Tensor | None], index: int
+    ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        assert self.model is not None  # for mypy: start_batch checked
+        start, end, x, keep = carry
+        if keep is None:  # the first piece: x holds the tokens
+            x, keep = self.model.embed(x)
+        layers = self.model.layers
+        return start, end, layers[index](x, keep) if index < len(layers) else x, keep
+
+    @torch.inference_mode()
+    def finish_batch(self, carry: tuple[int, int, torch.Tensor, torch.Tensor]) -> int:
+        start, end, x, keep = carry
+        pooled = Encoder.pool(x, keep).float().cpu().numpy()  # (B, C)
+        self.context.emit(np.arange(start, end, dtype=np.int64), pooled)
+        self.next_sample = end
         return end - start
 
     def modules(self) -> list[torch.nn.Module | torch.optim.Optimizer]:

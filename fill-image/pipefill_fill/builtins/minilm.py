@@ -79,9 +79,44 @@ class SentenceEncoder(nn.Module):
         states: torch.Tensor = self.bert(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).last_hidden_state  # (B, T, C)
+        return self.pool(states, attention_mask)
+
+    @staticmethod
+    def pool(states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The model's pooling of the last token states ``(B, T, C)``: the L2-normalized masked mean, ``(B, C)``."""
         w = attention_mask.to(states.dtype)[..., None]  # (B, T, 1)
         pooled = (states * w).sum(1) / w.sum(1).clamp(min=1e-9)  # (B, C): modules.json's mean Pooling
         return F.normalize(pooled, p=2.0, dim=1)  # modules.json's Normalize
+
+    @property
+    def layers(self) -> int:
+        bert: Any = self.bert
+        return len(bert.encoder.layer)
+
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, Any]:
+        """What ``BertModel.forward`` does before its layers (transformers 5: the embeddings, the attention mask in
+        the form its layers take): ``(B, T, C)`` and that mask. Partial steps run the layers one by one from here;
+        tests/fill checks the result byte for byte against the whole forward."""
+        bert: Any = self.bert
+        x = bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, past_key_values_length=0)
+        mask, _ = bert._create_attention_masks(
+            attention_mask=attention_mask,
+            encoder_attention_mask=None,
+            embedding_output=x,
+            encoder_hidden_states=None,
+            past_key_values=None,
+        )
+        return x, mask
+
+    def layer(self, index: int, x: torch.Tensor, mask: Any) -> torch.Tensor:
+        """Encoder layer ``index`` as ``BertEncoder.forward`` calls it."""
+        bert: Any = self.bert
+        out: torch.Tensor = bert.encoder.layer[index](
+            x, mask, None, encoder_attention_mask=None, past_key_values=None, position_ids=None
+        )
+        return out
 
 
 def load_encoder(directory: Path) -> SentenceEncoder:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from pipefill_fill.builtins.datasets import sentence_corpus
 from pipefill_fill.builtins.minilm import MODEL_PACKAGE, SentenceEncoder, load_encoder, model_dir, tokenize
+from pipefill_fill.pieces import PieceSteps
 from pipefill_fill.workload import SampleWorkload, WorkloadContext
 
 __all__ = ["EMBEDDING_DIM", "MODEL_PACKAGE", "SentenceEmbedding", "read_texts"]
@@ -50,7 +51,10 @@ def read_texts(path: Path, start: int, end: int, *, field: str = "spec.input.pat
     return texts
 
 
-class SentenceEmbedding(SampleWorkload):
+class SentenceEmbedding(PieceSteps, SampleWorkload):
+    """Partial steps (:mod:`pipefill_fill.pieces`): one piece per BERT layer (6), the embeddings in the first and the
+    pooling in the last."""
+
     kind: ClassVar[str] = "inference"
 
     def __init__(self, context: WorkloadContext) -> None:
@@ -103,6 +107,35 @@ class SentenceEmbedding(SampleWorkload):
         embeddings = self.model(**batch).float().cpu().numpy()  # (B, 384)
         self.context.emit(np.arange(start, end, dtype=np.int64), embeddings)
         return end - start
+
+    def pieces(self, batch_size: int) -> int:
+        return self.model.layers if self.model is not None else 1
+
+    @torch.inference_mode()
+    def start_batch(self, batch_size: int) -> dict[str, Any] | None:
+        if self.model is None:
+            raise RuntimeError("SentenceEmbedding.start_batch called before setup")
+        start, end = self.peek(batch_size)
+        if end <= start:
+            return None
+        lo, hi = start - self.context.start, end - self.context.start
+        return {"start": start, "end": end, "batch": {k: v[lo:hi].to(self.device) for k, v in self.features.items()}}
+
+    @torch.inference_mode()
+    def run_piece(self, carry: dict[str, Any], index: int) -> dict[str, Any]:
+        assert self.model is not None  # for mypy: start_batch checked
+        if index == 0:
+            carry["x"], carry["mask"] = self.model.embed(**carry["batch"])
+        carry["x"] = self.model.layer(index, carry["x"], carry["mask"])
+        return carry
+
+    @torch.inference_mode()
+    def finish_batch(self, carry: dict[str, Any]) -> int:
+        start, end = carry["start"], carry["end"]
+        embeddings = SentenceEncoder.pool(carry["x"], carry["batch"]["attention_mask"]).float().cpu().numpy()
+        self.context.emit(np.arange(start, end, dtype=np.int64), embeddings)
+        self.next_sample = end
+        return int(end - start)
 
     def modules(self) -> list[torch.nn.Module | torch.optim.Optimizer]:
         return [self.model] if self.model is not None else []

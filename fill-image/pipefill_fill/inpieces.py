@@ -1,0 +1,151 @@
+"""Inside a bubble, the next step of a job whose workload runs its steps in pieces (issue #25, partial steps;
+:mod:`pipefill_fill.pieces`): the next piece of the batch in flight when it fits the time left; else a whole batch
+sized to the time left, as for any workload; else — no whole batch fits — a new batch started in pieces, of the size
+the plan at piece granularity gives this bubble's class or the short bubbles of the last ones, the shorter
+(:func:`pipefill.plan.plan_pieces`, on the step times the step model has learnt; :meth:`PieceCosts.planning_class_s`),
+or smaller when its first piece does not fit what is left.
+
+A piece is predicted as its share of its batch's step (the profile's piece times) times the step model's base, and
+fits by the step's rule (expected overrun within the budget). A batch in flight whose next piece fits no fresh bubble
+for :data:`FLIGHT_MISSES` bubbles in a row is dropped: nothing of it was committed, and it is redone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipefill.plan import ProfilePoint, plan_pieces
+from pipefill_fill.predict import OVERRUN_BUDGET_S, StepModel
+from pipefill_fill.task import FillTask
+
+__all__ = ["FLIGHT_MISSES", "Next", "PieceCosts", "continue_work", "next_work"]
+
+FLIGHT_MISSES = 8
+"""Fresh bubbles in a row the next piece of a batch in flight may not fit before the batch is dropped."""
+
+
+@dataclass(frozen=True)
+class Next:
+    """The next step: ``batch_size``, whether it is a piece, and its share of its batch's step (1 for a whole one)."""
+
+    batch_size: int
+    piece: bool = False
+    share: float = 1.0
+
+
+class PieceCosts:
+    """The pieces of each profiled batch size as shares of its step (from the profile's piece times)."""
+
+    def __init__(self, points: Sequence[ProfilePoint]) -> None:
+        self.points = sorted((p for p in points if p.piece_s and sum(p.piece_s) > 0), key=lambda p: p.batch_size)
+        self._shares = {p.batch_size: tuple(t / sum(p.piece_s) for t in p.piece_s) for p in self.points}
+        self._classes: deque[float] = deque(maxlen=64)  # usable lengths of the last bubbles
+
+    def note_class(self, class_s: float) -> None:
+        """A bubble of usable length ``class_s`` began."""
+        self._classes.append(class_s)
+
+    def planning_class_s(self, class_s: float) -> float:
+        """The bubble length a batch started now is planned for: this bubble's, or — shorter — the 10th percentile of
+        the last bubbles' (a batch started in a long bubble's tail goes on in the next bubbles; sized for the long
+        ones, its pieces would fit no short bubble, which would then wait for the next long one: measured in
+        tests/fill/test_fill_pieces.py, bubbles of 30 and 2.5 ms)."""
+        if not self._classes:
+            return class_s
+        ordered = sorted(self._classes)
+        return min(class_s, ordered[len(ordered) // 10])
+
+    def __bool__(self) -> bool:
+        return bool(self.points)
+
+    def share(self, batch_size: int, index: int, pieces: int) -> float:
+        """Piece ``index`` of ``pieces`` of a batch of ``batch_size``: the nearest profiled size's share (equal
+        shares when no profiled size has that many pieces)."""
+        near = [b for b, s in self._shares.items() if len(s) == pieces]
+        if not near or not 0 <= index < pieces:
+            return 1.0 / max(1, pieces)
+        best = min(near, key=lambda b: (abs(b - batch_size), b))
+        return self._shares[best][index]
+
+    def plan_points(self, model: StepModel, max_batch: int) -> list[ProfilePoint]:
+        """The profiled points up to ``max_batch`` with the model's step times (its base: the profile corrected by
+        the steps run since) and their pieces scaled to them."""
+        out = []
+        for p in self.points:
+            if p.batch_size > max_batch:
+                continue
+            step_s = model.base_s(p.batch_size)
+            pieces = tuple(step_s * s for s in self._shares[p.batch_size])
+            out.append(ProfilePoint(p.batch_size, step_s, p.peak_bytes, p.items_per_step, piece_s=pieces))
+        return out
+
+
+def next_work(
+    task: FillTask,
+    model: StepModel,
+    costs: PieceCosts | None,
+    *,
+    left_s: float,
+    class_s: float,
+    max_batch: int,
+    kind: str = "",
+    any_size: bool = True,
+    budget_s: float = OVERRUN_BUDGET_S,
+    fresh: bool = False,
+) -> Next | None:
+    """The next step that fits ``left_s`` (None: none); ``class_s``: the usable length of this bubble (its class);
+    ``fresh``: nothing ran in the bubble yet (a piece in flight that does not fit counts as a miss)."""
+    if fresh and costs:
+        costs.note_class(class_s)
+    flight = task.in_flight() if costs else None
+    if flight is not None and costs is not None:
+        share = costs.share(flight.batch_size, flight.done, flight.pieces)
+        if model.fits(model.base_s(flight.batch_size) * share, left_s, kind, budget_s=budget_s):
+            task.flight_misses = 0
+            return Next(flight.batch_size, piece=True, share=share)
+        if not fresh:
+            return None
+        task.flight_misses += 1
+        if task.flight_misses < FLIGHT_MISSES or task.pieces is None:
+            return None
+        task.pieces.drop_in_flight()  # nothing of it was committed: it is redone from the position it started at
+        task.flight_misses = 0
+    size = model.largest_fitting(left_s, max_batch, kind, any_size=any_size, budget_s=budget_s)
+    if size is not None:
+        return Next(size)
+    if not costs or task.pieces is None:
+        return None
+    points = costs.plan_points(model, max_batch)
+    plan = plan_pieces(costs.planning_class_s(class_s), points)
+    if plan is None:
+        return None
+    for p in reversed(points):  # the planned size, or the largest smaller one whose first piece fits what is left
+        if p.batch_size > plan.batch_size:
+            continue
+        share = costs.share(p.batch_size, 0, len(p.piece_s))
+        if model.fits(p.step_s * share, left_s, kind, budget_s=budget_s):
+            return Next(p.batch_size, piece=True, share=share)
+    return None
+
+
+def continue_work(
+    task: FillTask, model: StepModel, costs: PieceCosts | None, *, max_piece_s: float, max_batch: int, kind: str = ""
+) -> Next | None:
+    """After the planned end, while the bubble is still open (issue #25 item 3): the next piece of the batch in
+    flight when it is predicted (the step model's high quantile) to take at most ``max_piece_s``; with none in
+    flight, the first piece of a new batch — the largest profiled size whose every piece is. None: nothing that
+    short."""
+    if not costs or task.pieces is None:
+        return None
+    factor = model.factor(kind)
+    flight = task.in_flight()
+    if flight is not None:
+        share = costs.share(flight.batch_size, flight.done, flight.pieces)
+        short = model.base_s(flight.batch_size) * share * factor <= max_piece_s
+        return Next(flight.batch_size, piece=True, share=share) if short else None
+    for p in reversed(costs.plan_points(model, max_batch)):
+        if max(p.piece_s) * factor <= max_piece_s:
+            return Next(p.batch_size, piece=True, share=costs.share(p.batch_size, 0, len(p.piece_s)))
+    return None

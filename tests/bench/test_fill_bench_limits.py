@@ -1,0 +1,78 @@
+"""``pipefill bench fill`` has a deadline and leaves no process behind (issue #25, "Found while measuring"): a run
+past ``--timeout-s`` stops with an error naming what it waited for, and its children (fill executor, synthetic
+trainer, the busy load's spinner) end when the benchmark is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _ours(marker: bytes) -> list[int]:
+    """Processes whose environment holds ``marker`` (the test's TMPDIR, inherited by every child)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone, or not ours
+            continue
+        if marker in environ.split(b"\0") and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _bench(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], bytes]:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cpu = str(min(os.sched_getaffinity(0)))
+    args = [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40"]
+    args += ["--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu, *extra]
+    proc = subprocess.Popen(
+        args, env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return proc, f"TMPDIR={tmp}".encode()
+
+
+def _wait(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout_s} s")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_run_past_its_deadline_stops_with_an_error_naming_what_it_waited_for(tmp_path: Path) -> None:
+    proc, marker = _bench(tmp_path, "--loads", "busy", "--timeout-s", "1.5")  # the executor is not even attached
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err[-2000:]
+    assert "the 30 ms busy run took longer than --timeout-s 1.5 waiting for the fill's profile" in err
+    assert "Raise --timeout-s" in err
+    _wait(lambda: not _ours(marker), 15, "no process of the run left")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_benchmarks_processes_end_when_it_is_killed(tmp_path: Path) -> None:
+    proc, marker = _bench(tmp_path, "--loads", "busy")
+    _wait(lambda: len(_ours(marker)) >= 4, 60, "the benchmark, its executor, trainer and spinner running")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    _wait(lambda: not _ours(marker), 30, "every child gone after the benchmark was killed")
+
+
+def test_bench_fill_refuses_a_deadline_that_is_not_positive() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--timeout-s", "0"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--timeout-s 0.0: must be > 0 seconds" in done.stderr

@@ -1,0 +1,114 @@
+"""The plan at piece granularity (issue #25) on hand-computed cases: the core's :func:`pipefill.plan.plan_pieces`
+per bubble class, and the executor's choice of the next step in a bubble (:func:`pipefill_fill.inpieces.next_work`):
+the batch in flight first, a whole batch when one fits, else a batch started in pieces."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipefill.plan import ProfilePoint, plan_pieces
+from pipefill_fill.inpieces import FLIGHT_MISSES, Next, PieceCosts, next_work
+from pipefill_fill.pieces import Flight
+from pipefill_fill.predict import StepModel
+
+MS = 1e-3
+# two pieces per batch: 0.2 + 0.2 ms at batch 1, 0.3 + 0.3 at 4, 0.6 + 0.6 at 16, 1.5 + 1.5 at 64
+POINTS = [
+    ProfilePoint(1, 0.4 * MS, 10, piece_s=(0.2 * MS, 0.2 * MS)),
+    ProfilePoint(4, 0.6 * MS, 20, piece_s=(0.3 * MS, 0.3 * MS)),
+    ProfilePoint(16, 1.2 * MS, 40, piece_s=(0.6 * MS, 0.6 * MS)),
+    ProfilePoint(64, 3.0 * MS, 80, piece_s=(1.5 * MS, 1.5 * MS)),
+]
+
+
+def test_a_class_gets_the_batch_and_pieces_with_the_most_samples_per_bubble() -> None:
+    # 1 ms: batch 1 runs 5 pieces (2.5 samples), 4 runs 3 (6), 16 runs 1 (8), 64 none
+    plan = plan_pieces(1.0 * MS, POINTS)
+    assert plan is not None and (plan.batch_size, plan.pieces, plan.pieces_per_bubble) == (16, 2, 1)
+    assert plan.samples_per_bubble == pytest.approx(8.0)
+    # 3 ms: 1 → 15 pieces (7.5), 4 → 10 (20), 16 → 5 (40), 64 → 2 (64: one whole batch)
+    plan = plan_pieces(3.0 * MS, POINTS)
+    assert plan is not None and (plan.batch_size, plan.pieces_per_bubble) == (64, 2)
+    # 0.35 ms: one piece of batch 4 (2 samples) beats one of batch 1 (half a sample)
+    plan = plan_pieces(0.35 * MS, POINTS)
+    assert plan is not None and (plan.batch_size, plan.pieces_per_bubble, plan.samples_per_bubble) == (4, 1, 2.0)
+    # 0.25 ms: only batch 1's pieces fit, one per bubble
+    plan = plan_pieces(0.25 * MS, POINTS)
+    assert plan is not None and (plan.batch_size, plan.pieces_per_bubble, plan.samples_per_bubble) == (1, 1, 0.5)
+
+
+def test_the_guard_the_wake_up_and_memory_come_off_the_class() -> None:
+    plan = plan_pieces(1.3 * MS, POINTS, guard_s=0.2 * MS, switch_s=0.1 * MS)  # 1 ms usable, as above
+    assert plan is not None and plan.batch_size == 16
+    plan = plan_pieces(1.0 * MS, POINTS, free_bytes=30)  # batch 16 needs 40 bytes: batch 4, 3 pieces
+    assert plan is not None and (plan.batch_size, plan.pieces_per_bubble) == (4, 3)
+    assert plan_pieces(0.15 * MS, POINTS) is None  # no piece fits
+    whole = [ProfilePoint(8, 0.5 * MS, 0)]  # no pieces: one piece of the whole step
+    plan = plan_pieces(1.2 * MS, whole)
+    assert plan is not None and (plan.batch_size, plan.pieces, plan.pieces_per_bubble) == (8, 1, 2)
+
+
+def _task(flight: Flight | None = None) -> Any:
+    task = SimpleNamespace(flight_misses=0, dropped=0)
+    task.in_flight = lambda: task.flight
+    task.flight = flight
+
+    def drop() -> None:
+        task.dropped += 1
+        task.flight = None
+
+    task.pieces = SimpleNamespace(drop_in_flight=drop)
+    return task
+
+
+def _next(task: Any, left_ms: float, class_ms: float, *, any_size: bool = True, fresh: bool = False) -> Next | None:
+    model = StepModel({p.batch_size: p.step_s for p in POINTS})  # nothing measured yet: the base must fit
+    return next_work(
+        task,
+        model,
+        PieceCosts(POINTS),
+        left_s=left_ms * MS,
+        class_s=class_ms * MS,
+        max_batch=64,
+        any_size=any_size,
+        fresh=fresh,
+    )
+
+
+def test_a_whole_batch_when_one_fits_else_a_batch_in_pieces_of_the_planned_size() -> None:
+    # any size: batch 10 takes 0.6 + 0.6 × 6/12 = 0.9 ms ≤ 0.92, batch 11 0.95 ms
+    assert _next(_task(), 0.92, 20.0) == Next(10)
+    assert _next(_task(), 0.92, 20.0, any_size=False) == Next(4)  # profiled sizes only
+    # 0.35 ms left of a 1 ms class: no whole batch (0.4 ms at batch 1); the plan says 16, whose first piece (0.6 ms)
+    # does not fit what is left; batch 4's (0.3 ms) does: batch 4 is started, its first piece half of its step
+    assert _next(_task(), 0.35, 1.0) == Next(4, piece=True, share=0.5)
+    assert _next(_task(), 0.25, 1.0) == Next(1, piece=True, share=0.5)
+    assert _next(_task(), 0.15, 1.0) is None
+
+
+def test_the_batch_in_flight_goes_on_first_and_is_dropped_after_the_misses() -> None:
+    task = _task(Flight(16, 2, 1, carry=None))
+    assert _next(task, 5.0, 20.0) == Next(16, piece=True, share=0.5)  # its second piece, not a whole batch
+    assert _next(task, 0.5, 1.0) is None and task.flight_misses == 0  # not fresh: the bubble's tail
+    for _ in range(FLIGHT_MISSES - 1):
+        assert _next(task, 0.5, 1.0, fresh=True) is None  # its piece (0.6 ms) fits no fresh bubble of 0.5
+    assert task.dropped == 0 and task.flight_misses == FLIGHT_MISSES - 1
+    # dropped (redone later): a whole batch fits, of 2 (0.4 + 0.2 / 3 ms; 3 would take 0.53)
+    assert _next(task, 0.5, 1.0, fresh=True) == Next(2)
+    assert task.dropped == 1 and task.flight is None and task.flight_misses == 0
+
+
+def test_a_batch_started_in_a_long_bubbles_tail_is_planned_for_the_short_bubbles_seen() -> None:
+    costs = PieceCosts(POINTS)
+    assert costs.planning_class_s(20 * MS) == 20 * MS  # nothing seen yet: this bubble's class
+    for duration_ms in (20.0, 1.0) * 5:
+        costs.note_class(duration_ms * MS)
+    assert costs.planning_class_s(20 * MS) == 1.0 * MS  # its pieces must fit the short ones it will go on in
+    assert costs.planning_class_s(0.5 * MS) == 0.5 * MS
+    # planned for 1 ms: batch 16 (0.6 ms pieces), not 64 (1.5 ms pieces: no short bubble would advance it)
+    planned = plan_pieces(costs.planning_class_s(20 * MS), POINTS)
+    unplanned = plan_pieces(20 * MS, POINTS)
+    assert planned is not None and unplanned is not None and (planned.batch_size, unplanned.batch_size) == (16, 64)

@@ -1,0 +1,115 @@
+"""A profile ends within a bounded number of bubbles and never keeps a job from working (issue #25, "Found while
+measuring"; issue #30 item 2): a measurement that fits a fresh bubble but never the time left after the wake-up is
+given up, and a job works with the batch sizes measured so far while the larger ones are measured."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fill_helpers import start_executor, start_producer, write_job
+
+from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, read_events
+from pipefill_fill.inbubble import PROFILE_MISSES, run_profile_steps
+
+MS = 1_000_000
+
+
+@dataclass
+class _Bubble:
+    id: int
+    open_ns: int
+    expected_end_ns: int
+
+
+class _Profiler:
+    """The part of :class:`BubbleProfiler` the in-bubble loop uses, with a fixed prediction."""
+
+    def __init__(self, guess_s: float | None, *, measured: bool) -> None:
+        self.guess_s, self.measured = guess_s, measured
+        self.result: object | None = None
+        self.misses = 0
+        self.measurements = 0
+
+    def predict_s(self) -> float | None:
+        return self.guess_s
+
+    def measure_one(self) -> float:
+        self.measurements += 1
+        self.result = "measured"  # one measurement completes this profile
+        return self.guess_s or 0.0
+
+    def give_up_candidate(self) -> None:
+        self.result = "given up"
+
+
+def _bubbles(profiler: _Profiler, *, woke_after_ns: int, limit: int = 100) -> int:
+    """Bubbles of 20 ms (deadline 19.5 ms after the open) until the profile ends; the executor wakes
+    ``woke_after_ns`` after each open."""
+    for i in range(limit):
+        open_ns = i * 100 * MS
+        out = run_profile_steps(
+            _Bubble(i, open_ns, open_ns + 20 * MS),  # type: ignore[arg-type]
+            profiler=profiler,  # type: ignore[arg-type]
+            is_open=lambda _id: True,
+            deadline_ns=open_ns + 19_500_000,
+            clock=lambda open_ns=open_ns: open_ns + woke_after_ns,  # type: ignore[misc]
+        )
+        if profiler.result is not None:
+            return i + 1
+        assert out.stop == "time" and not out.steps
+    return limit + 1
+
+
+def test_a_measurement_that_fits_only_a_fresh_bubble_is_given_up_after_the_bounded_misses() -> None:
+    # the stall of bench fill: 19.45 ms predicted, a 19.5 ms deadline, the executor awake 0.12 ms after the open
+    profiler = _Profiler(0.01945, measured=True)
+    assert _bubbles(profiler, woke_after_ns=120_000) == PROFILE_MISSES
+    assert profiler.result == "given up" and profiler.measurements == 0
+
+
+def test_the_first_size_is_measured_at_a_bubble_start_after_the_misses_whatever_its_prediction() -> None:
+    profiler = _Profiler(0.050, measured=False)  # nothing measured yet: giving it up would leave no profile
+    assert _bubbles(profiler, woke_after_ns=120_000) == PROFILE_MISSES + 1
+    assert profiler.result == "measured" and profiler.measurements == 1
+
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 2, 4096]}
+
+
+@pytest.mark.slow
+def test_a_job_works_and_commits_with_its_first_measured_sizes_before_its_profile_is_complete(tmp_path: Path) -> None:
+    """Batch 4096 fits no 20 ms bubble: while the profile gives it up, the sizes measured already do the work, and the
+    first samples are committed within the job's first bubbles, before the profile record."""
+    jobs, log = tmp_path / "jobs", tmp_path / "fill" / "fill-events.jsonl"
+    write_job(jobs, "early", total=100_000, parameters=PARAMS)
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
+    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
+    deadline = time.monotonic() + 120
+    try:
+        while not any(isinstance(e, ProfileEvent) for e in read_events(log)):
+            assert time.monotonic() < deadline, "no profile record within 120 s"
+            time.sleep(0.1)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    events = read_events(log)
+    profile = next(e for e in events if isinstance(e, ProfileEvent))
+    assert [p["batch_size"] for p in profile.points] == [1, 2]  # 4096 given up
+    before = [e for e in events if e.mono_ns < profile.mono_ns]
+    bubbles = [e for e in before if isinstance(e, FillEvent) and e.job == "early"]
+    worked = [b for b in bubbles if b.items]
+    assert worked, "no work before the profile was complete"
+    assert all(s in (0, 1, 2) for b in bubbles for s in b.batch_sizes)  # measured sizes only (0: measuring)
+    first_commit = next((e for e in before if isinstance(e, CommitEvent)), None)
+    assert first_commit is not None and first_commit.end > 0, "nothing committed before the profile was complete"
+    running = next(e for e in events if isinstance(e, JobEvent) and e.phase == "Running")
+    in_between = [b for b in bubbles if running.mono_ns < b.mono_ns < first_commit.mono_ns]
+    assert len(in_between) <= 2 * PROFILE_MISSES, f"first commit after {len(in_between)} bubbles"
