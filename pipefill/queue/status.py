@@ -19,10 +19,13 @@ from pipefill.spec import FillJobPhase, FillJobStatus, to_obj
 from pipefill.spec.fillstatus import Assignment, OutputReport, ProfileEntry, RankBubbles, SliceProgress, UnfitReport
 
 __all__ = [
+    "EXECUTOR_FIELDS",
     "FINAL_PHASES",
     "OUTPUTS_FILE",
+    "QUEUE_MARKER",
     "Identity",
     "ProgressReport",
+    "executor_patch",
     "merged_status",
     "now_rfc3339",
     "output_report",
@@ -30,6 +33,13 @@ __all__ = [
 ]
 
 FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value})
+QUEUE_MARKER = "queue.json"
+"""In a ``files:`` work directory: a queue (``pipefill local``'s) writes the assignments; the executors follow them"""
+_PROGRESS = ("samplesDone", "progress", "throughput", "estimatedCompletionTime", "startTime", "completionTime")
+EXECUTOR_FIELDS = ("phase", "message", "slices", "unfit", "profile", "bubbleClasses", *_PROGRESS)
+"""The status fields an executor's report writes (all others are the queue's); ``phase`` only to a final phase it
+decides (Succeeded: outputs assembled; Failed: the workload raised)."""
+_EXECUTOR_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value})
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,21 @@ def merged_status(
     return status
 
 
+def executor_patch(
+    old: dict[str, Any], reports: Sequence[ProgressReport], *, identity: Identity
+) -> dict[str, Any] | None:
+    """What an executor writes of ``reports`` (in order) into the status ``old``: its own fields that changed (None
+    removes one, as in a merge patch); None when nothing changed. Whoever applies it (the kubernetes source as a merge
+    patch, the files source into the status file) writes nothing else."""
+    merged = old
+    for report in reports:
+        merged = merged_status(merged, report, identity=identity, held=None) or merged
+    changed = {k: merged.get(k) for k in EXECUTOR_FIELDS if merged.get(k) != old.get(k)}
+    if merged.get("phase") not in _EXECUTOR_PHASES:
+        changed.pop("phase", None)  # Queued and Running are the queue's (assignments decide them)
+    return changed or None
+
+
 def _advanced(plan: list[dict[str, Any]], reported: Sequence[SliceProgress]) -> list[dict[str, Any]]:
     """The plan of record with each slice's commit pointer advanced to what was reported (never backwards)."""
     seen = {(s.start, s.end): s.committed for s in reported}
@@ -181,18 +206,7 @@ def _replaced(entries: list[dict[str, Any]], here: tuple[str, int], entry: dict[
     return sorted([*others, entry], key=lambda e: (e["trainingJob"], e["rank"]))
 
 
-_DECIDED = frozenset(
-    {
-        "phase",
-        "assignments",
-        "samplesDone",
-        "progress",
-        "throughput",
-        "estimatedCompletionTime",
-        "startTime",
-        "completionTime",
-    }
-)
+_DECIDED = frozenset({"phase", "assignments", *_PROGRESS})
 
 
 def _snake(assignment: dict[str, Any]) -> dict[str, Any]:

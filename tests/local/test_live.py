@@ -86,7 +86,7 @@ def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
     assert steps == sorted(steps)
     assert steps[-1] == STEPS
     lines = done.stdout.splitlines()
-    finished = next(i for i, line in enumerate(lines) if "all trainers finished" in line)
+    finished = next(i for i, line in enumerate(lines) if "Normal TrainingFinished: every rank's trainer" in line)
     assert any("rank 0: step" in line for line in lines[:finished])  # lines while it trains, not only at the end
     final = status[-1]  # printed after the processes stopped: the fill's last commit is in
     assert all("fill embed-tiny " in line for line in status)

@@ -45,6 +45,13 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "training finished" in done.stdout
     report = json.loads((out / "report.json").read_text())
+    status = report["outcome"]["status"]  # as the operator's status of a finished job
+    assert status["phase"] == "Succeeded" and status["restarts"] == 0
+    assert {c["type"]: c["reason"] for c in status["conditions"] if c["status"] == "True"} == {
+        "Created": "PodsCreated",
+        "Succeeded": "TrainingFinished",
+    }
+    assert "phase Succeeded, generation 0: Created=True (PodsCreated)" in done.stdout
     steps = [e for e in read_events(out / "ranks" / "0" / "trainer" / "events.jsonl") if isinstance(e, StepEvent)]
     assert report["steps"] == len(steps) == 8
     assert report["loss_last"] == steps[-1].loss
@@ -188,15 +195,28 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     finally:
         proc.kill()
     assert proc.returncode == 130, output
-    assert "rank0/fill-executor exited with code 137 (SIGKILL): restarted (training goes on)" in output
-    assert (
-        "rank1/trainer exited with code 137 (SIGKILL) (retryable): restarting the job from its checkpoints (1/3)"
-        in output
+    # the operator's decision core decided both, so the Events are the cluster's
+    restarted = (
+        "FillExecutorRestarted: fill-executor sidecars restarted (rank 0: 1, last exited with code 137 (SIGKILL))"
     )
+    assert restarted in output
+    name = yaml.safe_load((out / "job.yaml").read_text())["metadata"]["name"]
+    assert f"Warning TrainerFailed: rank 1 (pod {name}-1): trainer exited with code 137 (SIGKILL): " in output
+    assert "restarting the whole job as generation 1 from its checkpoints (restart 1/3)" in output
     resumed = steps()[killed_at:]
     assert resumed[0] > 1  # resumed from a checkpoint, not from step 0
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"]["fill_restarts"] >= 1 and report["outcome"]["job_restarts"] == 1
+    status = json.loads((out / "status.json").read_text())
+    assert report["outcome"]["status"] == status
+    assert (status["phase"], status["generation"], status["restarts"]) == ("Running", 1, 1)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Running"] == ("True", "AllRanksRunning")
+    assert conditions["Restarting"] == ("False", "Restarted")
+    reasons = [e["reason"] for e in report["outcome"]["events"]]
+    assert reasons[:2] == ["PodsCreated", "Running"] and "FillExecutorRestarted" in reasons
+    assert reasons[reasons.index("TrainerFailed") :] == ["TrainerFailed", "PodsCreated", "Running"], reasons
+    assert [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()] == report["outcome"]["events"]
     assert all(_child_pid(out, r, c) is None for r in (0, 1) for c in ("trainer", "fill-executor"))
 
 

@@ -1,5 +1,6 @@
-"""What the operator writes into a FillJob's status after a scheduling pass: a pure function of the FillJob as the
-index saw it and the pass's :class:`~pipefill.queue.JobOutcome` (docs/fill.md, "The queue on the cluster").
+"""What the queue writes into a FillJob's status after a scheduling pass: a pure function of the FillJob as the pass
+saw it and the pass's :class:`~pipefill.queue.JobOutcome` (docs/fill.md, "The queue on the cluster"). The operator
+sends it as a merge patch of the status subresource; ``pipefill local`` writes it into the job's status file.
 
 The operator owns ``slices`` (written once, when the plan is fixed), ``assignments``, ``epoch``, ``phase``,
 ``message``, the ``Scheduled`` condition and the pruning of ``unfit``; the executors own the commit pointers and
@@ -13,7 +14,9 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
-from pipefill.queue import FINAL_PHASES, JobOutcome, Placement, output_report
+from pipefill.queue.scheduler import JobOutcome
+from pipefill.queue.snapshot import Placement
+from pipefill.queue.status import FINAL_PHASES, output_report
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import MAX_MESSAGE_CHARS
 
