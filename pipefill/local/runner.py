@@ -227,6 +227,8 @@ class LocalRun:
         finally:
             gang.stop()
             shutil.rmtree(channel_root, ignore_errors=True)
+            if queue is not None:  # the executors' last reports in: the status as the cluster's once the job ends
+                queue.pass_once([], running=False)
 
 
 def exit_text(code: int | None) -> str:
