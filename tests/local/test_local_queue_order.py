@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_local_run import LOCAL_ARGS, _job, _wait_for
+from test_local_run import LOCAL_ARGS, _job
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.events import SliceEvent, read_events
@@ -63,7 +64,7 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
     try:
-        _wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", timeout_s=100)
+        wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=100)
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:

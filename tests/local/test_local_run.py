@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_for
 
 from pipefill.events import ActionEvent, StepEvent, read_events
 
@@ -112,9 +111,7 @@ def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> Non
         text=True,
     )
     events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 6:
-        time.sleep(0.2)
+    wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
@@ -137,13 +134,6 @@ def _child_pid(out: Path, rank: int, container: str) -> int | None:
         if want in environ:
             return int(entry.name)
     return None
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_job(tmp_path: Path) -> None:
@@ -177,19 +167,25 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
         def steps() -> list[int]:
             return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
 
-        _wait_for(lambda: len(steps()) >= 3)
+        wait_for(lambda: len(steps()) >= 3, "3 steps", timeout_s=90)
         fill_pid = _child_pid(out, 0, "fill-executor")
         assert fill_pid is not None
         os.kill(fill_pid, signal.SIGKILL)
-        _wait_for(lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid))  # restarted: a new process
+        wait_for(
+            lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid), "a new executor", timeout_s=90
+        )  # restarted: a new process
         steps_then = len(steps())
-        _wait_for(lambda: len(steps()) > steps_then + 2)
+        wait_for(lambda: len(steps()) > steps_then + 2, "training on", timeout_s=90)
         trainer_pid = _child_pid(out, 1, "trainer")
         assert trainer_pid is not None
         os.kill(trainer_pid, signal.SIGKILL)
-        _wait_for(lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid))  # the whole job restarted
+        wait_for(
+            lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid), "a new trainer", timeout_s=90
+        )  # the whole job restarted
         killed_at = len(steps())
-        _wait_for(lambda: len(steps()) > killed_at + 2)  # and trains on from its checkpoint
+        wait_for(
+            lambda: len(steps()) > killed_at + 2, "training on after the restart", timeout_s=90
+        )  # and trains on from its checkpoint
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -234,11 +230,11 @@ def test_a_killed_runner_takes_its_processes_with_it(tmp_path: Path) -> None:
     containers = [(r, c) for r in (0, 1) for c in ("trainer", "fill-executor")]
     try:
         events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-        _wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3)
+        wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3, "3 steps", timeout_s=90)
         assert all(_child_pid(out, r, c) is not None for r, c in containers)
         proc.kill()
         proc.wait(timeout=10)
-        _wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), timeout_s=60)
+        wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), "every child gone", timeout_s=60)
     finally:
         proc.kill()
         for r, c in containers:  # what a failure left behind
