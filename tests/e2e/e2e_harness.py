@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +38,7 @@ __all__ = [
     "demo_objects",
     "finish",
     "install_operator",
+    "last_logged_step",
     "wait_for",
 ]
 
@@ -179,7 +181,7 @@ def install_operator(cluster: RealCluster) -> Operator:
 
 def _static_volume(name: str, namespace: str, path: Path, *, read_only: bool) -> list[dict[str, Any]]:
     """A hostPath PersistentVolume bound to its claim from the start (no provisioner here)."""
-    mode = "ReadOnlyMany" if read_only else "ReadWriteOnce"
+    mode = "ReadOnlyMany" if read_only else "ReadWriteMany"  # every rank writes its checkpoints there
     pv = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -254,3 +256,13 @@ def finish(cluster: RealCluster, namespace: str) -> None:
     same host ports."""
     cluster.cp.kubectl("delete", "pipelinetrainingjobs", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
     cluster.cp.kubectl("wait", "--for=delete", "pods", "--all", "-n", namespace, "--timeout=110s", check=False)
+
+
+def last_logged_step(cluster: RealCluster, namespace: str, pod: str) -> int:
+    """The last step the trainer of ``pod`` logged (``rank N: step S loss …``, every 10 steps). The job's
+    status.currentStep is the rank metrics' value the operator last read (every statusIntervalSeconds), so it can stop
+    short of spec.steps when the trainers finish between two reads."""
+    log = cluster.cp.kubectl("logs", pod, "-n", namespace, "-c", "trainer").stdout
+    steps = [int(s) for s in re.findall(r"^rank \d+: step (\d+) ", log, re.MULTILINE)]
+    assert steps, f"{pod}: no step in the trainer's log:\n{log[-2000:]}"
+    return max(steps)
