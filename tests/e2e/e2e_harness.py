@@ -259,7 +259,7 @@ def finish(cluster: RealCluster, namespace: str) -> None:
 
 
 def last_logged_step(cluster: RealCluster, namespace: str, pod: str) -> int:
-    """The last step the trainer of ``pod`` logged (``rank N: step S loss …``, every 10 steps). The job's
+    """The last step the trainer of ``pod`` logged (rank 0's: ``rank 0: step S loss …``, every 10 steps). The job's
     status.currentStep is the rank metrics' value the operator last read (every statusIntervalSeconds), so it can stop
     short of spec.steps when the trainers finish between two reads."""
     log = cluster.cp.kubectl("logs", pod, "-n", namespace, "-c", "trainer").stdout

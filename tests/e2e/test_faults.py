@@ -99,7 +99,7 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint(
     assert status["restarts"] == 1, status
     pods = _pods(real_cluster, ns)
     assert {p["metadata"]["labels"][GENERATION_LABEL] for p in pods} == {"1"}
-    assert [last_logged_step(real_cluster, ns, p["metadata"]["name"]) for p in pods] == [STEPS] * 2
+    assert last_logged_step(real_cluster, ns, "cpu-demo-0") == STEPS
     log = real_cluster.cp.kubectl("logs", pods[0]["metadata"]["name"], "-n", ns, "-c", "trainer").stdout
     resumed = [int(m) for m in re.findall(r"resumed from \S+ at step (\d+)", log)]
     assert resumed and resumed[0] >= 50 and resumed[0] % 50 == 0, f"not resumed from a checkpoint:\n{log[-3000:]}"
@@ -133,7 +133,7 @@ def test_a_killed_fill_executor_and_a_deleted_operator_pod_leave_the_gang_runnin
     operator.pod = wait_for(new_operator, "a new operator pod Ready", timeout_s=300, describe=describe)
     status = wait_for(lambda: _succeeded(real_cluster, ns), "the job Succeeded", timeout_s=1200, describe=describe)
     assert status.get("restarts", 0) == 0, status
-    assert [last_logged_step(real_cluster, ns, p["metadata"]["name"]) for p in _pods(real_cluster, ns)] == [STEPS] * 2
+    assert last_logged_step(real_cluster, ns, "cpu-demo-0") == STEPS  # rank 0 logs the steps
     after = _pods(real_cluster, ns)
     assert [p["metadata"]["uid"] for p in after] == [p["metadata"]["uid"] for p in before], "no pod made twice"
     filljob = real_cluster.get("filljob", "embed-corpus", ns)["status"]
