@@ -98,19 +98,26 @@ dashboard-images: $(STAMP) prometheus-bin ## redraw docs/img/dashboard-*.png fro
 # ENGINE=buildah needs no daemon (Debian's buildah and debootstrap): pipefill/devcluster/images.py builds the same
 # Dockerfiles on a base it makes here (no registry image can be pulled on this project's machines), cached by the hash
 # of their inputs; standard library only, like bins.py. IMAGES=operator picks some; BASE=<image> builds on another base.
+# TORCH=cpu builds the trainer and fill images with PyPI's torch but none of its CUDA wheels (images-load's default:
+# the real node has no GPU); TORCH=cuda (the default of `images`) with them.
 IMAGES ?= operator,trainer,fill
+TORCH ?=
 images: ## build the three images (ENGINE=docker or podman; ENGINE=buildah: no daemon, a local base, cached by their inputs)
 ifeq ($(ENGINE),buildah)
-	$(PYTHON) -P pipefill/devcluster/images.py --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE))
+	$(PYTHON) -P pipefill/devcluster/images.py --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE)) $(if $(TORCH),--torch $(TORCH))
 else
 	@command -v $(ENGINE) >/dev/null || { echo "make images: '$(ENGINE)' not found; set ENGINE=podman or ENGINE=buildah, or install a container engine" >&2; exit 2; }
 	$(ENGINE) build -f operator/Dockerfile -t $(REGISTRY)/operator:$(IMAGE_TAG) .
-	$(ENGINE) build -f trainer-image/Dockerfile -t $(REGISTRY)/trainer:$(IMAGE_TAG) .
-	$(ENGINE) build -f fill-image/Dockerfile -t $(REGISTRY)/fill:$(IMAGE_TAG) .
+	$(ENGINE) build -f trainer-image/Dockerfile --build-arg TORCH=$(or $(TORCH),cuda) -t $(REGISTRY)/trainer:$(IMAGE_TAG) .
+	$(ENGINE) build -f fill-image/Dockerfile --build-arg TORCH=$(or $(TORCH),cuda) -t $(REGISTRY)/fill:$(IMAGE_TAG) .
 endif
 
 images-load: $(STAMP) ## build the images with buildah (as ENGINE=buildah) and import them into the real node of `make cluster-node`
-	$(BIN)/python -m pipefill.devcluster.images --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE)) --load .cluster
+	$(BIN)/python -m pipefill.devcluster.images --registry $(REGISTRY) --tag $(IMAGE_TAG) --only $(IMAGES) $(if $(BASE),--base $(BASE)) $(if $(TORCH),--torch $(TORCH)) --load .cluster
+
+# Minutes the first time (the images' builds), about one more once they are cached; root, buildah and debootstrap.
+e2e: $(STAMP) cluster-bins ## the product on a real node (tests/e2e): CPU images, helm install, the CPU demo as real rank pods, faults
+	PIPEFILL_E2E=1 CI=true $(BIN)/pytest -q -p no:cacheprovider tests/e2e
 
 prometheus-bin: ## Prometheus and promtool into PIPEFILL_BINS/prometheus/ (default ~/.cache/pipefill/bins), once
 	@test "$$(cat "$(PROMETHEUS_DIR)/VERSION" 2>/dev/null)" = "$(PROMETHEUS_DEB)" || $(MAKE) --no-print-directory fetch-prometheus
@@ -143,4 +150,4 @@ clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check
+.PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check e2e

@@ -158,6 +158,8 @@ def apply_overlay(pod: dict[str, Any], overlay: PodTemplate) -> None:
     if overlay.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # keep resolving <pod>.<job> through the cluster DNS
+    if overlay.host_aliases:
+        spec["hostAliases"] = [to_obj(a) for a in overlay.host_aliases]
     containers = _containers(pod)
     for which, name in _CONTAINERS.items():
         if name in containers:

@@ -57,6 +57,9 @@ FILL_METRICS_PORT = 9401
 WORKDIR = "/workspace"
 SCRATCH_DIR = f"{WORKDIR}/runs"  # where relative outputs land (runs/…): writable, the image's /workspace stays visible
 HOME_DIR = "/home/pipefill"
+# Each container's own writable /tmp, HOME and caches (the images' XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR, ...: torch
+# writes there on import) on a read-only root filesystem: docs/operations.md, "User and writable paths".
+_OWN_DIRS = {"tmp": "/tmp", "home": HOME_DIR, "cache": "/var/cache/pipefill"}
 RANK_LABEL = "pipefill.io/rank"
 GENERATION_LABEL = "pipefill.io/generation"
 SPEC_GENERATION_LABEL = "pipefill.io/spec-generation"
@@ -190,8 +193,8 @@ def _volumes(job: PipelineTrainingJob, spec_in_map: bool) -> tuple[list[dict[str
         "scratch": {"name": "scratch", "mountPath": SCRATCH_DIR},
         "checkpoints": {"name": "checkpoints", "mountPath": _absolute(spec.checkpoint.path)},
     }
-    for container in ("trainer", "fill"):  # writable /tmp and HOME (caches) on a read-only root filesystem
-        for what, path in (("tmp", "/tmp"), ("home", HOME_DIR)):
+    for container in ("trainer", "fill"):
+        for what, path in _OWN_DIRS.items():
             volumes.append({"name": f"{container}-{what}", "emptyDir": {}})
             mounts[f"{container}-{what}"] = {"name": f"{container}-{what}", "mountPath": path}
     if spec.checkpoint.claim_name:
@@ -330,7 +333,7 @@ def rank_pod(
         GENERATION_LABEL: str(generation),
         **({SPEC_GENERATION_LABEL: str(spec_generation)} if spec_generation is not None else {}),
     }
-    trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", "trainer-tmp", "trainer-home")]
+    trainer_mounts = [mounts[k] for k in ("channel", "dshm", "spec", "scratch", *(f"trainer-{d}" for d in _OWN_DIRS))]
     trainer_mounts.append(mounts["checkpoints"])
     trainer_mounts += [mounts[k] for k in ("data", "model", "model-code") if k in mounts]
     trainer_res: dict[str, Any] = {"requests": {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}}
@@ -369,7 +372,8 @@ def rank_pod(
         pod_spec["containers"][0]["env"].append({"name": env.SCHEDULE_FILE, "value": f"{SPEC_MOUNT}/{key}"})
     if "fill-executor" in plans:
         fill = plans["fill-executor"]
-        fill_mounts = [mounts[k] for k in ("channel", "fill-shm", "scratch", "fill-tmp", "fill-home", "api-token")]
+        fill_mounts = [mounts[k] for k in ("channel", "fill-shm", "scratch", *(f"fill-{d}" for d in _OWN_DIRS))]
+        fill_mounts.append(mounts["api-token"])
         if "fill-storage" in mounts:
             fill_mounts.append(mounts["fill-storage"])
         fill_ports = [_port("fill-metrics", fill.metrics_port, host_network)]

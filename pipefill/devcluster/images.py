@@ -24,10 +24,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["IMAGES", "LOCAL_BASE", "context_files", "inputs_hash", "main"]
+__all__ = ["IMAGES", "LOCAL_BASE", "TORCH_BUILDS", "build_args", "context_files", "inputs_hash", "main"]
 
 IMAGES = {"operator": "operator/Dockerfile", "trainer": "trainer-image/Dockerfile", "fill": "fill-image/Dockerfile"}
 LOCAL_BASE = "pipefill.local/python:3.11-bookworm"
+TORCH_BUILDS = ("cuda", "cpu")
+"""the trainer and fill Dockerfiles' ``TORCH`` argument: PyPI's torch with its CUDA wheels, or without them"""
 _BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 _LABEL = "io.pipefill.inputs"
 # What the build's RUN steps need of the host to reach the package registry as the host does.
@@ -153,12 +155,20 @@ def local_base(say: Callable[[str], None] = _print) -> str:
     return LOCAL_BASE
 
 
-def build(name: str, ref: str, *, base: str, say: Callable[[str], None] = _print) -> str:
+def build_args(name: str, *, base: str, torch: str) -> dict[str, str]:
+    """The Dockerfile's build arguments: the base image, and for the trainer and fill images which torch (``cuda``:
+    with PyPI's CUDA wheels; ``cpu``: without them)."""
+    if torch not in TORCH_BUILDS:
+        raise ValueError(f"--torch {torch!r}: not a torch build; choose one of {', '.join(TORCH_BUILDS)}")
+    return {"PYTHON_IMAGE": base} | ({"TORCH": torch} if name != "operator" else {})
+
+
+def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[[str], None] = _print) -> str:
     """Build image ``name`` as ``ref`` on ``base`` unless an image with the same inputs is there; returns the hash."""
     root = _repo()
     base_id = _inspect(base, "{{.FromImageID}}") or base
-    build_args = {"PYTHON_IMAGE": base}
-    key = inputs_hash(root, IMAGES[name], build_args, base_id)
+    args = build_args(name, base=base, torch=torch)
+    key = inputs_hash(root, IMAGES[name], args, base_id)
     if _label(ref) == key:
         say(f"{ref}: cached (inputs {key})")
         return key
@@ -166,7 +176,7 @@ def build(name: str, ref: str, *, base: str, say: Callable[[str], None] = _print
     say(f"building {ref} from {IMAGES[name]} on {base} …")
     argv = ["buildah", "bud", "--quiet", "--isolation", "chroot", "--label", f"{_LABEL}={key}"]
     argv += [f"--volume={path}:{path}:ro" for path in _HOST_FILES if Path(path).exists()]
-    argv += [f"--build-arg={k}={v}" for k, v in build_args.items()]
+    argv += [f"--build-arg={k}={v}" for k, v in args.items()]
     _run(*argv, "-f", str(root / IMAGES[name]), "-t", ref, str(root))
     size = _run("buildah", "images", "--noheading", "--format", "{{.Size}}", ref)
     say(f"built {ref} in {time.monotonic() - started:.0f} s ({size})")
@@ -192,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(IMAGES), help="comma-separated: operator, trainer, fill")
     parser.add_argument("--base", default="", help=f"base image (default: {LOCAL_BASE}, made here)")
     parser.add_argument("--load", type=Path, help="also import into the real node of the cluster in this directory")
+    parser.add_argument(
+        "--torch",
+        choices=TORCH_BUILDS,
+        help="the trainer's and fill's torch: cuda (PyPI's CUDA wheels) or cpu (without them); default: cpu with "
+        "--load (the real node has no GPU), else cuda",
+    )
     args = parser.parse_args(argv)
+    torch = args.torch or ("cpu" if args.load else "cuda")
     say = _print
     if shutil.which("buildah") is None:
         say("error: no buildah: apt-get install buildah (Debian's package; no daemon needed)")
@@ -203,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         base = args.base or local_base(say)
-        keys = {n: build(n, f"{args.registry}/{n}:{args.tag}", base=base, say=say) for n in names}
+        keys = {n: build(n, f"{args.registry}/{n}:{args.tag}", base=base, torch=torch, say=say) for n in names}
         if args.load:
             from pipefill.devcluster import node
 

@@ -20,6 +20,7 @@ __all__ = [
     "EnvSource",
     "EnvVar",
     "ExtraResources",
+    "HostAlias",
     "KeyRef",
     "NameRef",
     "PodSecurity",
@@ -207,6 +208,15 @@ class Volume:
 
 
 @dataclass
+class HostAlias:
+    """An ``/etc/hosts`` entry of every rank pod: names that must resolve where no cluster DNS answers them (a
+    ``hostNetwork`` job on a cluster without DNS: ``MASTER_ADDR``, ``<job>-0.<job>``, at the node of rank 0)."""
+
+    ip: str = field(doc="IPv4 or IPv6 address.", pattern="^[0-9a-fA-F.:]+$", max_length=45)
+    hostnames: list[str] = field(doc="Names for it.", max_items=16)
+
+
+@dataclass
 class PodSecurity:
     """The numeric, non-root identity the containers run as (images must not rely on a user name)."""
 
@@ -242,6 +252,11 @@ class PodTemplate:
     host_network: bool = field(
         doc="Use the node's network (RDMA/NCCL setups); ports then differ per rank so ranks can share a node.",
         default=False,
+    )
+    host_aliases: list[HostAlias] = field(
+        doc="Extra /etc/hosts entries of every rank pod (names no cluster DNS resolves).",
+        max_items=16,
+        default_factory=list,
     )
     security: PodSecurity = field(doc="User and groups of the containers.", default_factory=lambda: PodSecurity())
     trainer: ContainerOverlay = field(

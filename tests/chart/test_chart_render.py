@@ -207,6 +207,23 @@ def test_operator_values_become_its_arguments(tmp_path: Path) -> None:
     assert "ports" not in off and "livenessProbe" not in off
 
 
+def test_on_a_cluster_without_a_pod_network_the_operator_uses_the_nodes_and_the_given_api_address(
+    tmp_path: Path,
+) -> None:
+    """The dev cluster's real node (`make e2e`): hostNetwork, and KUBERNETES_SERVICE_* pointing at the API server,
+    since no kube-proxy routes the `kubernetes` Service's address."""
+    api = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+    ]
+    objs = render({"operator": {"hostNetwork": True, "extraEnv": api}}, tmp_path)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert _operator_container(objs)["env"][1:] == api
+    default = one(render({}, tmp_path), "Deployment")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in default and "dnsPolicy" not in default
+
+
 def test_the_crd_templates_are_the_crds_generated_from_the_spec(tmp_path: Path) -> None:
     templates = CHART / "templates" / "crds"
     assert {p.name: p.read_text() for p in templates.glob("*.yaml")} == render_chart()

@@ -137,3 +137,14 @@ def test_image_references_agree_across_spec_chart_makefile_and_repository() -> N
             named.update(re.findall(r"ghcr\.io/pipefill/[\w.-]+:[\w.-]+", path.read_text(errors="replace")))
     assert named <= set(refs.values()), f"other image references: {sorted(named - set(refs.values()))}"
     assert all(f"`{ref}`" in DOCS for ref in refs.values())
+
+
+def test_the_rank_pods_mount_the_images_writable_paths_in_both_containers() -> None:
+    """On the read-only root filesystem torch writes its caches on import (TORCHINDUCTOR_CACHE_DIR, under
+    /var/cache/pipefill): found by the first real pod (make e2e). /workspace stays the image's (relative outputs go to
+    its runs/ scratch mount)."""
+    pod = pods.rank_pod(load_training_job(ROOT / "examples" / "cpu-demo.yaml"), 0)
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        mounted = {m["mountPath"] for m in container["volumeMounts"]}
+        assert _documented_mounts() - {pods.WORKDIR} <= mounted, container["name"]
+        assert pods.SCRATCH_DIR in mounted and container["securityContext"]["readOnlyRootFilesystem"] is True

@@ -45,6 +45,20 @@ def test_gpu_node_overlay_reaches_the_pod() -> None:
     kubernetes_validate.validate(pod, "1.36", strict=True)
 
 
+def test_host_aliases_resolve_rank_0_where_no_cluster_dns_answers() -> None:
+    """A hostNetwork job on a cluster without DNS (the dev cluster's real node) names rank 0's node for MASTER_ADDR."""
+    aliases = [{"ip": "127.0.1.10", "hostnames": ["cpu-demo-0.cpu-demo"]}]
+    job = _with_template({"hostNetwork": True, "hostAliases": aliases})
+    for rank in range(job.world_size):
+        pod = rank_pod(job, rank)
+        assert pod["spec"]["hostAliases"] == aliases
+        trainer = pod["spec"]["containers"][0]
+        master = next(e["value"] for e in trainer["env"] if e["name"] == "MASTER_ADDR")
+        assert master in aliases[0]["hostnames"]
+        kubernetes_validate.validate(pod, "1.36", strict=True)
+    assert "hostAliases" not in rank_pod(_with_template({}), 0)["spec"]
+
+
 def test_fill_overlay_env_from_and_affinity() -> None:
     affinity = {
         "nodeAffinity": {
