@@ -1,12 +1,11 @@
 """One description of a rank's pod, used by both the operator (as a Pod manifest) and ``pipefill local`` (as processes).
 
-Every rank of a ``PipelineTrainingJob`` runs one pod: the trainer container and, when filling is on, the fill
-executor as a native sidecar (an init container with ``restartPolicy: Always``: it starts first, is restarted when
-it crashes, and does not keep the pod alive after training ends). Both mount a memory-backed ``emptyDir``, the bubble
-channel. Commands, arguments and environment come from :func:`rank_containers` alone, so a local run and a cluster
-run cannot drift apart; what only a pod needs (security context, writable scratch on a read-only root filesystem, the
-fill's API token, the job's spec as a file, the user's ``spec.podTemplate``) is added by :func:`rank_pod`.
-"""
+Every rank of a ``PipelineTrainingJob`` runs one pod: the trainer and, when filling is on, the fill executor as a
+native sidecar (an init container with ``restartPolicy: Always``: it starts first, restarts when it crashes, and does
+not keep the pod alive after training ends), both on a memory-backed ``emptyDir``, the bubble channel. Commands,
+arguments and environment come from :func:`rank_containers` alone, so local and cluster runs cannot drift apart;
+what only a pod needs (security context, writable scratch on a read-only root, the fill's API token, the spec as a
+file, the user's ``spec.podTemplate``) is added by :func:`rank_pod`."""
 
 from __future__ import annotations
 
@@ -57,16 +56,14 @@ FILL_METRICS_PORT = 9401
 WORKDIR = "/workspace"
 SCRATCH_DIR = f"{WORKDIR}/runs"  # where relative outputs land (runs/…): writable, the image's /workspace stays visible
 HOME_DIR = "/home/pipefill"
-# Each container's own writable /tmp, HOME and caches (the images' XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR, ...: torch
-# writes there on import) on a read-only root filesystem: docs/operations.md, "User and writable paths".
+# Each container's own writable /tmp, HOME and caches (torch writes there on import), read-only root: docs/operations.md
 _OWN_DIRS = {"tmp": "/tmp", "home": HOME_DIR, "cache": "/var/cache/pipefill"}
 RANK_LABEL = "pipefill.io/rank"
 GENERATION_LABEL = "pipefill.io/generation"
 SPEC_GENERATION_LABEL = "pipefill.io/spec-generation"
 """the job's ``metadata.generation`` a pod was built from: a spec changed since shows as SpecChangePending"""
 _TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# Under hostNetwork the ports are the node's: ranks sharing a node need distinct ones, so each rank gets its own pair
-# (declared as host ports, the scheduler never places two ranks with the same pair on one node).
+# hostNetwork: ranks sharing a node need distinct ports, a pair each (host ports: the scheduler never co-places a pair)
 _HOST_PORT_SLOTS = 512
 
 
