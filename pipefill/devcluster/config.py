@@ -129,6 +129,9 @@ def component_argv(name: str, binary: Path, root: Path, ports: Ports, *, audit: 
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--use-service-account-credentials=true",
+            # kwok renews a simulated node's lease every 30 s (kwok.NODE_LEASE_S): a node is NotReady only after
+            # a few missed renewals, not after one renewal late on a saturated machine
+            "--node-monitor-grace-period=300s",
             # No pod CIDRs to hand out, no volumes to attach, no bootstrap tokens: leave those controllers out. And
             # no Endpoints/EndpointSlices: they refuse our loopback pod IPs and would retry with Warning Events, load
             # a real cluster does not have (nothing here routes to a Service anyway).

@@ -330,7 +330,10 @@ class _Step:
             message = f"all {world} ranks of generation {self.s.generation} run"
             self.cond(C.RUNNING, True, "AllRanksRunning", message)
             self.clear(C.RESTARTING, "Restarted", message)
-            self.event("Normal", "Running", message)
+            if self.s.generation > 0:
+                # like PodsCreated: a restarted gang running again is news, a new job's first one is told by the
+                # Running condition (at 1 000 jobs started at once, this Event was one request in twelve: #29)
+                self.event("Normal", "Running", message)
             self.deadline_exceeded()  # arms the requeue for activeDeadlineSeconds
         elif not running and self.s.phase != JobPhase.RUNNING:
             # a restarted gang is Restarting until all of its ranks run again

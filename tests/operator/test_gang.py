@@ -101,7 +101,7 @@ def test_a_new_job_creates_every_rank_then_runs() -> None:
     pods = [_pod(r) for r in range(WORLD)]
     running = _step(job, half.status, pods)
     assert running.status.phase == JobPhase.RUNNING and running.status.ranks_ready == WORLD
-    assert _cond(running.status, "Running") == ("True", "AllRanksRunning") and _reasons(running) == ["Running"]
+    assert _cond(running.status, "Running") == ("True", "AllRanksRunning") and _reasons(running) == []
     _assert_stable(job, running, pods)
 
 
@@ -135,6 +135,7 @@ def test_retryable_exit_restarts_the_whole_gang_once_after_the_old_one_is_gone()
     new = [_pod(r, 1) for r in range(WORLD)]
     back = _step(job, gone.status, new)
     assert back.status.phase == JobPhase.RUNNING and _cond(back.status, "Restarting") == ("False", "Restarted")
+    assert _reasons(back) == ["Running"]  # a restarted gang running again is news, a new job's first one is not
     _assert_stable(job, back, new)
 
 

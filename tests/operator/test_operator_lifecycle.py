@@ -86,7 +86,7 @@ def test_create_makes_every_child_owned_and_the_gang_runs_on_gpu_nodes(
     )
     assert status["startTime"] and (condition(job, "Created") or {}).get("status") == "True"
     assert "finalizers" not in job["metadata"]
-    kube.wait_events(namespace, {"Running", "CheckpointsNotShared"})
+    kube.wait_events(namespace, {"CheckpointsNotShared"})
 
 
 def test_each_rank_pod_carries_its_jobs_spec_for_the_trainer_at_no_request_of_its_own(
