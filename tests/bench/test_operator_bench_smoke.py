@@ -40,13 +40,13 @@ def test_150_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
     assert result["all_running"] and result["jobs_running"] == 150 and result["pods"] == 1200, result
     assert done.returncode == 0, done.stderr[-3000:]
     assert result["reconciles"] > 0 and result["operator_peak_rss_mib"] > 0
-    # creates are a count, not a speed: per job 8 pods, the Service and the Running Event (the namespace's fill
-    # identity once); the spec reaches the pods in their annotation (no ConfigMap: that was 13 a job), a new job's
-    # first PodsCreated is told by its condition and the missing checkpoint claim by the chart's admission policy
-    # (that was 12). Slack for a retry.
+    # creates are a count, not a speed: per job 8 pods and the Service (the namespace's fill identity once); the
+    # spec reaches the pods in their annotation (no ConfigMap: that was 13 a job), a new job's first PodsCreated and
+    # Running are told by its conditions and the missing checkpoint claim by the chart's admission policy (that was
+    # 12). Slack for a retry.
     assert result["admission_policy"] is True
     creates = result["api_requests_per_job_by_method"]["POST"]
-    assert 10 <= creates < 10.5, result["api_requests_per_job_by_method"]
+    assert 9 <= creates < 9.5, result["api_requests_per_job_by_method"]
     # where the CPU went: every component of the control plane was measured and worked while the jobs started
     cpu = result["control_plane_cpu_s"]
     assert set(cpu) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}, cpu
