@@ -321,7 +321,7 @@ class _Step:
                 self.cond(C.CREATED, True, "PodsCreated", message)
                 if self.s.generation > 0:
                     # a restart's new gang is news; a new job's first one is what ``kubectl apply`` asked for, told
-                    # by the condition now and by the Running Event once it runs (an Event is a request: #29)
+                    # by the Created condition now and the Running one once it runs (an Event is a request: #29)
                     self.event("Normal", "PodsCreated", message)
         self.s.ranks_ready = sum(1 for p in current if p.trainer_running)
         running = self.s.ranks_ready == world
