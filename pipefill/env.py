@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 __all__ = [
+    "AUTO_MIN_BUBBLE_MS",
     "BASELINE_EVERY_STEPS",
     "CHANNEL_DIR",
     "COMM_TIMEOUT_S",
@@ -50,6 +51,7 @@ __all__ = [
     "env_float",
     "env_int",
     "fill_max_active_jobs",
+    "min_bubble_s",
 ]
 
 _N = TypeVar("_N", int, float)
@@ -127,6 +129,26 @@ def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None
 def env_float(name: str, default: float, *, environ: Mapping[str, str] | None = None) -> float:
     """A number environment variable (of ``environ``, default ``os.environ``); the error names it."""
     return _env_number(name, default, float, "a number", environ)
+
+
+AUTO_MIN_BUBBLE_MS = 5.0
+"""With spec.fill.minBubbleMilliseconds unset: the announcement floor while the fill has not said its own (and what
+the fill queue plans with; the fill's floor, once measured, replaces it in the trainer)"""
+
+
+def min_bubble_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """:data:`FILL_MIN_BUBBLE_MS` of ``environ`` in seconds; None where it is unset or empty (the spec leaves
+    ``spec.fill.minBubbleMilliseconds`` out: the fill's own floor decides)."""
+    e = os.environ if environ is None else environ
+    if not e.get(FILL_MIN_BUBBLE_MS, ""):
+        return None
+    value = env_float(FILL_MIN_BUBBLE_MS, 0.0, environ=e)
+    if value < 0:
+        raise ValueError(
+            f"environment variable {FILL_MIN_BUBBLE_MS}={value:g} must be ≥ 0 milliseconds; unset it for the fill's "
+            "own floor"
+        )
+    return value / 1000
 
 
 def fill_max_active_jobs(environ: Mapping[str, str] | None = None) -> int:

@@ -103,8 +103,7 @@ def _ports(job: PipelineTrainingJob, rank: int) -> tuple[int, int]:
 
 def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int | None = None) -> list[ContainerPlan]:
     """The fill executor (when filling is on) and the trainer of ``rank``, in start order. ``max_active_jobs``: the
-    fill jobs an executor runs at once, where the caller sets one (the operator: its queue's limit, so executor and
-    queue agree); None leaves the executor's default."""
+    fill jobs an executor runs at once (the operator's queue's limit, so the two agree; None: the executor's)."""
     _check_rank(job, rank)
     spec = job.spec
     trainer_port, fill_port = _ports(job, rank)
@@ -131,11 +130,12 @@ def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int
             env.RANK: str(rank),
             env.WORK_SOURCE: "kubernetes",
             env.FILL_RESERVED_BYTES: str(parse_bytes(spec.fill.reserved_memory, field="spec.fill.reservedMemory")),
-            env.FILL_MIN_BUBBLE_MS: str(spec.fill.min_bubble_milliseconds),
             env.FILL_GUARD_MS: str(spec.fill.guard_milliseconds),
             env.METRICS_PORT: str(fill_port),
             env.DEVICE: "cpu" if spec.gpu_sharing.mode == SharingMode.NONE or spec.resources.gpus == 0 else "cuda",
         }
+        if spec.fill.min_bubble_milliseconds is not None:  # unset: the fill's own floor
+            fill_env[env.FILL_MIN_BUBBLE_MS] = str(spec.fill.min_bubble_milliseconds)
         if spec.fill.storage is not None:
             fill_env[env.FILL_STORAGE_DIR] = spec.fill.storage.mount_path
         if max_active_jobs is not None:

@@ -70,7 +70,7 @@ def command_env(job: PipelineTrainingJob, rank: int, *, master_addr: str, master
         out |= {
             HOOK_ENV: "1",
             "PYTHONPATH": f"{HOOK_DIR}/boot:{HOOK_DIR}/lib",
-            env.FILL_MIN_BUBBLE_MS: str(fill.min_bubble_milliseconds),
+            env.FILL_MIN_BUBBLE_MS: "" if fill.min_bubble_milliseconds is None else str(fill.min_bubble_milliseconds),
             env.FILL_RESERVED_BYTES: str(parse_bytes(fill.reserved_memory, field="spec.fill.reservedMemory")),
         }
     return out

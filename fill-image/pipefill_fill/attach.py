@@ -44,6 +44,9 @@ class ChannelLink:
             ObservedBubble(r.actual_s, r.free_bytes, str(r.kind)) for r in self.consumer.history() if r.actual_ns > 0
         ]
 
+    def publish_floor(self, floor_s: float) -> None:
+        self.consumer.publish_floor(floor_s)
+
     @property
     def gpu_uuids(self) -> tuple[str, ...]:
         return self.consumer.info().gpu_uuids

@@ -111,6 +111,27 @@ class Dispatcher:
         )
         return chosen, why, out, batch
 
+    def floor_s(self) -> float:
+        """The shortest bubble the active jobs can use now (published on the channel for the trainer's announcement
+        floor): the wake-up (the 90th percentile of the last ones), the guard, and the smallest unit of work of any
+        job — its smallest piece where its steps come in pieces, else its smallest whole step — at the step times
+        measured since its profile. 0.0 (no estimate) with no job, or while a job is being profiled: the trainer
+        then keeps its default floor."""
+        units = []
+        for a in self.jobs.active.values():
+            if a.profile is None or a.model is None:
+                return 0.0
+            model, costs = a.model, a.piece_costs()
+            if costs:
+                first = costs.points[0]
+                unit_s = model.base_s(first.batch_size) * min(t / sum(first.piece_s) for t in first.piece_s)
+            else:
+                unit_s = model.base_s(1 if a.any_batch_size else model.sizes[0])
+            units.append(unit_s * model.factor())
+        if not units:
+            return 0.0
+        return self.switch.predict_s() + self.settings.guard_s + min(units)
+
     def _steps(
         self,
         name: str,

@@ -57,6 +57,8 @@ class Link(Protocol):
 
     def recent_bubbles(self) -> list[ObservedBubble]: ...
 
+    def publish_floor(self, floor_s: float) -> None: ...
+
 
 @dataclass(frozen=True)
 class Attached:
@@ -232,6 +234,7 @@ class Runner:
                 self.jobs.after_bubble(name, out)
                 if name not in self.jobs.active:
                     self._next_poll = 0.0  # room for another job
+        self.link.publish_floor(self.dispatcher.floor_s())  # the trainer announces no bubble shorter (if unset)
 
     def _fill(
         self, bubble: Any, deadline_ns: int, offered_s: float, *, exclude: str | None = None

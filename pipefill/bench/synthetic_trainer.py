@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             close_ns = time.monotonic_ns()
             if log is not None and i >= warmup:
                 log.write(
-                    json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns}) + "\n"
-                )
+                    json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns,
+                                "fill_floor_ns": int(ch.fill_floor_s() * 1e9)}) + "\n"  # what the fill said then
+                )  # fmt: skip
             if i >= warmup:
                 events.write(BubbleEvent(step=i, idx=0, kind="steady", start_ns=start_ns, end_ns=close_ns,
                                          predicted_s=length_s, announced=True))  # fmt: skip

@@ -207,6 +207,11 @@ class Consumer:
         """Record that the fill is alive (waiting and acknowledging do this too)."""
         self._m.q[L.Q_FILL_HEARTBEAT] = time.monotonic_ns()
 
+    def publish_floor(self, floor_s: float) -> None:
+        """Tell the trainer the shortest bubble the fill can use now (0: no estimate); a trainer whose
+        ``spec.fill.minBubbleMilliseconds`` is unset announces no shorter bubble (one aligned store)."""
+        self._m.q[L.Q_FILL_FLOOR] = max(0, int(floor_s * 1e9))
+
     def history(self) -> list[BubbleRecord]:
         return self._m.history()
 
@@ -269,6 +274,7 @@ class Consumer:
         self._answer_seq = seq + (seq & 1)  # a fill that died mid-write left it odd
         mapping.d[L.I_FILL_PID] = os.getpid()
         mapping.d[L.I_FILL_WAITING] = 0
+        mapping.q[L.Q_FILL_FLOOR] = 0  # a fill that left said what its own work needed, not this one's
         self._answer(0, state=L.FILL_IDLE, now_ns=time.monotonic_ns())
 
     def _take(self) -> tuple[Bubble | None, int]:

@@ -28,7 +28,9 @@ __all__ = [
 MAGIC = b"PIPEFILL"
 """The first 8 bytes of every channel file."""
 LAYOUT_VERSION = 1
-"""Bumped on any change of this table; both sides refuse a file of another version."""
+"""Bumped on any change of this table that a reader of the version before would misread; both sides refuse a file of
+another version. A field added where the file was all zero bytes, whose 0 means what its absence meant, is no such
+change (``fill_floor_ns``: 0 is "no estimate", what a fill of before said by writing nothing)."""
 
 MAX_GPUS = 8
 UUID_BYTES = 64
@@ -95,6 +97,7 @@ FIELDS: tuple[Field, ...] = (
     Field(_H, "gpu_count", 92, "u32", "-", _T, "valid entries of gpu_uuids (0..8)"),
     Field(_H, "job_name", 96, "char[64]", "UTF-8", _T, "job name, NUL-padded"),
     Field(_H, "gpu_uuids", 160, "char[512]", "ASCII", _T, '8 × 64 bytes, NUL-padded, e.g. "GPU-5f2c…"'),
+    Field(_H, "fill_floor_ns", 672, "u64", "ns", _F, "shortest bubble the fill can use now; 0: no estimate"),
     Field(_B, "bubble_seq", 1024, "u64", "-", _T, "seqlock, odd while writing; low 32 bits are the futex word"),
     Field(_B, "bubble_id", 1032, "u64", "-", _T, "current bubble, monotonic from 1, continued over restarts"),
     Field(_B, "bubble_state", 1040, "u32", "enum", _T, "0 none yet, 1 open, 2 closed"),
@@ -181,6 +184,7 @@ OFF_DEVICE_SEQ = _field(_H, "device_seq").offset
 OFF_IDENTITY = _field(_H, "rank").offset
 OFF_GPU_COUNT = _field(_H, "gpu_count").offset
 OFF_JOB_NAME = _field(_H, "job_name").offset
+OFF_FILL_FLOOR = _field(_H, "fill_floor_ns").offset
 OFF_GPU_UUIDS = _field(_H, "gpu_uuids").offset
 OFF_BUBBLE_SEQ = _field(_B, "bubble_seq").offset
 OFF_BUBBLE_DATA = _field(_B, "bubble_id").offset
@@ -197,6 +201,7 @@ Q_ANSWER_SEQ = OFF_ANSWER_SEQ // 8
 Q_DEVICE_SEQ = OFF_DEVICE_SEQ // 8
 Q_TRAINER_HEARTBEAT = OFF_TRAINER_HEARTBEAT // 8
 Q_FILL_HEARTBEAT = OFF_FILL_HEARTBEAT // 8
+Q_FILL_FLOOR = OFF_FILL_FLOOR // 8
 I_CHANNEL_STATE = OFF_CHANNEL_STATE // 4
 I_FILL_WAITING = OFF_FILL_WAITING // 4
 I_FILL_PID = OFF_FILL_PID // 4

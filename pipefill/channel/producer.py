@@ -184,6 +184,10 @@ class Producer:
         """Whether a fill executor is attached and alive (its lock is held; one fcntl, never waits)."""
         return self._fill_lock.held()
 
+    def fill_floor_s(self) -> float:
+        """The shortest bubble the fill says it can use now (0.0: it has no estimate, or no fill has said one)."""
+        return float(self._q[L.Q_FILL_FLOOR]) / 1e9
+
     def fill_answer(self) -> FillAnswer | None:
         """The fill's answer block, or None when the fill is stuck mid-write (it died there, or is preempted)."""
         return self._m.read_answer()

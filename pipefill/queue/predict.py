@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from pipefill.env import AUTO_MIN_BUBBLE_MS
 from pipefill.plan import BubbleClass, ObservedBubble, classes_from_bubbles
 from pipefill.schedules import Costs, MemoryModel, simulate
 from pipefill.spec import PipelineTrainingJobSpec, parse_bytes
@@ -63,9 +64,16 @@ def predict_ranks(spec: PipelineTrainingJobSpec, *, schedule_csv: str | None = N
         model.vocab_size,
         model.tied_embeddings,
         parse_bytes(spec.fill.reserved_memory, field="spec.fill.reservedMemory"),
-        spec.fill.min_bubble_milliseconds / 1e3,
+        _min_bubble_ms(spec) / 1e3,
     )
     return _predict(*key)
+
+
+def _min_bubble_ms(spec: PipelineTrainingJobSpec) -> float:
+    """The announcement floor the queue plans with: the spec's, or — unset, where each executor measures its own —
+    the floor a trainer uses before its executor has said one."""
+    ms = spec.fill.min_bubble_milliseconds
+    return AUTO_MIN_BUBBLE_MS if ms is None else ms
 
 
 @functools.lru_cache(maxsize=256)

@@ -102,8 +102,13 @@ class FillSettings:
     reserved_memory: int | str = field(
         doc="Device memory kept free for fill work (quantity).", quantity=True, default="2Gi"
     )
-    min_bubble_milliseconds: float = field(
-        doc="Bubbles shorter than this are not announced.", unit="ms", minimum=0, maximum=60000, default=5.0
+    min_bubble_milliseconds: float | None = field(
+        doc="Bubbles shorter than this are not announced; unset: the fill's own floor, measured (its wake-up, the "
+        "guard and its smallest step or piece), 5 ms until it has one.",
+        unit="ms",
+        minimum=0,
+        maximum=60000,
+        default=None,
     )
     guard_milliseconds: float = field(
         doc="The fill must yield this long before a bubble's expected end.",

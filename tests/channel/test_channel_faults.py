@@ -176,6 +176,19 @@ def test_device_and_identity_reach_the_fill(channel_dir: Path) -> None:
         assert c.info().gpu_uuids == ("GPU-a", "GPU-b")
 
 
+def test_the_fills_floor_reaches_the_trainer_and_a_new_fill_starts_without_one(channel_dir: Path) -> None:
+    with Producer.create(channel_dir=channel_dir) as p:
+        assert p.fill_floor_s() == 0.0  # no fill yet: no estimate
+        with Consumer.attach(channel_dir=channel_dir, timeout_s=1) as c:
+            c.publish_floor(0.00125)
+            assert p.fill_floor_s() == pytest.approx(0.00125, abs=1e-9)
+        # the fill left its floor behind: the next fill's work may need another, so it says none until it knows
+        with Consumer.attach(channel_dir=channel_dir, timeout_s=1) as c:
+            assert p.fill_floor_s() == 0.0
+            c.publish_floor(-1.0)  # clamped: a floor is never negative
+            assert p.fill_floor_s() == 0.0
+
+
 def test_answer_and_history_reach_the_trainer(channel_dir: Path) -> None:
     with (
         Producer.create(channel_dir=channel_dir, ring_capacity=4) as p,

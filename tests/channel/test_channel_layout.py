@@ -53,7 +53,7 @@ def test_every_field_has_one_writer_and_the_header_is_the_trainers() -> None:
     assert {f.writer for f in L.FIELDS} == {"trainer", "fill"}
     fill_fields = {f.name for f in L.FIELDS if f.writer == "fill" and f.block in FIXED}
     assert fill_fields == {
-        "fill_pid", "fill_heartbeat_ns", "fill_waiting", "answer_seq", "answer_bubble_id", "fill_state",
+        "fill_pid", "fill_heartbeat_ns", "fill_floor_ns", "fill_waiting", "answer_seq", "answer_bubble_id", "fill_state",
         "reserved_1236", "yielded_ns", "used_ns", "overrun_ns", "work", "acked_total", "used_total_ns",
         "overrun_total_ns", "work_total",
     }  # fmt: skip

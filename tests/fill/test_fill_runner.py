@@ -60,6 +60,10 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     )
     worked = [b for b in bubbles if b.spans_ns]
     assert len(worked) >= 40 and sum(b.items for b in bubbles) > 0
+    # the floor the executor published for the trainer's announcements (#25): its wake-up, the guard (1 ms) and its
+    # smallest step, well below the 10 ms bubbles it used (the producer logged it as it read it after each bubble)
+    floor_s = closes[max(closes)]["fill_floor_ns"] / 1e9
+    assert 0.001 < floor_s < 0.010, floor_s
     for b in worked:
         close_ns = closes[b.id]["close_ns"]
         for start, end in b.spans_ns:

@@ -92,6 +92,9 @@ class _Producer:
     def close_bubble(self, bubble_id: int) -> None:
         self.closed.append(bubble_id)
 
+    def fill_floor_s(self) -> float:
+        return 0.0
+
 
 def test_announcer_skips_short_bubbles_and_learns_from_measurements() -> None:
     actions = [Action(0, Kind.F, 0), Action(0, Kind.B, 0)]

@@ -14,12 +14,10 @@ from pathlib import Path
 
 from pipefill import env
 
-__all__ = ["DEFAULT_MIN_BUBBLE_MS", "ENV_PROFILE_STEPS", "HookSettings"]
+__all__ = ["ENV_PROFILE_STEPS", "HookSettings"]
 
 ENV_PROFILE_STEPS = "PIPEFILL_HOOK_PROFILE_STEPS"
 """steps before bubbles are announced: the first is warm-up, the others are measured (default 3, at least 2)"""
-DEFAULT_MIN_BUBBLE_MS = 5.0
-"""spec.fill.minBubbleMilliseconds' default"""
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,8 @@ class HookSettings:
     """None: bubbles are measured, not announced (``spec.fill.enabled: false``)"""
     metrics_port: int
     out_dir: Path | None
-    min_bubble_s: float
+    min_bubble_s: float | None
+    """spec.fill.minBubbleMilliseconds in seconds; None (unset): the fill's floor (pipefill_trainer.instrument)"""
     reserved_bytes: int
     """the device memory a bubble offers on CPU (``spec.fill.reservedMemory``)"""
     late_after_s: float
@@ -58,7 +57,7 @@ class HookSettings:
             channel_dir=Path(channel) if channel and local_rank == 0 else None,
             metrics_port=env.env_int(env.METRICS_PORT, 0, environ=e) if local_rank == 0 else 0,
             out_dir=Path(out) if out else None,
-            min_bubble_s=env.env_float(env.FILL_MIN_BUBBLE_MS, DEFAULT_MIN_BUBBLE_MS, environ=e) / 1000,
+            min_bubble_s=env.min_bubble_s(environ=e),
             reserved_bytes=env.env_int(env.FILL_RESERVED_BYTES, 0, environ=e),
             late_after_s=env.env_int(env.TRAINER_LATE_ANNOUNCE_US, 0, environ=e) / 1e6,
             baseline_every_steps=env.env_int(env.BASELINE_EVERY_STEPS, 50, environ=e),

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
             assert trainer.announcer is not None
             for rec in trainer.announcer.records:  # the bubbles big enough to announce
                 measured = (rec.end_ns - rec.start_ns) / 1e9
-                if rec.predicted_s >= trainer.announcer.min_bubble_s and measured > 0:
+                if rec.predicted_s >= trainer.announcer.floor_s() and measured > 0:
                     errors.append(abs(rec.predicted_s - measured) / measured)
             step += 1
         dist.barrier()

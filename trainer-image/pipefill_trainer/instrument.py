@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipefill.env import AUTO_MIN_BUBBLE_MS
 from pipefill.schedules.model import Action, Kind
 from pipefill.schedules.timeline import Timeline
 
@@ -44,6 +45,8 @@ class BubbleProducer(Protocol):
     def open_bubble(self, *, expected_duration_s: float, free_bytes: int, kind: str, step: int, mb_idx: int) -> int: ...
 
     def close_bubble(self, bubble_id: int) -> None: ...
+
+    def fill_floor_s(self) -> float: ...
 
 
 @dataclass
@@ -141,7 +144,8 @@ class BubbleAnnouncer:
     actions: Sequence[Action]
     slots: dict[int, Slot]
     producer: BubbleProducer | None
-    min_bubble_s: float
+    min_bubble_s: float | None
+    """spec.fill.minBubbleMilliseconds in seconds; None (unset): the fill's floor on the channel (:meth:`floor_s`)"""
     free_bytes: Callable[[], int]
     late_after_s: float = 0.0
     """announce a wait that was not announced once it has lasted this long (0: never)"""
@@ -153,6 +157,14 @@ class BubbleAnnouncer:
 
     def __post_init__(self) -> None:
         self._kind_of = _kinds(self.actions)
+
+    def floor_s(self) -> float:
+        """The shortest bubble announced now: the spec's minimum where it sets one, otherwise the floor the fill
+        published on the channel (the shortest bubble its work can use), or ``AUTO_MIN_BUBBLE_MS`` while it has none."""
+        if self.min_bubble_s is not None:
+            return self.min_bubble_s
+        floor_s = self.producer.fill_floor_s() if self.producer is not None else 0.0
+        return floor_s if floor_s > 0 else AUTO_MIN_BUBBLE_MS / 1e3
 
     def begin_step(self, step: int, *, quiet: bool = False) -> None:
         """``quiet``: announce no bubble in this step (measured as usual): a step of the no-fill baseline."""
@@ -167,7 +179,7 @@ class BubbleAnnouncer:
             return
         rec = _Record(action_idx, slot.kind, slot.predicted_s, now)
         self.records.append(rec)
-        if self.producer is not None and slot.predicted_s >= self.min_bubble_s and not self.quiet:
+        if self.producer is not None and not self.quiet and slot.predicted_s >= self.floor_s():
             bubble_id = self.producer.open_bubble(
                 expected_duration_s=slot.predicted_s,
                 free_bytes=self.free_bytes(),
@@ -191,7 +203,7 @@ class BubbleAnnouncer:
         if slot is None or rec.action_idx != action_idx:
             return
         remaining_s = slot.late_remaining_s(self.late_after_s)
-        if remaining_s is None or remaining_s < self.min_bubble_s:
+        if remaining_s is None or remaining_s < self.floor_s():
             return
         until_ns = rec.start_ns + int(self.late_after_s * 1e9)
         while time.monotonic_ns() < until_ns:

@@ -308,11 +308,12 @@ class Trainer:
             timeline = prediction.timeline.to_dict(with_actions=False)
             (p.cfg.out_dir / "timeline.json").write_text(json.dumps(timeline, indent=1))
         p.peers.follow(prediction.timeline, p.topology.pp_rank)
+        min_ms = p.cfg.job.spec.fill.min_bubble_milliseconds  # None: the fill's floor (instrument.py)
         announcer = BubbleAnnouncer(
             actions=p.pipeline.executor.actions,
             slots=prediction.slots,
             producer=p.producer,
-            min_bubble_s=p.cfg.job.spec.fill.min_bubble_milliseconds / 1000,
+            min_bubble_s=None if min_ms is None else min_ms / 1000,
             free_bytes=free_bytes_fn(p.device, reserved_bytes=p.cfg.reserved_bytes),
             late_after_s=p.cfg.late_announce_s,
         )
