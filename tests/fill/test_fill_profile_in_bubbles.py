@@ -39,8 +39,8 @@ def _scripted(task: FillTask, clock: _Clock, costs_ms: Iterator[float]) -> None:
     task.workload.step = timed  # type: ignore[method-assign]
 
 
-def _profiler(jobs_dir: Path, clock: _Clock, costs_ms: list[float]) -> BubbleProfiler:
-    task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters={**PARAMS, "batchSizes": [2, 4]}))
+def _profiler(jobs_dir: Path, clock: _Clock, costs_ms: list[float], *, total: int = 10**5) -> BubbleProfiler:
+    task = open_task(write_job(jobs_dir, "enc", total=total, parameters={**PARAMS, "batchSizes": [2, 4]}))
     task.use_pieces = False  # whole steps: one scripted cost each
     _scripted(task, clock, iter(costs_ms))
     profiler = BubbleProfiler(task, CPU, memory_budget_bytes=1 << 30, warmup=1, repeats=5, clock=clock)
@@ -76,3 +76,23 @@ def test_a_profile_completed_in_a_bubble_is_cached_after_it(jobs_dir: Path, prof
     assert not list(profile_cache.glob("*.json"))  # no file I/O in the bubble's budget
     profiler.store()  # between bubbles (Jobs.profiled)
     assert len(list(profile_cache.glob("*.json"))) == 1
+
+
+def test_a_profile_whose_job_ran_out_of_work_ends_without_failing_the_job(jobs_dir: Path, profile_cache: Path) -> None:
+    """A small job's early steps can finish its slice while larger sizes are still being measured; its next
+    measurements do no units. They used to make a ProfilePoint of 0 items (ValueError: the job Failed although its
+    work was done, seen in a 20-job queue run); now the profile ends with the sizes measured, and is not shared."""
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [1.0] * 100, total=64)
+    while profiler.batch_size == 2:
+        profiler.measure_one()
+    task = profiler.task
+    profiler.pause()
+    while not task.done():
+        task.step(16)
+    profiler.measure_one()
+    while profiler.result is None:
+        profiler.measure_one()
+    assert [p.batch_size for p in profiler.result.points] == [2] and profiler.stopped_by == "done"
+    profiler.store()
+    assert not list(profile_cache.glob("*.json"))
