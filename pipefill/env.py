@@ -99,7 +99,8 @@ POD_UID = "PIPEFILL_POD_UID"  # the pod's metadata.uid (downward API): the execu
 # Fill executor and operator both
 FILL_MAX_ACTIVE_JOBS = "PIPEFILL_FILL_MAX_ACTIVE_JOBS"
 """FillJobs one rank's executor works on at once (one more while a job's last commit is being written: the next one
-is prepared meanwhile, fill.md "Switches between jobs"), and so the most the operator's queue assigns to one rank pod;
+is prepared meanwhile, fill.md "Switches between jobs"), and so the most the operator's queue assigns to one rank pod
+(one more while a job there is expected to finish within 30 s: ``pipefill.queue.state.FINISHING_LEAD_S``);
 default :data:`DEFAULT_FILL_MAX_ACTIVE_JOBS`. More jobs per rank let a job use bubble classes another cannot, but a
 job that shares its only class with another waits for it."""
 DEFAULT_FILL_MAX_ACTIVE_JOBS = 2

@@ -35,6 +35,7 @@ class ActiveJob:
     margin: Margin = field(default_factory=Margin)
     profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)
     early: StepModel | None = None  # the step model of the sizes measured while the profile goes on
+    seed: StepModel | None = None  # the step model of the last job of its workload here: its first steps' margins
     _costs: tuple[object, PieceCosts | None] | None = None  # (the profile, its piece costs)
     started: str = field(default_factory=now_rfc3339)
     reported_at: float = 0.0
@@ -61,8 +62,16 @@ class ActiveJob:
         if not points:
             return None
         if self.early is None or len(self.early.sizes) != len(points):
-            self.early = StepModel({p.batch_size: p.step_s for p in points})
+            self.early = self.step_model({p.batch_size: p.step_s for p in points})
         return self.early
+
+    def step_model(self, profiled_s: dict[int, float]) -> StepModel:
+        """A step model of ``profiled_s`` that starts from the steps measured already (by the early model, else by the
+        last job of the workload), not cold (:data:`pipefill_fill.predict.COLD_RATIO`)."""
+        model = StepModel(profiled_s)
+        if (known := self.early or self.seed) is not None:
+            model.adopt_ratios(known)
+        return model
 
     def piece_costs(self) -> PieceCosts | None:
         """The pieces of the job's steps, from its complete profile: None when its workload runs whole steps only (or

@@ -290,7 +290,7 @@ def run_profile_steps(
     out = BubbleOutcome()
     while profiler.result is None:
         start = clock()
-        guess = profiler.predict_s()
+        guess = profiler.bound_s()  # conservative: a measurement is a first look at its size's cost
         retry = not profiler.measured and not out.steps and profiler.misses >= PROFILE_MISSES
         if guess is None:
             if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:

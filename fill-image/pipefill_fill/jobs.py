@@ -80,6 +80,7 @@ class Jobs:
         self.writer = writer or CommitWriter()  # the file part of every commit, off the filling thread
         self.built: dict[str, object] = {}  # workload and device -> its last instance (claim_slice, reuse)
         self.warm: dict[str, dict[int, float]] = {}  # workload and device -> batch sizes called already -> warm s
+        self.models: dict[str, StepModel] = {}  # workload and device -> the step model of its last job here
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -98,14 +99,12 @@ class Jobs:
                 self._start(spec)
 
     def finishing(self) -> int:
-        """Active jobs whose slice has all its work stepped: only its last commit is left (written off the filling
-        thread), and it takes no more bubbles for steps."""
+        """Active jobs whose slice is all stepped: only its last commit is left (written off the filling thread)."""
         return sum(1 for a in self.active.values() if a.profile is not None and a.task.done())
 
     def room(self) -> bool:
-        """Whether another job may be started: fewer than ``max_active`` jobs with work left to step, and one more
-        than that at most (the next job is prepared — claimed, set up, warm — while a finishing job's last commit is
-        written, so the switch does not wait for the disk)."""
+        """Whether another job may start: fewer than ``max_active`` with work left to step, one more at most (the next
+        is prepared — claimed, set up, warm — while a finishing job's last commit is written: no switch waits on it)."""
         working = len(self.active) - self.finishing()
         return working < self.max_active and len(self.active) < self.max_active + 1
 
@@ -134,7 +133,7 @@ class Jobs:
             if job.done():  # completed now, or before with the report lost with its executor
                 self._succeeded(spec, job, started=None)
             return
-        a = ActiveJob(spec, job, task, *self._tools(task))
+        a = ActiveJob(spec, job, task, *self._tools(task), seed=self.models.get(built_key(task, self.device)))
         self.active[spec.name] = a
         self.metrics.job_started(spec.name, total=spec.total, committed=job.committed())
         self.generation += 1
@@ -146,26 +145,25 @@ class Jobs:
         self._report(spec, job, FillJobPhase.RUNNING, start_time=a.started)
 
     def _warm_up(self, a: ActiveJob, started_ns: int) -> bool:
-        """A slice just opened: its first calls between bubbles (:func:`warmup.start_slice`). False when the workload
-        raised (the job failed)."""
+        """A slice just opened: its first calls between bubbles (:func:`warmup.start_slice`); False: the job failed."""
         try:
-            start_slice(
-                a, started_ns, self.warm.setdefault(built_key(a.task, self.device), {}), self.device, self.events
-            )
+            start_slice(a, started_ns, self.warm.setdefault(self._key(a), {}), self.device, self.events)
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
         return True
 
     def _warm(self, a: ActiveJob, sizes: list[int], *, instance: bool) -> tuple[list[int], dict[int, float]]:
-        return warm(self.warm.setdefault(built_key(a.task, self.device), {}), a, sizes, self.device, instance=instance)
+        return warm(self.warm.setdefault(self._key(a), {}), a, sizes, self.device, instance=instance)
+
+    def _key(self, a: ActiveJob) -> str:
+        return built_key(a.task, self.device)  # its workload on this device: what its jobs here share
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
-        """The profiler (the profile cached in the job's directory, when there is one) and offloader of a slice."""
+        """The profiler (the profile cached for its workload, when there is one) and offloader of a slice."""
         modules = list(getattr(task.workload, "modules", lambda: [])())
-        profiler = BubbleProfiler(
-            task, self.device, memory_budget_bytes=self.settings.reserved_bytes, clock=self.step_clock
-        )
+        budget = self.settings.reserved_bytes
+        profiler = BubbleProfiler(task, self.device, memory_budget_bytes=budget, clock=self.step_clock)
         return profiler, Offloader(modules, self.device) if self.settings.offload else None
 
     # -- progress -------------------------------------------------------------------------------------------------
@@ -174,8 +172,11 @@ class Jobs:
         if a.profile is None or a.profile_taken:
             return
         a.profile_taken = True
+        a.profiler.store()  # completed in a bubble: its cache file is written now, between bubbles
         points = a.profile.points
-        a.model = StepModel({p.batch_size: p.step_s for p in points}) if points else None
+        a.model = a.step_model({p.batch_size: p.step_s for p in points}) if points else None
+        if a.model is not None:
+            self.models[self._key(a)] = a.model  # the next job of its workload starts from it
         if a.model is not None and (tail := [b for b in tail_sizes(a) if not a.task.saw(b)]):
             try:  # between bubbles: the first calls of the sizes its bubbles' tails will run
                 self._warm(a, tail, instance=False)
@@ -214,9 +215,8 @@ class Jobs:
     def _share_profile(self, a: ActiveJob) -> None:
         """Other active jobs of ``a``'s workload that waited for a profile (the dispatcher profiles one job at a time)
         take the one just cached instead of measuring it again."""
-        key = built_key(a.task, self.device)
         for b in list(self.active.values()):
-            if b is a or b.profile is not None or built_key(b.task, self.device) != key:
+            if b is a or b.profile is not None or self._key(b) != self._key(a):
                 continue
             cached = load_cached(b.task, self.device, memory_budget_bytes=self.settings.reserved_bytes)
             if cached is not None:

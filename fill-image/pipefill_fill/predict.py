@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["INTERRUPTED", "OVERRUN_BUDGET_S", "EndModel", "Estimator", "StepModel"]
+__all__ = ["COLD_RATIO", "COLD_TRIES", "INTERRUPTED", "OVERRUN_BUDGET_S", "EndModel", "Estimator", "StepModel"]
 
 OVERRUN_BUDGET_S = 5e-5
 """The expected overrun a step may have past the time left (the fill's deadline, itself a margin before the
@@ -28,6 +28,17 @@ INTERRUPTED = 3.0
 """A step this many times slower than the base was interrupted (the process descheduled: another process took the
 core): it says nothing about the step's own duration, so it stays out of the quantiles. A lasting slowdown still
 moves the base (the anchors are medians of every step), after which such steps are no longer outliers."""
+
+
+COLD_RATIO = 1.5
+"""Before a step model has measured any step (a job's first steps, from its profile alone), a step fits only where
+this many times its base does: with no distribution of measured ÷ base to size it by, "the base itself fits" ran
+half of a new job's first steps past the deadline (issue #31: a queue's overruns came at each job's start). A model
+that takes over another's distribution (:meth:`StepModel.adopt_ratios`) is not cold."""
+
+COLD_TRIES = 16
+"""A cold model that found no fitting step this many times sizes by the base alone: a job whose smallest step is
+longer than its bubbles ÷ :data:`COLD_RATIO` would otherwise never run a step, and never learn."""
 
 
 class Estimator:
@@ -106,6 +117,7 @@ class StepModel:
         warm: int = 4,
         horizon_s: float = 10.0,
         clock: Callable[[], int] = time.monotonic_ns,
+        cold_ratio: float = COLD_RATIO,  # the margin of a model that has measured nothing yet (1: the base alone)
     ) -> None:
         if not profiled_s:
             raise ValueError("StepModel needs at least one profiled batch size")
@@ -121,6 +133,21 @@ class StepModel:
         self._ratios: dict[str, _Window] = {}  # measured ÷ base, by bubble kind ("": any)
         self._factor: dict[str, float] = {}
         self._expires_ns = 0  # when the oldest sample kept ages out (0: none kept)
+        self.cold_ratio = cold_ratio
+        self.cold_refusals = 0  # sizings since the last step that found nothing fitting the cold margin
+
+    def adopt_ratios(self, other: StepModel) -> None:
+        """Take ``other``'s recent measured steps as this model's ratio distribution (each against this model's base):
+        the early model of the same job, or the last job of the same workload on this device. A new model sizes its
+        first steps by them rather than cold (:data:`COLD_RATIO`)."""
+        now = self.clock()
+        for key, theirs in other._ratios.items():
+            window = self._ratios[key] = _Window(self.window)
+            for t_ns, _, (batch_size, duration_s) in theirs._fifo:
+                window.add(t_ns, duration_s / max(1e-9, self.base_s(batch_size)), (batch_size, duration_s))
+            self._update(key, window, now)
+        if other._expires_ns and (not self._expires_ns or other._expires_ns < self._expires_ns):
+            self._expires_ns = other._expires_ns
 
     def base_s(self, batch_size: int) -> float:
         return _interpolate(self.sizes, self.times, batch_size)
@@ -137,6 +164,7 @@ class StepModel:
 
     def record(self, batch_size: int, duration_s: float, kind: str = "") -> None:
         now, duration_s = self.clock(), max(0.0, duration_s)
+        self.cold_refusals = 0
         sizes = self.sizes
         k = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)  # the nearest anchor, on a log scale
         if k and batch_size * batch_size < sizes[k - 1] * sizes[k]:
@@ -209,16 +237,19 @@ class StepModel:
         any size (inference: every sample is computed alike whatever the batch), else only profiled sizes; None when
         not even the smallest qualifies."""
         ratios = self._ratios_of(kind)
+        cold = self._cold(ratios)
 
         def fits(b: int) -> bool:
-            return self._fits(self.base_s(b), time_s, ratios, budget_s)
+            return self._fits(self.base_s(b), time_s, ratios, budget_s, cold=cold)
 
         sizes = [b for b in self.sizes if b <= max_batch] or [min(self.sizes)]
         if not any_size:
             fitting = [b for b in sizes if fits(b)]
+            self.cold_refusals += cold > 1.0 and not fitting
             return fitting[-1] if fitting else None
         lo, hi = 1, max(max_batch, 1)
         if not fits(lo):
+            self.cold_refusals += cold > 1.0
             return None
         while lo < hi:  # the expected overrun grows with the batch: the largest that fits, by bisection
             mid = (lo + hi + 1) // 2
@@ -231,7 +262,12 @@ class StepModel:
     def fits(self, base_s: float, time_s: float, kind: str = "", *, budget_s: float = OVERRUN_BUDGET_S) -> bool:
         """Whether work of ``base_s`` (a piece of a step: its share of the step's base) fits ``time_s`` by the same
         rule as a step (:meth:`largest_fitting`)."""
-        return self._fits(base_s, time_s, self._ratios_of(kind), budget_s)
+        ratios = self._ratios_of(kind)
+        return self._fits(base_s, time_s, ratios, budget_s, cold=self._cold(ratios))
+
+    def _cold(self, ratios: _Window | None) -> float:
+        """The margin a step is sized with while no distribution is known (:data:`COLD_RATIO`, :data:`COLD_TRIES`)."""
+        return self.cold_ratio if ratios is None and self.cold_refusals < COLD_TRIES else 1.0
 
     def _ratios_of(self, kind: str) -> _Window | None:
         if self._expires_ns and self.clock() > self._expires_ns:
@@ -242,9 +278,9 @@ class StepModel:
         return window if window is not None and len(window) >= self.warm else None
 
     @staticmethod
-    def _fits(base: float, time_s: float, ratios: _Window | None, budget_s: float) -> bool:
-        if ratios is None:  # nothing measured yet: the base itself must fit
-            return base <= time_s
+    def _fits(base: float, time_s: float, ratios: _Window | None, budget_s: float, *, cold: float = 1.0) -> bool:
+        if ratios is None:  # nothing measured yet: the base with the cold margin must fit
+            return base * cold <= time_s
         return base * ratios.mean_excess(time_s / max(base, 1e-12)) <= budget_s
 
 

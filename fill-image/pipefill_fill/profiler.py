@@ -26,9 +26,15 @@ from pipefill_fill.pieces import piece_steps
 from pipefill_fill.profilecache import Profile, device_key, load_cached, store_profile
 from pipefill_fill.task import FillTask
 
-__all__ = ["BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
+__all__ = ["PROFILE_BOUND", "BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
 
 log = logging.getLogger("pipefill_fill")
+
+PROFILE_BOUND = 1.5
+"""A measurement in a bubble is bounded by this many times its prediction, the slowest step of its size measured so
+far included, plus the measurement's own overhead (restoring the snapshot, memory accounting): a profiling step is a
+first look at a size, whose cost is what is being measured, so it is planned with a margin a known step does not need
+(issue #31: profiling steps were the demo's overruns)."""
 
 
 def profile_task(
@@ -98,6 +104,9 @@ class BubbleProfiler:
         self.hints: dict[int, float] = {}
         """batch size → seconds of a warm step, measured before the first bubble (``FillTask.warm_up``)"""
         self.result: Profile | None = load_cached(task, device, memory_budget_bytes=memory_budget_bytes)
+        self._device_key = device_key(device)
+        self._unstored = False  # a profile completed in a bubble, written to the cache after it (:meth:`store`)
+        self._overhead_s = 0.0  # the most a measurement took beyond its step (restore, memory accounting)
         self.candidates = task.batch_sizes()
         self._i = 0
         self._times: list[float] = []
@@ -140,8 +149,18 @@ class BubbleProfiler:
             return max(last.step_s * self.batch_size / last.batch_size, hint or 0.0)
         return hint if hint is not None else self.first_guess_s
 
+    def bound_s(self) -> float | None:
+        """What the next measurement may take at most, for planning it into a bubble (:data:`PROFILE_BOUND`); None:
+        unknown (see :meth:`predict_s`)."""
+        guess = self.predict_s()
+        if guess is None:
+            return None
+        slowest = max(self._times if self._points else self._times[1:], default=0.0)
+        return PROFILE_BOUND * max(guess, slowest) + self._overhead_s
+
     def measure_one(self) -> float:
         """One measured step of the current candidate; returns its duration in seconds."""
+        entered = self.clock()
         if self._snapshot is None:
             self._snapshot = self.task.snapshot()
             self.task.begin_profiling()
@@ -172,6 +191,7 @@ class BubbleProfiler:
             return 0.0
         self._peak = max(self._peak, _memory_peak(self.device, base))
         self._times.append(duration_s)
+        self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - duration_s)
         if len(self._times) >= self.warmup + self.repeats:
             self._next_candidate()
         return duration_s
@@ -201,6 +221,11 @@ class BubbleProfiler:
 
     def _next_candidate(self) -> None:
         bs = self.batch_size
+        if self._items <= 0:  # no units left to measure with (the slice's work all stepped meanwhile): what is measured
+            self._times, self._peak, self._piece_times = [], 0, []
+            self.stopped_by = "done"
+            self._finish()
+            return
         measured = self._piece_times[self.warmup :]
         piece_s = (
             ()
@@ -226,11 +251,22 @@ class BubbleProfiler:
             self._finish()
 
     def _finish(self) -> None:
+        """The profile is complete: the job's own points now; the cache file is written after the bubble (:meth:`store`:
+        file I/O has no place in a bubble's budget)."""
         if self._snapshot is not None:
             self.task.end_profiling(self._snapshot)
-        self.result = store_profile(
-            self.task, self.device, self._points, memory_budget_bytes=self.budget, stopped_by=self.stopped_by
-        )
+            self._snapshot = None
+        self.result = Profile(self.task.spec.workload_id, self._device_key, tuple(self._points))
+        self._unstored = True
+
+    def store(self) -> None:
+        """Between bubbles: write a profile completed in a bubble to the cache, for every job of the workload (not one
+        cut short because the job ran out of work: a larger job would take it for complete)."""
+        if self._unstored and self.stopped_by != "done":
+            self._unstored = False
+            store_profile(
+                self.task, self.device, self._points, memory_budget_bytes=self.budget, stopped_by=self.stopped_by
+            )
 
 
 def _measure(

@@ -7,7 +7,9 @@ epochs, the job's epoch, and a condition with the reason when the job waits. Gua
 * a slice has at most one placement, on a pod that exists; it moves only after its old pod has terminated, or after
   that rank reported the job unfit (its executor let go), and then to a new epoch;
 * a job holds pods on at most ``maxParallelRanks`` ranks (1 for training), one slice per pod;
-* a pod hosts at most ``max_jobs_per_rank`` jobs (``PIPEFILL_FILL_MAX_ACTIVE_JOBS``), counting those it keeps;
+* a pod hosts at most ``max_jobs_per_rank`` jobs (``PIPEFILL_FILL_MAX_ACTIVE_JOBS``), counting those it keeps, and
+  one more while a slice it keeps is expected done within ``FINISHING_LEAD_S`` (30 s): the next job is assigned
+  early and its executor prepares it while the last one finishes (:mod:`pipefill.queue.state`);
 * a slice is placed only on a rank of a Running training job in the job's namespace, with fill enabled, that the
   job's hostSelector matches and whose fill-job selector admits the job, that did not report it unfit, and with a
   bubble class that fits a batch of the job (when its profile or estimate is known);

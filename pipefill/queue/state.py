@@ -21,7 +21,7 @@ from pipefill.queue.snapshot import FillJobView, Placement, RankView, SliceStatu
 from pipefill.queue.snapshot import selector_key as _selector_key
 from pipefill.schedules import ScheduleError
 
-__all__ = ["Group", "Host", "Job", "State"]
+__all__ = ["FINISHING_LEAD_S", "Group", "Host", "Job", "State"]
 
 
 @dataclass(eq=False)
@@ -36,7 +36,8 @@ class Host:
     jobs: set[tuple[str, str]] = field(default_factory=set)
     work: list[tuple[int, int]] = field(default_factory=list)  # (demand id, remaining units) of the slices placed here
     groups: list[Group] = field(default_factory=list)
-    load: int = 0  # len(jobs), read in every inner loop
+    finishing: int = 0  # of its kept slices, those expected done within FINISHING_LEAD_S (see State._occupy)
+    load: int = 0  # slots taken: len(jobs), less one while a kept slice is finishing; read in every inner loop
 
     @property
     def name(self) -> str:
@@ -80,6 +81,14 @@ class Job:
     @property
     def remaining(self) -> int:
         return sum(s.remaining for s in self.slices)
+
+
+FINISHING_LEAD_S = 30.0
+"""A kept slice expected done within this many seconds (its units left at the job's speed on that rank alone) frees
+one slot of its rank now, once per rank however many finish: the next job is assigned before the slot falls free, and
+the executor, which takes one job more while one is finishing (``pipefill_fill.jobs.Jobs.room``), prepares it (profile
+from the shared cache, first calls) between bubbles, so the switch waits neither for a pass nor for a start-up. The
+operator's pass runs at least this often (``--fill-period``)."""
 
 
 class State:
@@ -161,7 +170,7 @@ class State:
                 job.pods.add(a.pod_uid)
                 host = self.by_uid.get(a.pod_uid)
                 if host is not None:
-                    self._occupy(host, job, by_bounds[bounds])
+                    self._occupy(host, job, by_bounds[bounds], kept=True)
         started: list[SliceStatus] = []  # started slices first: resume before fresh work
         fresh: list[SliceStatus] = []
         for s in slices:
@@ -226,9 +235,18 @@ class State:
         self._occupy(host, job, s)
         return p
 
-    def _occupy(self, host: Host, job: Job, s: SliceStatus) -> None:
+    def finishing(self, job: Job, host: Host, s: SliceStatus) -> bool:
+        """Whether slice ``s`` of ``job`` will be done on ``host`` within :data:`FINISHING_LEAD_S` at the job's speed
+        there alone (known only for a job with a profile or estimate on a rank whose bubbles are known)."""
+        left_s = job.demand.dedicated_s(s.remaining)
+        speed = self.rates.speed(job.demand_id, host.cap_id)
+        return host.cap.known and left_s is not None and speed > 0 and left_s / speed <= FINISHING_LEAD_S
+
+    def _occupy(self, host: Host, job: Job, s: SliceStatus, *, kept: bool = False) -> None:
         host.jobs.add(job.view.key)
-        host.load = len(host.jobs)
+        if kept and self.finishing(job, host, s):  # only a slice that runs already: a new one has yet to start
+            host.finishing += 1
+        host.load = len(host.jobs) - min(1, host.finishing)  # one early slot per rank (#30 item 5)
         host.work.append((job.demand_id, s.remaining))
         if host.load < self.max_jobs:
             for g in host.groups:

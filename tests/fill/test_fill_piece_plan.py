@@ -65,7 +65,7 @@ def _task(flight: Flight | None = None) -> Any:
 
 
 def _next(task: Any, left_ms: float, class_ms: float, *, any_size: bool = True, fresh: bool = False) -> Next | None:
-    model = StepModel({p.batch_size: p.step_s for p in POINTS})  # nothing measured yet: the base must fit
+    model = StepModel({p.batch_size: p.step_s for p in POINTS}, cold_ratio=1.0)  # nothing measured: the base fits
     return next_work(
         task,
         model,

@@ -12,7 +12,7 @@ from fill_helpers import write_job
 
 from pipefill.spec import load_file
 from pipefill_fill.device import step_clock
-from pipefill_fill.predict import EndModel, StepModel
+from pipefill_fill.predict import COLD_RATIO, COLD_TRIES, EndModel, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -38,7 +38,7 @@ def test_base_interpolates_and_never_decreases_with_the_batch() -> None:
 
 
 def test_largest_fitting_sizes_the_step_to_the_time_left() -> None:
-    model = StepModel(PROFILE)
+    model = StepModel(PROFILE, cold_ratio=1.0)  # nothing measured yet, no cold margin: the base must fit
     assert model.largest_fitting(0.050, 64) == 64
     assert model.largest_fitting(0.050, 32) == 32  # never above the most efficient batch it is given
     assert model.largest_fitting(0.00351, 64) == 10  # 4 + 12 × (0.0015 ÷ 0.003)
@@ -65,7 +65,7 @@ def test_slow_steps_of_one_bubble_kind_do_not_slow_the_others() -> None:
 
 def test_a_burst_of_slow_steps_is_forgotten() -> None:
     clock = Clock()
-    model = StepModel(PROFILE, clock=clock, warm=4, horizon_s=10.0)
+    model = StepModel(PROFILE, clock=clock, warm=4, horizon_s=10.0, cold_ratio=1.0)
     for _ in range(8):
         model.record(64, 0.170, "steady")  # another process took the core: ten times slower
     assert model.largest_fitting(0.008, 64, "steady") is None  # nothing fits, so nothing new is measured …
@@ -159,3 +159,37 @@ def test_on_an_idle_priority_cpu_a_step_costs_its_cpu_time_not_its_wall_time() -
     waited_ns, cost_ns = wall() - w0, cost() - c0
     assert waited_ns >= 50 * MS and cost_ns < 5 * MS
     assert step_clock(torch.device("cuda"), idle=True) is time.monotonic_ns  # a GPU step's time is wall time
+
+
+def test_a_model_that_measured_nothing_sizes_steps_with_the_cold_margin_until_it_must_run_one() -> None:
+    """#31: a new job's first steps, from its profile alone, had no margin ("the base fits"): half ran past the
+    deadline. Now COLD_RATIO × base must fit; a model refused COLD_TRIES times in a row sizes by the base alone (a job
+    whose steps are longer than its bubbles ÷ COLD_RATIO still runs and learns)."""
+    model = StepModel(PROFILE)
+    assert model.largest_fitting(0.0054, 64, any_size=False) == 4  # 16 (5 ms) fits only by its base
+    assert model.largest_fitting(0.0076, 64, any_size=False) == 16  # 1.5 × 5 ms
+    b = model.largest_fitting(0.0054, 64)
+    assert b is not None and model.base_s(b) * COLD_RATIO <= 0.0054 < model.base_s(b + 1) * COLD_RATIO
+    short = StepModel({16: 0.005})
+    for _ in range(COLD_TRIES):
+        assert short.largest_fitting(0.006, 16, any_size=False) is None
+    assert short.largest_fitting(0.006, 16, any_size=False) == 16
+    short.record(16, 0.005)
+    assert short.cold_refusals == 0  # a step ran: the margin is back until the model is warm
+
+
+def test_a_new_model_takes_over_the_measured_steps_of_the_last_one() -> None:
+    """#31: a job's complete profile, or the next job of the workload, starts from the steps measured already (each
+    against the new model's own base), not cold."""
+    profile = {1: 0.001, 16: 0.005, 64: 0.017}
+    assert StepModel(profile).largest_fitting(0.0055, 64, "steady", any_size=False) == 1  # cold: 16 needs 7.5 ms
+    for measured_s, fitting in ((0.005, 16), (0.0075, 1)):  # steps as profiled; steps half again as long
+        clock = Clock()
+        old = StepModel(PROFILE, clock=clock)
+        for _ in range(8):
+            clock.ns += MS
+            old.record(16, measured_s, "steady")
+        new = StepModel(profile, clock=clock)
+        new.adopt_ratios(old)
+        assert new.factor("steady") == pytest.approx(measured_s / 0.005)
+        assert new.largest_fitting(0.0055, 64, "steady", any_size=False) == fitting

@@ -27,7 +27,7 @@ class _Bubble:
 
 
 class _Profiler:
-    """The part of :class:`BubbleProfiler` the in-bubble loop uses, with a fixed prediction."""
+    """The part of :class:`BubbleProfiler` the in-bubble loop uses, with a fixed bound on each measurement."""
 
     def __init__(self, guess_s: float | None, *, measured: bool) -> None:
         self.guess_s, self.measured = guess_s, measured
@@ -35,7 +35,7 @@ class _Profiler:
         self.misses = 0
         self.measurements = 0
 
-    def predict_s(self) -> float | None:
+    def bound_s(self) -> float | None:
         return self.guess_s
 
     def measure_one(self) -> float:

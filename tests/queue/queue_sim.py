@@ -1,9 +1,10 @@
 """A pure, seeded simulated cluster for the queue's tests: rank pods with bubble classes, a queue of FillJobs, and
 time that advances from one pass to the next (event-driven: to the next slice that finishes).
 
-Between passes every rank runs its placed jobs the way a fill executor does: each bubble class goes to one job by
-:func:`pipefill.plan.assign_jobs` (the executor's rule), a job does ``samples_per_bubble × count_per_step`` units per
-training step there, and progress is committed continuously. A job's view gains its measured profile when it is
+Between passes every rank runs its placed jobs the way a fill executor does: at most ``max_jobs_per_rank`` of them,
+the earliest placed (a job assigned early, while one there finishes, waits for it: the executor prepares it and starts
+it when the other ends), each bubble class to one job by :func:`pipefill.plan.assign_jobs` (the executor's rule), a
+job doing ``samples_per_bubble × count_per_step`` units per training step there; progress is committed continuously. A job's view gains its measured profile when it is
 first placed (its executor profiles it) and its slices' commit pointers as they grow; a finished job is Succeeded.
 """
 
@@ -82,6 +83,7 @@ class Cluster:
         self.max_jobs, self.keep_results = max_jobs_per_rank, keep_results
         self.views = {v.name: v for v in views}
         self.progress: dict[str, list[float]] = {}  # per job, per slice: committed units (fractional)
+        self.placed_at: dict[tuple[str, int], int] = {}  # (job, slice start) -> the pass that placed it
         self.ranks: dict[str, tuple[TrainingJobView, RankView]] = {
             r.pod_uid: (t, r) for t in training_jobs for r in t.ranks
         }
@@ -127,6 +129,8 @@ class Cluster:
                 v, slices=o.slices, assignments=o.assignments, epoch=o.epoch, profile=profile, phase=phase
             )
             self.progress.setdefault(v.name, [float(s.committed) for s in o.slices])
+            for p in o.new:
+                self.placed_at[v.name, p.start] = len(self.placed_at)
 
     def _rates(self) -> dict[tuple[str, int], float]:
         """Units per second of every placed slice."""
@@ -138,6 +142,8 @@ class Cluster:
         out = {}
         for uid, placed in on_pod.items():
             tj, rank = self.ranks[uid]
+            placed = sorted(placed, key=lambda js: self.placed_at[js[0], self.views[js[0]].slices[js[1]].start])
+            placed = placed[: self.max_jobs]  # the executor's limit: one assigned early waits for a finishing one
             jobs = [(name, self.true[name], self.views[name].priority) for name, _ in placed]
             step_s = rank.step_s if rank.step_s is not None else math.inf
             per_job = rank_units_per_s(rank.bubble_classes, step_s, tj.guard_s, jobs)

@@ -388,3 +388,30 @@ def _spec_of(job: object) -> dict[str, object]:
 
     spec: dict[str, object] = to_obj(job)["spec"]  # type: ignore[index]
     return spec
+
+
+@pytest.mark.parametrize(("committed", "next_placed"), [(9_990, True), (100, False)])
+def test_a_finishing_job_frees_its_slot_early_once_per_rank(committed: int, next_placed: bool) -> None:
+    """#30 item 5: a kept slice whose rest takes under FINISHING_LEAD_S at the job's speed there lets the next job onto
+    the rank now, so its executor has it ready when the slice ends; one such extra slot a rank, never more."""
+    t = training_job("t", LONG, 1)
+    pod = t.ranks[0]
+    s = plan_slices(10_000, parallel_ranks=1)[0]
+    fast = (ProfilePoint(1, 0.001, GIB),)  # 1 000 units a dedicated second: 10 units left are a few ms of bubbles
+    running = [
+        _job(
+            f"run{i}",
+            slices=(SliceStatus(s.start, s.end, committed),),
+            assignments=(Placement(f"run{i}", s.start, s.end, "t", 0, pod.pod, pod.pod_uid, 1),),
+            epoch=1,
+            phase="Running",
+            profile=fast,
+            created_unix_s=i,
+        )
+        for i in range(2)  # both finishing (or neither): still one early slot
+    ]
+    new = [_job(f"new{i}", profile=fast, created_unix_s=10 + i) for i in range(2)]
+    result = schedule_pass(Snapshot((*running, *new), (t,)), max_jobs_per_rank=2)
+    assert bool(_placed(result, "new0")) is next_placed
+    assert not _placed(result, "new1")  # one early slot per rank, however many finish
+    assert all(result.jobs["default", f"run{i}"].assignments == running[i].assignments for i in range(2))

@@ -1,0 +1,98 @@
+"""Profiling inside bubbles holds to the bubble's end (issue #31: the demo's overrun warnings came from profiling
+steps): a measurement starts only where a conservative bound on it fits (the slowest step of its size measured so far,
+with a margin and the measurement's own overhead), and a profile completed in a bubble is written to the cache after
+it, not inside it. A real encoder job; each step's cost is set by a fake clock, so the checks hold under any load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from commit_helpers import CPU, PARAMS, Bubble, open_task
+from fill_helpers import write_job
+
+from pipefill_fill.inbubble import run_profile_steps
+from pipefill_fill.profiler import PROFILE_BOUND, BubbleProfiler
+from pipefill_fill.task import FillTask
+
+MS = 1_000_000
+
+
+class _Clock:
+    """A clock that moves only when a step runs (by the step's scripted cost)."""
+
+    def __init__(self) -> None:
+        self.ns = 10**12
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _scripted(task: FillTask, clock: _Clock, costs_ms: Iterator[float]) -> None:
+    """Every step of ``task``'s workload costs the next of ``costs_ms`` on ``clock``."""
+    step = task.workload.step
+
+    def timed(batch_size: int) -> int:
+        clock.ns += int(next(costs_ms) * MS)
+        return int(step(batch_size))
+
+    task.workload.step = timed  # type: ignore[method-assign]
+
+
+def _profiler(jobs_dir: Path, clock: _Clock, costs_ms: list[float], *, total: int = 10**5) -> BubbleProfiler:
+    task = open_task(write_job(jobs_dir, "enc", total=total, parameters={**PARAMS, "batchSizes": [2, 4]}))
+    task.use_pieces = False  # whole steps: one scripted cost each
+    _scripted(task, clock, iter(costs_ms))
+    profiler = BubbleProfiler(task, CPU, memory_budget_bytes=1 << 30, warmup=1, repeats=5, clock=clock)
+    profiler.hints = {2: 0.001, 4: 0.002}
+    return profiler
+
+
+def _bubble(profiler: BubbleProfiler, clock: _Clock, *, left_ms: float) -> int:
+    """One bubble of ``left_ms`` from now; returns the measurements run in it."""
+    b = Bubble(0, clock.ns, clock.ns + int(left_ms * MS))
+    out = run_profile_steps(b, profiler=profiler, is_open=lambda _id: True, deadline_ns=b.expected_end_ns, clock=clock)
+    assert all(end <= b.expected_end_ns for _, end in out.spans_ns), "a measurement ran past the bubble's end"
+    return out.steps
+
+
+def test_a_measurement_starts_only_where_its_slowest_size_fits(jobs_dir: Path) -> None:
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [1.0, 1.0, 1.0, 4.0] + [1.0] * 100)
+    for _ in range(4):
+        profiler.measure_one()  # between bubbles: the first step (not counted), then 1, 1 and 4 ms
+    assert profiler.predict_s() == 0.001  # the lower median: what a measurement usually takes
+    bound = profiler.bound_s()
+    assert bound is not None and bound >= PROFILE_BOUND * 0.004  # but one took 4 ms: it may again
+    assert _bubble(profiler, clock, left_ms=3.0) == 0  # fits by the median (1 ms), not by the bound
+    assert _bubble(profiler, clock, left_ms=1e3 * bound) == 1
+
+
+def test_a_profile_completed_in_a_bubble_is_cached_after_it(jobs_dir: Path, profile_cache: Path) -> None:
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [1.0] * 100)
+    assert _bubble(profiler, clock, left_ms=100.0) == 12  # 6 measurements (1 warm-up + 5) of each size
+    assert profiler.result is not None and [p.batch_size for p in profiler.result.points] == [2, 4]
+    assert not list(profile_cache.glob("*.json"))  # no file I/O in the bubble's budget
+    profiler.store()  # between bubbles (Jobs.profiled)
+    assert len(list(profile_cache.glob("*.json"))) == 1
+
+
+def test_a_profile_whose_job_ran_out_of_work_ends_without_failing_the_job(jobs_dir: Path, profile_cache: Path) -> None:
+    """A small job's early steps can finish its slice while larger sizes are still being measured; its next
+    measurements do no units. They used to make a ProfilePoint of 0 items (ValueError: the job Failed although its
+    work was done, seen in a 20-job queue run); now the profile ends with the sizes measured, and is not shared."""
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [1.0] * 100, total=64)
+    while profiler.batch_size == 2:
+        profiler.measure_one()
+    task = profiler.task
+    profiler.pause()
+    while not task.done():
+        task.step(16)
+    profiler.measure_one()
+    while profiler.result is None:
+        profiler.measure_one()
+    assert [p.batch_size for p in profiler.result.points] == [2] and profiler.stopped_by == "done"
+    profiler.store()
+    assert not list(profile_cache.glob("*.json"))
