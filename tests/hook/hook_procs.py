@@ -130,7 +130,10 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     directory."""
     job_file, out = tmp / "job.yaml", tmp / "out"
     job_file.write_text(yaml.safe_dump(job))
-    fill = REPO / "examples" / "fill-inference.yaml"
+    fill = tmp / "fill.yaml"
+    obj = yaml.safe_load((REPO / "examples" / "fill-inference.yaml").read_text())
+    obj["spec"]["output"]["path"] = str(tmp / "fill-out")  # not the repository's runs/: each run starts from nothing
+    fill.write_text(yaml.safe_dump(obj))
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
          "--plain", "--metrics-port", "0"],
