@@ -28,6 +28,7 @@ from pipefill.children import (
 )
 from pipefill.overlay import apply_overlay
 from pipefill.podgroups import gang_pod_fields
+from pipefill.rankports import MASTER_PORT, rank_ports
 from pipefill.spec import PipelineTrainingJob, Schedule, SharingMode, parse_bytes
 from pipefill.usercommand import add_hook, trainer_command
 
@@ -50,9 +51,6 @@ __all__ = [
 CHANNEL_MOUNT = env.DEFAULT_CHANNEL_DIR
 SPEC_MOUNT = "/etc/pipefill"
 MODEL_CODE_MOUNT = "/etc/pipefill-model-code"  # spec.model.python.code.configMap, in the trainer
-MASTER_PORT = 29500
-TRAINER_METRICS_PORT = 9400
-FILL_METRICS_PORT = 9401
 WORKDIR = "/workspace"
 SCRATCH_DIR = f"{WORKDIR}/runs"  # where relative outputs land (runs/…): writable, the image's /workspace stays visible
 HOME_DIR = "/home/pipefill"
@@ -63,8 +61,6 @@ GENERATION_LABEL = "pipefill.io/generation"
 SPEC_GENERATION_LABEL = "pipefill.io/spec-generation"
 """the job's ``metadata.generation`` a pod was built from: a spec changed since shows as SpecChangePending"""
 _TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# hostNetwork: ranks sharing a node need distinct ports, a pair each (host ports: the scheduler never co-places a pair)
-_HOST_PORT_SLOTS = 512
 
 
 @dataclass(frozen=True)
@@ -93,27 +89,20 @@ def _check_rank(job: PipelineTrainingJob, rank: int) -> None:
         raise ValueError(f"rank {rank} is outside 0..{job.world_size - 1} (stages × dataParallel of {job.name!r})")
 
 
-def _ports(job: PipelineTrainingJob, rank: int) -> tuple[int, int]:
-    """(trainer, fill) metrics ports of ``rank``."""
-    if not job.spec.pod_template.host_network:
-        return TRAINER_METRICS_PORT, FILL_METRICS_PORT
-    slot = rank % _HOST_PORT_SLOTS
-    return TRAINER_METRICS_PORT + 2 * slot, FILL_METRICS_PORT + 2 * slot
-
-
 def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int | None = None) -> list[ContainerPlan]:
     """The fill executor (when filling is on) and the trainer of ``rank``, in start order. ``max_active_jobs``: the
     fill jobs an executor runs at once (the operator's queue's limit, so the two agree; None: the executor's)."""
     _check_rank(job, rank)
     spec = job.spec
-    trainer_port, fill_port = _ports(job, rank)
+    ports = rank_ports(job, rank)  # under hostNetwork, each rank's own (pipefill.rankports)
+    trainer_port, fill_port = ports.trainer_metrics, ports.fill_metrics
     common = {env.JOB_NAME: job.name, env.CHANNEL_DIR: CHANNEL_MOUNT}
     trainer_env = {
         **common,
         "RANK": str(rank),
         "WORLD_SIZE": str(job.world_size),
         "MASTER_ADDR": f"{pod_name(job, 0)}.{service_name(job)}",
-        "MASTER_PORT": str(MASTER_PORT),
+        "MASTER_PORT": str(ports.rendezvous),
         env.SPEC_FILE: f"{SPEC_MOUNT}/{SPEC_KEY}",
         env.METRICS_PORT: str(trainer_port),
         env.DEVICE: "cuda" if spec.resources.gpus > 0 else "cpu",
@@ -152,7 +141,7 @@ def rank_containers(job: PipelineTrainingJob, rank: int, *, max_active_jobs: int
             mib = parse_bytes(limit, field="spec.gpuSharing.mps.fillPinnedMemoryLimit") // 2**20
             fill_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mib}M"
         plans.append(ContainerPlan("fill-executor", spec.fill_image, "pipefill_fill", fill_env, fill_port))
-    image, argv = trainer_command(job, rank, trainer_env, master_port=MASTER_PORT)  # spec.trainer: the user's
+    image, argv = trainer_command(job, rank, trainer_env, master_port=ports.rendezvous)  # spec.trainer: the user's
     plans.append(ContainerPlan("trainer", image, "pipefill_trainer", trainer_env, trainer_port, argv))
     return plans
 
@@ -362,7 +351,7 @@ def rank_pod(
     trainer = plans["trainer"]
     trainer_ports = [_port("trainer-metrics", trainer.metrics_port, host_network)]
     if rank == 0:  # the rendezvous (MASTER_ADDR points at rank 0)
-        trainer_ports.append(_port("rendezvous", MASTER_PORT, host_network))
+        trainer_ports.append(_port("rendezvous", rank_ports(job, rank).rendezvous, host_network))
     pod_spec["containers"] = [_container(trainer, trainer_mounts, trainer_res, trainer_ports)]
     if spec.pipeline.schedule == Schedule.CUSTOM and spec.pipeline.custom_schedule is not None:
         key = spec.pipeline.custom_schedule.key

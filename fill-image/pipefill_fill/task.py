@@ -144,8 +144,11 @@ class FillTask:
         return self.store.done
 
     def done(self) -> bool:
-        """No work left in this slice."""
-        return self.progress >= self.slice.end or bool(self.workload.done())
+        """No work left in this slice. The workload's own ``done()`` counts only where the workload stands at the
+        slice's progress: a profile's measurement (:class:`pipefill_fill.profiler.BubbleProfiler`) holds it moved
+        ahead between bubbles, up to the slice's end, with the outputs dropped — taken for done, the slice was marked
+        done with samples never committed."""
+        return self.progress >= self.slice.end or (not self._profiling and bool(self.workload.done()))
 
     def step(self, batch_size: int) -> int:
         """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done. A workload
@@ -259,6 +262,13 @@ class FillTask:
         """After the slice's last step: commit, mark the slice done and, when every slice is done, complete the job
         (outputs.npy, the workload's finalize; once). Idempotent. Returns whether the job is complete."""
         self.commit()
+        if self.store.with_outputs and self.store.committed < self.slice.end:  # never a done slice with a gap
+            raise RuntimeError(
+                f"job {self.spec.name}: slice {self.slice} is not marked done: its samples "
+                f"[{self.store.committed}, {self.slice.end}) were never committed, but its workload's done() says "
+                f"True at sample {self.progress}. An inference workload works on [context.start, context.end) and is "
+                "done at context.end only (docs/fill.md, the workload SDK)"
+            )
         self.store.mark_done()
         return self.job.complete(self._finalize)
 

@@ -25,7 +25,7 @@ from pipefill.children import Owner, desired_children, fill_rbac, spec_document
 from pipefill.lifecycle import Decision
 from pipefill.lifecycle.conditions import rfc3339
 from pipefill.pods import rank_pod
-from pipefill.spec import PipelineTrainingJob, PipelineTrainingJobStatus, to_obj
+from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, to_obj
 from pipefill_operator.kube import ApiError, Kube, resource_of
 
 __all__ = ["COMPONENT", "Applier", "post_event", "status_patch"]
@@ -49,8 +49,9 @@ def status_patch(old: PipelineTrainingJobStatus, new: PipelineTrainingJobStatus)
     before, after = to_obj(old), to_obj(new)
     patch: dict[str, Any] = {k: v for k, v in after.items() if before.get(k) != v}
     patch.update({k: None for k in before if k not in after})
-    for key in READER_FIELDS:
-        patch.pop(key, None)
+    if new.phase != JobPhase.SUCCEEDED:  # the reader stops with the job: a success writes the final step
+        for key in READER_FIELDS:
+            patch.pop(key, None)
     return patch
 
 

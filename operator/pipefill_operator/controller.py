@@ -246,7 +246,7 @@ class Controller:
         figures, answered, failed = await self.reader.read(pods)
         self.metrics.status_reads.labels("ok").inc(answered)
         self.metrics.status_reads.labels("error").inc(failed)
-        if answered == 0 or figures == self._figures.get(key):
+        if answered == 0 or figures == self._figures.get(key) or key not in self.running:  # (ended meanwhile)
             return
         percent, eta_s = job_progress(figures, self.planned_steps.get(key), time.time())
         patch = {

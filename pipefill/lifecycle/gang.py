@@ -117,6 +117,7 @@ class _Step:
         succeeded = phase == JobPhase.SUCCEEDED
         self.s.phase = phase
         self.s.completion_time = self.now
+        self.final_figures()
         self.s.ranks_ready = 0
         self.cond(C.SUCCEEDED if succeeded else C.FAILED, True, reason, message)
         self.clear(C.RUNNING, reason, message)
@@ -124,6 +125,14 @@ class _Step:
         self.event("Normal" if succeeded else "Warning", reason, message)
         self.delete(self.live(self.obs.pods))
         self.ttl()
+
+    def final_figures(self) -> None:
+        """A finished job has no completion estimate; one our trainer finished is at spec.steps, 100 %: the ranks'
+        metrics, read every few seconds while it runs, stop short when the trainers end between two reads (a read
+        that raced the end is set right at the next reconcile). A command's steps are its own: left as read."""
+        self.s.estimated_completion_time = None
+        if self.s.phase == JobPhase.SUCCEEDED and self.job.spec.trainer is None:
+            self.s.current_step, self.s.progress = self.job.spec.steps, 100.0
 
     def ttl(self) -> None:
         ttl_s = self.job.spec.run_policy.ttl_seconds_after_finished
@@ -141,6 +150,7 @@ class _Step:
         self.adopt_newer_generation()
         self.reopen_if_spec_fixed()
         if self.s.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED):
+            self.final_figures()
             self.delete(self.live(self.obs.pods))
             self.ttl()
             return self.d

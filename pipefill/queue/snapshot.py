@@ -16,7 +16,7 @@ from typing import Any
 from pipefill.plan import BubbleClass, ProfilePoint
 from pipefill.queue.slices import Slice, check_plan
 from pipefill.spec import FillJob, PipelineTrainingJob, PipelineTrainingJobSpec, parse_bytes
-from pipefill.spec.common import LabelSelector
+from pipefill.spec.common import LabelSelector, Location
 
 __all__ = [
     "FillJobView",
@@ -173,7 +173,9 @@ class FillJobView:
             priority=spec.priority,
             labels=dict(job.metadata.get("labels") or {}),
             host_selector=spec.host_selector,
-            max_parallel_ranks=spec.max_parallel_ranks,
+            # a relative output without a claim lands in the pod's own scratch directory (docs/fill.md, "Fill
+            # storage"): split over two pods, neither holds every slice to assemble outputs.npy; one at a time
+            max_parallel_ranks=spec.max_parallel_ranks if _shared(spec.output) else 1,
             storage_claim=spec.output.claim_name,
             estimate_step_s=est.step_milliseconds / 1e3 if est.step_milliseconds is not None else None,
             estimate_peak_bytes=parse_bytes(est.memory, field="spec.estimates.memory")
@@ -181,6 +183,12 @@ class FillJobView:
             else None,
             **status,
         )
+
+
+def _shared(output: Location) -> bool:
+    """Whether every rank pod may see the same ``output``: on a claim, or at an absolute path (a volume the user
+    mounts into each pod through spec.podTemplate); a relative path is the pod's own scratch (``pipefill.pods``)."""
+    return output.claim_name is not None or output.path.startswith("/")
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,9 @@ class FillJobSpec:
     )
     max_parallel_ranks: int = field(
         doc="Ranks that may work on this job at once: an inference job is split into slices of samples that up to this "
-        "many fill executors claim, a faster one taking more; a training job runs on one rank (must be 1). At most "
-        "1024: the status keeps one report per rank and four slices per rank.",
+        "many fill executors claim, a faster one taking more; a training job runs on one rank (must be 1). On a "
+        "cluster a job whose output is a relative path without claimName is not split (it lands in one pod's "
+        "scratch). At most 1024: the status keeps one report per rank and four slices per rank.",
         minimum=1,
         maximum=1024,
         default=1,

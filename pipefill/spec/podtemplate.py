@@ -253,6 +253,15 @@ class PodTemplate:
         doc="Use the node's network (RDMA/NCCL setups); ports then differ per rank so ranks can share a node.",
         default=False,
     )
+    host_port_base: int | None = field(
+        doc="With hostNetwork: the first of the node ports the rank pods take — rank 0's rendezvous (MASTER_PORT) "
+        "here, then a trainer and a fill-executor metrics port per rank above it (1 + 2 × ranks, at most 1025). "
+        "Default 29500, clear of the ports node agents listen on (DCGM exporter 9400); set another where something "
+        "on the nodes holds one of them.",
+        minimum=1024,
+        maximum=64510,
+        default=None,
+    )
     host_aliases: list[HostAlias] = field(
         doc="Extra /etc/hosts entries of every rank pod (names no cluster DNS resolves).",
         max_items=16,
@@ -264,4 +273,13 @@ class PodTemplate:
     )
     fill: ContainerOverlay = field(
         doc="Additions to the fill-executor sidecar.", default_factory=lambda: ContainerOverlay()
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="!has(self.hostPortBase) || (has(self.hostNetwork) && self.hostNetwork)",
+            message="spec.podTemplate.hostPortBase applies to host-network pods only (on the pod network each pod "
+            "has its own ports); set hostNetwork: true or remove hostPortBase",
+            field_path=".hostPortBase",
+        ),
     )

@@ -9,11 +9,13 @@ rank 0's name in every rank pod's /etc/hosts (`spec.podTemplate.hostAliases`: MA
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +34,7 @@ from pipefill.spec import PipelineTrainingJob, parse
 
 __all__ = [
     "E2E",
+    "FILL_OUTPUT",
     "Operator",
     "RealCluster",
     "build_and_load",
@@ -43,6 +46,7 @@ __all__ = [
 ]
 
 E2E = "PIPEFILL_E2E"
+FILL_OUTPUT = "embed-corpus"  # the FillJob's output, under <session>/<namespace>/fill-storage/ on the host
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "pipefill"
 RELEASE, RELEASE_NAMESPACE = "pipefill", "pipefill-system"
@@ -131,6 +135,21 @@ def api_env(cluster: RealCluster) -> list[dict[str, str]]:
     return [{"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": port}]
 
 
+def free_host_ports(count: int, *, start: int) -> int:
+    """The first of ``count`` consecutive TCP ports from ``start`` up that nothing on this host listens on now: the
+    real node's pods use the host's network, which other processes on this machine share."""
+    for base in range(start, start + 2000, count):
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {count} free consecutive ports from {start} on this host")
+
+
 def operator_values(cluster: RealCluster) -> dict[str, Any]:
     """The chart's values for the real node: the imported image, the node's network, the API server's address."""
     return {
@@ -141,8 +160,8 @@ def operator_values(cluster: RealCluster) -> dict[str, Any]:
             "nodeSelector": POD_PLACEMENT["nodeSelector"],
             "tolerations": POD_PLACEMENT["tolerations"],
             "extraEnv": api_env(cluster),
-            # the node's ports now: 9402 (the default) is rank 1's trainer metrics port under hostNetwork
-            "metrics": {"port": 9390},
+            # the host's network: a port nothing on this machine holds now (the default 9402 may be taken)
+            "metrics": {"port": free_host_ports(1, start=9402)},
         },
     }
 
@@ -218,12 +237,15 @@ def demo_objects(
     address for the fill executor. Returns (volumes and claims, job, FillJob)."""
     data = cluster.root / namespace / "data"
     checkpoints = cluster.root / namespace / "checkpoints"
+    fills = cluster.root / namespace / "fill-storage"
     data.mkdir(parents=True)
     checkpoints.mkdir()
+    fills.mkdir()
     shutil.copy(ROOT / "examples" / "data" / "corpus.txt", data / "corpus.txt")
     for path in (cluster.root, cluster.root / namespace, data):
         path.chmod(0o755)
     checkpoints.chmod(0o777)
+    fills.chmod(0o777)
     job = yaml.safe_load((ROOT / "examples" / "cpu-demo.yaml").read_text())
     fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
     job["metadata"]["namespace"] = fill["metadata"]["namespace"] = namespace
@@ -232,11 +254,15 @@ def demo_objects(
     spec["data"]["claimName"] = "demo-data"
     spec["checkpoint"].update(claimName="demo-checkpoints", intervalSteps=checkpoint_every)
     spec["resources"].update(cpu="250m", memory="1Gi")
-    spec["fill"].update(cpu="100m", memory="512Mi")
+    # the FillJob's outputs on storage both rank pods mount: split over them, its slices are assembled into one
+    # outputs.npy (without a claim the outputs live in one pod, and the queue does not split the job)
+    spec["fill"].update(cpu="100m", memory="512Mi", storage={"claimName": "demo-fill"})
     parsed = parse(job)
     assert isinstance(parsed, PipelineTrainingJob)
     spec["podTemplate"] = {
         "hostNetwork": True,
+        # rank 0's rendezvous and a metrics pair per rank: ports nothing on this machine holds now
+        "hostPortBase": free_host_ports(1 + 2 * parsed.world_size, start=29500),
         "nodeSelector": copy.deepcopy(POD_PLACEMENT["nodeSelector"]),
         "tolerations": copy.deepcopy(POD_PLACEMENT["tolerations"]),
         "hostAliases": [{"ip": NODE_IP, "hostnames": [f"{pod_name(parsed, 0)}.{service_name(parsed)}"]}],
@@ -246,8 +272,10 @@ def demo_objects(
         "fill": {"env": [*api_env(cluster), _ONE_THREAD]},
     }
     fill["spec"]["totalSamples"] = total_samples
+    fill["spec"]["output"] = {"path": FILL_OUTPUT, "claimName": "demo-fill"}
     volumes = _static_volume("demo-data", namespace, data, read_only=True)
     volumes += _static_volume("demo-checkpoints", namespace, checkpoints, read_only=False)
+    volumes += _static_volume("demo-fill", namespace, fills, read_only=False)
     return volumes, job, fill
 
 
@@ -259,9 +287,7 @@ def finish(cluster: RealCluster, namespace: str) -> None:
 
 
 def last_logged_step(cluster: RealCluster, namespace: str, pod: str) -> int:
-    """The last step the trainer of ``pod`` logged (rank 0's: ``rank 0: step S loss …``, every 10 steps). The job's
-    status.currentStep is the rank metrics' value the operator last read (every statusIntervalSeconds), so it can stop
-    short of spec.steps when the trainers finish between two reads."""
+    """The last step the trainer of ``pod`` logged (rank 0's: ``rank 0: step S loss …``, every 10 steps)."""
     log = cluster.cp.kubectl("logs", pod, "-n", namespace, "-c", "trainer").stdout
     steps = [int(s) for s in re.findall(r"^rank \d+: step (\d+) ", log, re.MULTILINE)]
     assert steps, f"{pod}: no step in the trainer's log:\n{log[-2000:]}"

@@ -19,7 +19,7 @@ import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
 
-from pipefill.events import FILL_EVENTS, CommitEvent, Event, SliceEvent, read_events
+from pipefill.events import FILL_EVENTS, CommitEvent, Event, FillEvent, SliceEvent, read_events
 from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
@@ -191,3 +191,45 @@ def test_two_ranks_split_a_job_and_survive_a_sigkill(tmp_path: Path, reference: 
     done_by = {r: [(e.start, e.end) for e in slices[r] if e.phase == "done"] for r in (0, 1)}
     done = sorted(done_by[0] + done_by[1] + written_out)
     assert done == [(i * 750, i * 750 + 750) for i in range(8)]  # each slice once
+
+
+def test_a_profile_measured_to_a_slice_end_marks_no_slice_done_early(tmp_path: Path) -> None:
+    # the only candidate batch is a whole slice (64 of 256, 4 slices), measured in bubbles too short for the 7 steps
+    # of a profile: between bubbles the workload stands at its slice's end with nothing committed. The executor once
+    # took that for done — the slice marked done empty, the job reported Succeeded with outputs.npy short of it
+    total, params = 256, {**PARAMS, "batchSizes": [64]}
+    jobs, out, channel = tmp_path / "jobs", tmp_path / "out" / "enc", tmp_path / "channel"
+    write_job(jobs, "enc", total=total, parameters=params, output=out, max_parallel_ranks=2)
+    (job,) = load_file(write_job(tmp_path / "reference", "ref", total=total, parameters=params))
+    ref = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
+    ref.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
+    while not ref.done():
+        ref.step(64)
+    assert ref.finish()
+    producer = start_producer(channel, bubbles_ms="20,10,20", count=10**6, cpu=CPUS[0])
+    fill = start_executor(channel, jobs, tmp_path / "fill-0", cpu=CPUS[0])
+
+    def committed_or_over() -> bool:
+        ended = _status(jobs).get("phase") in ("Succeeded", "Failed")
+        return ended or any(isinstance(e, CommitEvent) for e in _events(tmp_path / "fill-0"))
+
+    _wait("a first commit", committed_or_over, fill, producer)
+    _kill(fill)  # and a second life resumes the slice from its commit
+    fill = start_executor(channel, jobs, tmp_path / "fill-1", cpu=CPUS[0])
+    _wait("the job to end", lambda: _status(jobs).get("phase") in ("Succeeded", "Failed"), fill, producer)
+    status = _status(jobs)
+    if status.get("phase") != "Succeeded":  # e.g. its outputs not assembled: a slice marked done had no chunks
+        for proc in (fill, producer):
+            proc.kill()
+            proc.communicate(timeout=30)
+        pytest.fail(f"the job is {status.get('phase')}: {status.get('message')}")
+    _stop([producer], [fill])
+    events = _events(tmp_path / "fill-0") + _events(tmp_path / "fill-1")
+    measured = [e for e in events if isinstance(e, FillEvent) and "m" in e.span_kinds]
+    assert len(measured) >= 2, "the profile fit one bubble: the workload never waited at its slice's end"
+    ids = read_outputs(out)["sample_id"].tolist()
+    assert ids == list(range(total))  # each sample committed once
+    assert status["samplesDone"] == len(set(ids)) == total
+    assert (out / "outputs.npy").read_bytes() == (ref.spec.output_dir / "outputs.npy").read_bytes()
+    done = [e for e in events if isinstance(e, SliceEvent) and e.phase == "done"]
+    assert [(e.start, e.end) for e in done if e.position != e.end] == []  # a slice is done at its end only

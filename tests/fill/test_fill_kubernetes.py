@@ -5,6 +5,7 @@ request rate of an idle executor counted in the API server's audit log."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -51,7 +52,10 @@ def _settle(source: KubernetesSource, check: Any, what: str) -> None:
         source.poll()
 
 
-def test_offers_planned_jobs_assigned_to_its_pod(control_plane: ControlPlane, namespace: str) -> None:
+def test_offers_planned_jobs_assigned_to_its_pod(
+    control_plane: ControlPlane, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pipefill_fill")
     api = admin(control_plane)
     for name in ("mine", "unplanned", "other-pod", "finished", "cancelled", "suspended"):
         create_filljob(api, namespace, name, output=f"/data/{name}", total=256, ranks=2)
@@ -78,6 +82,10 @@ def test_offers_planned_jobs_assigned_to_its_pod(control_plane: ControlPlane, na
         _settle(source, lambda: [s.name for s in source.poll()] == ["mine"], "only the job assigned here")
         (spec,) = source.poll()
         assert spec.plan == tuple(Slice(64 * i, 64 * i + 64) for i in range(4))  # the plan of record, as written
+        # its slice finished here and still assigned (the operator moves it once it sees the status): an idle executor
+        # asks at every bubble, and says why nothing is claimed once
+        assert [source.claim(spec, [Slice(0, 64), Slice(128, 192)]) for _ in range(3)] == [None, None, None]
+        assert caplog.text.count("none of its unfinished ones ([0, 64), [128, 192))") == 1
         assert source.claim(spec, [Slice(0, 64), Slice(64, 128)]) == Slice(64, 128)
         assert source.epoch("mine", Slice(64, 128)) == 1 and source.revoked("mine", Slice(64, 128), 1) is None
     finally:

@@ -15,7 +15,8 @@ from fill_helpers import write_job
 
 from pipefill.queue import plan_slices
 from pipefill.spec import SpecError, load_file
-from pipefill_fill.slices import JobDir, PlanMismatch
+from pipefill_fill.profiler import BubbleProfiler
+from pipefill_fill.slices import JobDir, PlanMismatch, SliceState
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.work import Slice
@@ -187,3 +188,38 @@ def test_training_is_not_split(jobs_dir: Path) -> None:
     manifest = write_job(jobs_dir, "t", **kw)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match=r"spec\.maxParallelRanks is 2 but must be 1 for a training workload"):
         load_file(manifest)
+
+
+def test_a_measurement_to_the_slice_end_leaves_the_slice_open_for_its_work(jobs_dir: Path) -> None:
+    # a profile taken in bubbles leaves the workload where its last measurement moved it until the next bubble; a step
+    # of 64 from the start of a slice of 64 moves it to the slice's end, its outputs dropped. Taken for done there,
+    # the slice was marked done with nothing committed (an executor between bubbles: Jobs._settle) and the job was
+    # reported Succeeded with outputs.npy short of a slice
+    spec = _spec(write_job(jobs_dir, "m", total=128, parameters={**PARAMS, "batchSizes": [64]}, max_parallel_ranks=2))
+    first = JobDir(spec).plan()[0]
+    task = _open(spec, first)
+    profiler = BubbleProfiler(task, CPU, memory_budget_bytes=1 << 30)
+    assert profiler.result is None  # nothing cached: measured here
+    profiler.measure_one()
+    assert task.workload.done() and (task.progress, task.committed, task.store.pending) == (0, 0, 0)
+    assert not task.done() and not task.commit_due()
+    while profiler.result is None:  # the rest of the profile: the workload back at the slice's progress
+        profiler.measure_one()
+    assert not task.workload.done() and not task.done()
+    assert not _run(task, 24, commit_every=1)  # the other slice is still open
+    assert JobDir(spec).states()[0] == SliceState(first, first.end, True)
+    assert read_outputs(spec.output_dir)["sample_id"].tolist() == list(range(first.start, first.end))
+
+
+def test_a_workload_done_before_its_slice_end_fails_the_slice_not_done(jobs_dir: Path) -> None:
+    spec = _spec(
+        write_job(jobs_dir, "e", builtin=None, import_path="userwork:EndsEarly", total=128, max_parallel_ranks=2)
+    )
+    s = JobDir(spec).plan()[1]
+    task = _open(spec, s)
+    task.step(4)
+    assert task.done()  # its done() says so at 68 of [64, 128)
+    with pytest.raises(RuntimeError, match=r"slice \[64, 128\) is not marked done: its samples \[68, 128\) were never"):
+        task.finish()
+    assert JobDir(spec).states()[1] == SliceState(s, 68, False)
+    assert not (spec.output_dir / "outputs.npy").exists()

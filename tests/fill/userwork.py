@@ -51,3 +51,10 @@ class FromZero(SquareSums):
     def setup(self, device: torch.device, memory_budget_bytes: int) -> None:
         super().setup(device, memory_budget_bytes)
         self.next = 0
+
+
+class EndsEarly(SquareSums):
+    """A workload whose done() is wrong: it says done four samples into its slice."""
+
+    def done(self) -> bool:
+        return self.next >= self.context.start + 4

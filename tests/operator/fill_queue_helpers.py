@@ -22,7 +22,7 @@ FILL: dict[str, Any] = {
     "metadata": {"name": "embed"},
     "spec": {
         "workload": {"kind": "inference", "builtin": "encoder-inference"},
-        "output": {"path": "out"},
+        "output": {"path": "/data/out"},  # a volume every rank pod mounts (a relative path is not split)
         "totalSamples": 1024,
     },
 }

@@ -70,7 +70,7 @@ def test_slices_planned_once_assigned_with_epochs_and_done_from_the_commit_point
     st = status(obj)
     plan = [{"start": s.start, "end": s.end, "committed": s.start} for s in plan_slices(1024, parallel_ranks=2)]
     assert st["slices"] == plan and len(plan) == 8
-    assert st["output"] == {"path": "out", "files": ["outputs.npy"]}
+    assert st["output"] == {"path": "/data/out", "files": ["outputs.npy"]}
     first = st["assignments"]
     assert [(a["start"], a["end"]) for a in first] == [(0, 128), (128, 256)]  # started and fresh work in order
     assert {a["pod"]: a["podUID"] for a in first} == uids  # one slice on each rank pod, by pod uid

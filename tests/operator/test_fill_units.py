@@ -61,7 +61,7 @@ FILL = {
     "kind": "FillJob",
     "spec": {
         "workload": {"kind": "inference", "builtin": "encoder-inference"},
-        "output": {"path": "out"},
+        "output": {"path": "/data/out"},  # a volume every rank pod mounts: the job is split
         "totalSamples": 1024,
         "maxParallelRanks": 2,
     },
@@ -121,7 +121,7 @@ def test_the_plan_is_written_once_with_the_assignments_and_the_condition() -> No
     )
     patch = out.patch
     assert patch is not None and patch["slices"] == SLICES and patch["epoch"] == 1 and patch["phase"] == "Running"
-    assert patch["output"] == {"path": "out", "files": ["outputs.npy"]}  # where to read the results, with the plan
+    assert patch["output"] == {"path": "/data/out", "files": ["outputs.npy"]}  # where to read the results
     assert patch["assignments"] == [
         {"trainingJob": "train", "rank": 0, "start": 0, "end": 512, "pod": "train-0-0", "podUID": "u0", "epoch": 1}
     ]

@@ -218,6 +218,21 @@ def test_success_then_ttl_deletes_the_job() -> None:
     assert _step(job, d.status, done, at_s=30).delete_job
 
 
+def test_a_success_records_the_final_step_whatever_the_last_metrics_read_said() -> None:
+    job = _job()
+    done = [_exited(r, 0) for r in range(WORLD)]
+    read = _running(job)  # the status reader's last figures, a few seconds before the trainers ended
+    read.current_step, read.progress, read.estimated_completion_time = 93, 93.0, "2026-03-01T12:00:09Z"
+    d = _step(job, read, done)
+    assert d.status.phase == JobPhase.SUCCEEDED and job.spec.steps == 100
+    assert (d.status.current_step, d.status.progress, d.status.estimated_completion_time) == (100, 100.0, None)
+    _assert_stable(job, d, done)
+    d.status.current_step = 98  # a read that raced the end: set right at the next reconcile
+    assert _step(job, d.status, done).status.current_step == 100
+    failed = _step(job, read, [_exited(0, 1), *done[1:]])
+    assert failed.status.phase == JobPhase.FAILED and failed.status.current_step == 93  # where it stopped
+
+
 def test_one_rank_finished_early_keeps_the_job_running() -> None:
     job = _job()
     d = _step(job, _running(job), [_exited(0, 0), _pod(1), _pod(2), _pod(3)])

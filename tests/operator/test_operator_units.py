@@ -116,6 +116,8 @@ def test_status_patch_writes_changed_fields_only_and_never_the_readers() -> None
         "startTime": None,
     }
     assert status_patch(new, new) == {}
+    final = PipelineTrainingJobStatus(phase=JobPhase.SUCCEEDED, current_step=100)  # the reader stops with the job
+    assert status_patch(new, final) == {"phase": "Succeeded", "currentStep": 100, "conditions": []}
 
 
 def test_node_index_tells_which_resources_some_node_offers() -> None:

@@ -369,14 +369,24 @@ def test_views_from_the_example_manifests_place_the_demo_job() -> None:
     (train,) = load_file("examples/cpu-demo.yaml")
     est = {"estimates": {"stepMilliseconds": 4.0, "memory": "256Mi"}}
     raw = {"apiVersion": "pipefill.io/v1alpha1", "kind": "FillJob", "metadata": {"name": "x", "labels": {"a": "b"}}}
-    with_estimates = parse({**raw, "spec": {**_spec_of(fill), **est}})
+    shared = {**_spec_of(fill), "output": {"path": "embed-corpus", "claimName": "fills"}}
+    with_estimates = parse({**raw, "spec": {**shared, **est}})
     view = FillJobView.from_spec(with_estimates, namespace="ns", created_unix_s=5.0)  # type: ignore[arg-type]
     assert (view.total, view.max_parallel_ranks, view.priority, view.labels) == (16384, 2, 10, {"a": "b"})
     assert (view.estimate_step_s, view.estimate_peak_bytes) == (0.004, 256 << 20)
     demo = FillJobView.from_spec(fill)  # type: ignore[arg-type]
     host = TrainingJobView.from_spec(train, ranks=ranks("cpu-demo", (), 2))  # type: ignore[arg-type]
     assert host.labels == {"pipefill.io/fill-pool": "demo"} and host.guard_s == 0.0005
+    # a relative path and no claim: its outputs land in the pod that runs it, so one rank (two pods would each hold
+    # part of them); on a claim, or at an absolute path (a volume the user mounts in every pod), it is split
+    assert (demo.max_parallel_ranks, demo.storage_claim) == (1, None)
+    absolute = {**_spec_of(fill), "output": {"path": "/shared/embed-corpus"}}
+    assert FillJobView.from_spec(parse({**raw, "spec": absolute})).max_parallel_ranks == 2  # type: ignore[arg-type]
     result = schedule_pass(Snapshot((demo,), (host,)))
+    assert [(p.training_job, p.rank) for p in result.jobs["default", "embed-corpus"].assignments] == [("cpu-demo", 0)]
+    split = FillJobView.from_spec(parse({**raw, "metadata": {"name": "embed-corpus"}, "spec": shared}))  # type: ignore[arg-type]
+    host = replace(host, fill_storage_claim="fills")
+    result = schedule_pass(Snapshot((split,), (host,)))
     assert [(p.training_job, p.rank) for p in result.jobs["default", "embed-corpus"].assignments] == [
         ("cpu-demo", 0),
         ("cpu-demo", 1),

@@ -189,6 +189,23 @@ def test_host_network_gives_each_rank_its_own_host_ports() -> None:
         metrics = {trainer["ports"][0]["hostPort"], fill["ports"][0]["hostPort"]}
         assert not metrics & seen
         seen |= metrics
+        assert _env(trainer)["MASTER_PORT"] == "29500"  # rank 0's rendezvous, where every rank's MASTER_PORT points
+    # the node's other listeners: DCGM exporter 9400, node exporter 9100, the operator's metrics 9402 (the chart)
+    assert seen == set(range(29501, 29501 + 2 * job.world_size)) and not seen & {9100, 9400, 9402}
+    assert [p["hostPort"] for p in _containers(rank_pod(job, 0))[0]["ports"]] == [29501, 29500]
+
+
+def test_host_port_base_moves_every_host_port_and_needs_host_network() -> None:
+    job = _job("gpt-rdma", **{"spec.podTemplate.hostPortBase": 41000})
+    for rank in range(job.world_size):
+        trainer, fill = _containers(rank_pod(job, rank))
+        ports = sorted(p["hostPort"] for c in (trainer, fill) for p in c["ports"])
+        assert ports == sorted([41001 + 2 * rank, 41002 + 2 * rank, *([41000] if rank == 0 else [])])
+        assert _env(trainer)["MASTER_PORT"] == "41000"
+    with pytest.raises(ValueError, match=r"hostPortBase applies to host-network pods only .* set hostNetwork: true"):
+        _job("gpt-rdma", **{"spec.podTemplate.hostPortBase": 41000, "spec.podTemplate.hostNetwork": False})
+    with pytest.raises(ValueError, match="hostPortBase"):
+        _job("gpt-rdma", **{"spec.podTemplate.hostPortBase": 64511})  # its 1025 ports would pass 65535
 
 
 def test_gang_mechanisms_mark_the_pods() -> None:

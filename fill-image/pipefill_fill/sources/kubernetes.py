@@ -105,6 +105,7 @@ class KubernetesSource(WorkSource):
         )
         self._assigned: dict[str, dict[Slice, int]] = {}  # job -> slice -> epoch assigned to this pod, as last polled
         self._held: dict[tuple[str, Slice], int] = {}  # slices claimed, with the epoch they were claimed at
+        self._said: dict[str, tuple[tuple[Slice, ...], tuple[Slice, ...]]] = {}  # job -> the mismatch last logged
         self.reporter = Reporter(self._send)
 
     def poll(self) -> list[TaskSpec]:
@@ -133,13 +134,18 @@ class KubernetesSource(WorkSource):
     def claim(self, spec: TaskSpec, slices: Sequence[Slice]) -> Slice | None:
         mine = self._assigned.get(spec.name, {})
         found = next((s for s in slices if s in mine), None)
-        if found is None and mine:
+        said = (tuple(mine), tuple(slices)) if found is None and mine else None
+        if said is not None and self._said.get(spec.name) != said:  # once, not at every poll until it changes
             log.info(
                 "work source: FillJob %s: the slices assigned here (%s) are none of its unfinished ones (%s)",
                 spec.name,
                 ", ".join(map(str, mine)),
                 ", ".join(map(str, slices)),
             )
+        if said is None:
+            self._said.pop(spec.name, None)
+        else:
+            self._said[spec.name] = said
         if found is not None:
             self._held[(spec.name, found)] = mine[found]
         return found
