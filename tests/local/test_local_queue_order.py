@@ -62,13 +62,13 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     # one fill job per rank at a time: the urgent job's two slices hold both ranks until it is done
     child_env = {**os.environ, env.FILL_MAX_ACTIVE_JOBS: "1"}
     args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
-    try:
-        wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=100)
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
+        try:
+            wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=100)
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, output
     # where the executors took slices, as the queue assigned them (their "claimed" records)
     claims = sorted(

@@ -95,25 +95,19 @@ def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) ->
 
 def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipefill",
-            "local",
-            "-f",
-            str(_job(tmp_path, steps=100000, fill=False)),
-            "--out",
-            str(out),
-        ],
+    with subprocess.Popen(
+        [*LOCAL_ARGS, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-    wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    ) as proc:
+        try:
+            events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+            wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, output
     assert "interrupted" in output
     assert (tmp_path / "ckpt").exists()
@@ -145,7 +139,7 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
     fill["spec"]["output"]["path"] = str(tmp_path / "fill-out")
     (tmp_path / "fill.yaml").write_text(yaml.safe_dump(fill))
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [
             *LOCAL_ARGS,
             "-f",
@@ -160,36 +154,36 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    try:
-        events = out / "ranks" / "1" / "trainer" / "events.jsonl"
+    ) as proc:
+        try:
+            events = out / "ranks" / "1" / "trainer" / "events.jsonl"
 
-        def steps() -> list[int]:
-            return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
+            def steps() -> list[int]:
+                return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
 
-        wait_for(lambda: len(steps()) >= 3, "3 steps", timeout_s=90)
-        fill_pid = _child_pid(out, 0, "fill-executor")
-        assert fill_pid is not None
-        os.kill(fill_pid, signal.SIGKILL)
-        wait_for(
-            lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid), "a new executor", timeout_s=90
-        )  # restarted: a new process
-        steps_then = len(steps())
-        wait_for(lambda: len(steps()) > steps_then + 2, "training on", timeout_s=90)
-        trainer_pid = _child_pid(out, 1, "trainer")
-        assert trainer_pid is not None
-        os.kill(trainer_pid, signal.SIGKILL)
-        wait_for(
-            lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid), "a new trainer", timeout_s=90
-        )  # the whole job restarted
-        killed_at = len(steps())
-        wait_for(
-            lambda: len(steps()) > killed_at + 2, "training on after the restart", timeout_s=90
-        )  # and trains on from its checkpoint
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+            wait_for(lambda: len(steps()) >= 3, "3 steps", timeout_s=90)
+            fill_pid = _child_pid(out, 0, "fill-executor")
+            assert fill_pid is not None
+            os.kill(fill_pid, signal.SIGKILL)
+            wait_for(
+                lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid), "a new executor", timeout_s=90
+            )  # restarted: a new process
+            steps_then = len(steps())
+            wait_for(lambda: len(steps()) > steps_then + 2, "training on", timeout_s=90)
+            trainer_pid = _child_pid(out, 1, "trainer")
+            assert trainer_pid is not None
+            os.kill(trainer_pid, signal.SIGKILL)
+            wait_for(
+                lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid), "a new trainer", timeout_s=90
+            )  # the whole job restarted
+            killed_at = len(steps())
+            wait_for(
+                lambda: len(steps()) > killed_at + 2, "training on after the restart", timeout_s=90
+            )  # and trains on from its checkpoint
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, output
     # the operator's decision core decided both, so the Events are the cluster's
     restarted = (
@@ -237,6 +231,7 @@ def test_a_killed_runner_takes_its_processes_with_it(tmp_path: Path) -> None:
         wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), "every child gone", timeout_s=60)
     finally:
         proc.kill()
+        proc.wait()  # reaped here, not reported as still running in a later test
         for r, c in containers:  # what a failure left behind
             pid = _child_pid(out, r, c)
             if pid is not None:
