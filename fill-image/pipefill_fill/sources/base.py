@@ -26,7 +26,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339
+from pipefill.queue.status import FINAL_PHASES, Identity, ProgressReport, merged_status, now_rfc3339, plan_of_record
+from pipefill.spec import FillJob
 from pipefill_fill.work import Slice, TaskSpec
 
 __all__ = [
@@ -68,6 +69,23 @@ class FollowsAssignments:
 
     def epoch(self, name: str, slice: Slice) -> int:
         return self._held.get((name, slice), 0)
+
+    @staticmethod
+    def offer(
+        job: FillJob, status: dict[str, Any], identity: Identity, *, into: list[TaskSpec], **paths: Any
+    ) -> dict[Slice, int]:
+        """The slices of ``job`` assigned here, its task added to ``into``; none (nothing added) when it is final,
+        cancelled or suspended, has no plan of record yet (the queue has not scheduled it) or its spec is unusable
+        (logged). ``paths``: TaskSpec.from_spec's, where the source keeps the jobs' files."""
+        mine, plan = assigned_here(status, identity), plan_of_record(status)
+        if status.get("phase") in FINAL_PHASES or job.spec.cancel or job.spec.suspend or not mine or not plan:
+            return {}
+        try:
+            into.append(TaskSpec.from_spec(job, plan=plan, **paths))
+        except ValueError as exc:
+            log.error("work source: %s", exc)
+            return {}
+        return mine
 
     def release(self, name: str, slice: Slice | None = None) -> None:
         for key in [k for k in self._held if k[0] == name and (slice is None or k[1] == slice)]:

@@ -37,7 +37,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from pipefill import env
-from pipefill.queue.status import executor_patch, plan_of_record
+from pipefill.queue.status import executor_patch
 from pipefill.spec import GROUP, VERSION, FillJob, SpecError, parse
 from pipefill_fill.sources.base import (
     FINAL_PHASES,
@@ -97,22 +97,17 @@ class KubernetesSource(FollowsAssignments, WorkSource):
         self.reporter = Reporter(self._send)
 
     def poll(self) -> list[TaskSpec]:
-        specs, assigned = [], {}
+        specs: list[TaskSpec] = []
+        assigned: dict[str, dict[Slice, int]] = {}
         for obj in self.cache.objects():
             status, spec = obj.get("status") or {}, obj.get("spec") or {}
-            mine = assigned_here(status, self.identity)
-            if status.get("phase") in FINAL_PHASES or spec.get("cancel") or spec.get("suspend") or not mine:
+            if status.get("phase") in FINAL_PHASES or spec.get("cancel") or spec.get("suspend"):
+                continue  # not parsed: most FillJobs of a large queue are not this executor's
+            if not assigned_here(status, self.identity) or (job := self._parse(obj)) is None:
                 continue
-            job = self._parse(obj)
-            plan = plan_of_record(status)
-            if job is None or not plan:  # no plan yet: the operator has not scheduled the job
-                continue
-            try:
-                specs.append(TaskSpec.from_spec(job, plan=plan, storage_dir=self.storage_dir))
-            except ValueError as exc:
-                log.error("work source: %s", exc)
-                continue
-            assigned[job.name] = mine
+            mine = self.offer(job, status, self.identity, into=specs, storage_dir=self.storage_dir)
+            if mine:
+                assigned[job.name] = mine
         self._assigned = assigned
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 

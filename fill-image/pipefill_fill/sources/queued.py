@@ -16,14 +16,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipefill.queue.status import QUEUE_MARKER, executor_patch, plan_of_record
+from pipefill.queue.status import QUEUE_MARKER, executor_patch
 from pipefill_fill.locks import locked
 from pipefill_fill.sources.base import (
-    FINAL_PHASES,
     FollowsAssignments,
     Identity,
     ProgressReport,
-    assigned_here,
     assignment_gone,
 )
 from pipefill_fill.sources.files import FilesSource
@@ -43,21 +41,14 @@ class QueuedFilesSource(FollowsAssignments, FilesSource):
 
     def poll(self) -> list[TaskSpec]:
         self._seen_ns = self._dir_mtime_ns()
-        specs, assigned, cancelled = [], {}, {}
+        specs: list[TaskSpec] = []
+        assigned, cancelled = {}, {}
         for path in sorted([*self.dir.glob("*.yaml"), *self.dir.glob("*.yml")]):
             for job in self._load(path):
                 cancelled[job.name] = job.spec.cancel
-                status = self._status(job.name)
-                mine = assigned_here(status, self.identity)
-                plan = plan_of_record(status)
-                if status.get("phase") in FINAL_PHASES or job.spec.cancel or job.spec.suspend or not mine or not plan:
-                    continue
-                try:
-                    specs.append(TaskSpec.from_spec(job, plan=plan, base_dir=self.base_dir))
-                except ValueError as exc:
-                    log.error("work source: %s", exc)
-                    continue
-                assigned[job.name] = mine
+                mine = self.offer(job, self._status(job.name), self.identity, into=specs, base_dir=self.base_dir)
+                if mine:
+                    assigned[job.name] = mine
         self._assigned, self._cancelled = assigned, cancelled
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 
