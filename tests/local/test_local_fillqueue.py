@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import fill_job
 
 from pipefill.lifecycle import PodView
 from pipefill.local.adapter import pod_uid
@@ -37,20 +38,7 @@ def _job() -> PipelineTrainingJob:
 
 
 def _fill(name: str, *, priority: int = 0, total: int = 4096, parallel: int = 2) -> FillJob:
-    fill = parse(
-        {
-            "apiVersion": "pipefill.io/v1alpha1",
-            "kind": "FillJob",
-            "metadata": {"name": name},
-            "spec": {
-                "workload": {"kind": "inference", "builtin": "encoder-inference"},
-                "output": {"path": f"out/{name}"},
-                "totalSamples": total,
-                "maxParallelRanks": parallel,
-                "priority": priority,
-            },
-        }
-    )
+    fill = parse(fill_job(name, output=f"out/{name}", totalSamples=total, maxParallelRanks=parallel, priority=priority))
     assert isinstance(fill, FillJob)
     return fill
 

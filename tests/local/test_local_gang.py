@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from manifests import training_job
 
 from pipefill.events import EventWriter, ExitEvent
 from pipefill.lifecycle import Decision, FillExit, Observed, PodView, Termination, decide
@@ -24,18 +25,7 @@ T0 = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
 
 def _job(**run_policy: object) -> PipelineTrainingJob:
-    job = parse(
-        {
-            "apiVersion": "pipefill.io/v1alpha1",
-            "kind": "PipelineTrainingJob",
-            "metadata": {"name": "j"},
-            "spec": {
-                "model": {"preset": "gpt-tiny"},
-                "pipeline": {"stages": 2, "microbatches": 4, "globalBatch": 16},
-                "runPolicy": run_policy,
-            },
-        }
-    )
+    job = parse(training_job(runPolicy=run_policy))
     assert isinstance(job, PipelineTrainingJob)
     return job
 

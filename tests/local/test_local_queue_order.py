@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from manifests import fill_job
 from test_local_run import LOCAL_ARGS, _job
 from waiting import wait_for
 
@@ -25,23 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 def _fill(tmp: Path, name: str, priority: int) -> Path:
-    doc = {
-        "apiVersion": "pipefill.io/v1alpha1",
-        "kind": "FillJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {
-                "kind": "inference",
-                "builtin": "encoder-inference",
-                "parameters": {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
-            },
-            "output": {"path": str(tmp / "fill-out" / name)},
-            "totalSamples": 128,  # two slices of 64: one per rank at once
-            "priority": priority,
-            "maxParallelRanks": 2,
-            "hostSelector": {"matchLabels": {"pipefill.io/fill-pool": "demo"}},
-        },
-    }
+    doc = fill_job(
+        name,
+        output=str(tmp / "fill-out" / name),
+        parameters={"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
+        totalSamples=128,  # two slices of 64: one per rank at once
+        priority=priority,
+        maxParallelRanks=2,
+        hostSelector={"matchLabels": {"pipefill.io/fill-pool": "demo"}},
+    )
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
