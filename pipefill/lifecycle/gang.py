@@ -293,6 +293,7 @@ class _Step:
 
     def gang(self, current: list[PodView]) -> None:
         world = self.job.world_size
+        self.fill_restarted(current)  # news even when the gang restarts in this same pass (it resets the count)
         failures = self.failures(current)
         permanent = [f for f in failures if f.kind == ExitClass.PERMANENT]
         if permanent:
@@ -358,7 +359,7 @@ class _Step:
         elif built:
             self.clear(C.SPEC_CHANGE_PENDING, "Applied", f"the running pods carry spec generation {self.job_gen}")
 
-    def fill_restarts(self, current: list[PodView]) -> None:
+    def fill_restarted(self, current: list[PodView]) -> None:
         total = sum(p.fill_restarts for p in current)
         if total > self.s.fill_restarts:
             grew = [_restarted(p) for p in current if p.fill_restarts]
@@ -368,6 +369,8 @@ class _Step:
                 f"fill-executor sidecars restarted ({', '.join(grew)}); training goes on",
             )
         self.s.fill_restarts = total
+
+    def fill_restarts(self, current: list[PodView]) -> None:
         self.d.restart_fill, wait_s = fill_restarts_due(current, self.obs.now)
         if wait_s is not None:
             self.requeue(wait_s)
