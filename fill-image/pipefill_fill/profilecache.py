@@ -133,13 +133,16 @@ def store_profile(
     """Record ``points`` for every job of the workload; returns the job's own profile (every point it measured).
 
     Only full batches are shared: an inference point with fewer items than its batch size was cut short by this job's
-    samples left, so the record is marked incomplete (it serves jobs no larger than its largest full batch)."""
+    samples left, so the record is marked incomplete (it serves jobs no larger than its largest full batch), as is one
+    whose slice ran out of work before every size was measured (``stopped_by`` "work")."""
     wkey, dkey = workload_key(task), device_key(device)
     shared = points
     complete = True
     if task.spec.kind == "inference":
         shared = [p for p in points if p.items_per_step is None]
         complete = len(shared) == len(points) and not any(p.items_per_step for p in points)
+    if stopped_by == "work":  # the slice ran out of work before the larger sizes were measured
+        complete = False
     if shared:
         record = {
             "workload_key": wkey,

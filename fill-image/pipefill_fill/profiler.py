@@ -116,7 +116,9 @@ class BubbleProfiler:
         self._piece_times: list[list[float]] = []  # per measured step of the candidate: its pieces' seconds
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
-        self.stopped_by = ""  # why the last candidate was not kept: "memory" (over budget, out of memory), "time"
+        # why the last candidate was not kept: "memory" (over budget, out of memory), "time" (it fits no bubble),
+        # "work" (the slice had no work left to measure it with)
+        self.stopped_by = ""
         self.last_step_s: float | None = None  # the last candidate's step time, measured or predicted
         self.last_peak_bytes: int | None = None  # the last candidate's peak device memory, when measured
 
@@ -189,6 +191,11 @@ class BubbleProfiler:
             self.stopped_by = "memory"
             self._finish()
             return 0.0
+        if self._items <= 0:  # the slice's work ran out (its job worked meanwhile with the sizes measured so far)
+            self._times, self._peak, self._piece_times = [], 0, []
+            self.stopped_by = "work"
+            self._finish()
+            return duration_s
         self._peak = max(self._peak, _memory_peak(self.device, base))
         self._times.append(duration_s)
         self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - duration_s)
@@ -241,8 +248,8 @@ class BubbleProfiler:
         )
         self._times, self._peak, self._piece_times = [], 0, []
         self.last_step_s, self.last_peak_bytes = point.step_s, point.peak_bytes
-        if self._items <= 0 or point.peak_bytes > self.budget:
-            self.stopped_by = "memory" if point.peak_bytes > self.budget else "time"
+        if point.peak_bytes > self.budget:
+            self.stopped_by = "memory"
             self._finish()
             return
         self._points.append(point)

@@ -266,6 +266,8 @@ class ProgressStore:
 
     def mark_done(self) -> None:
         """Record that the slice's work is all committed (after the last commit)."""
+        if self.with_outputs and self.committed < self.end:  # its chunks must tile it: never a sample left out
+            raise RuntimeError(f"{self.dir}: slice [{self.start}, {self.end}) marked done at {self.committed}")
         if not self.done:
             # the epoch fence only: the work is all committed, and a job the operator just saw complete (its
             # assignments cleared) must still be marked done so that its outputs are assembled

@@ -80,6 +80,7 @@ class FillTask:
         self.progress = 0  # units done, committed or not
         self.recovered: Committed | None = None
         self._profiling = False
+        self._done_before = False  # the workload's done() when the profiler took its snapshot
         self._committed_at = -math.inf  # a slice's first work is committed at once: progress within its first bubbles
         self.writer: CommitWriter | None = None  # the executor's; None: commits are written at once
         self.inflight: Pending | None = None  # the commit staged and not yet settled (at most one)
@@ -144,11 +145,12 @@ class FillTask:
         return self.store.done
 
     def done(self) -> bool:
-        """No work left in this slice. The workload's own ``done()`` counts only where the workload stands at the
-        slice's progress: a profile's measurement (:class:`pipefill_fill.profiler.BubbleProfiler`) holds it moved
-        ahead between bubbles, up to the slice's end, with the outputs dropped — taken for done, the slice was marked
-        done with samples never committed."""
-        return self.progress >= self.slice.end or (not self._profiling and bool(self.workload.done()))
+        """No work left in this slice. A measured step moves the workload, not the work: while the profiler measures,
+        the workload's own answer is the one it gave before (a measurement reaching the slice's end once marked the
+        slice done with nothing committed)."""
+        if self.progress >= self.slice.end:
+            return True
+        return self._done_before if self._profiling else bool(self.workload.done())
 
     def step(self, batch_size: int) -> int:
         """One batch of at most ``batch_size`` units, never past the slice's end; returns the units done. A workload
@@ -333,6 +335,7 @@ class FillTask:
         return dict(self.workload.state())
 
     def begin_profiling(self) -> None:
+        self._done_before = bool(self.workload.done())
         self._profiling = True
 
     def end_profiling(self, snapshot: dict[str, Any]) -> None:

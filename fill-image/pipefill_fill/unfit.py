@@ -72,6 +72,8 @@ def unfit_report(
     longest_s = max((b.duration_s for b in bubbles), default=None)
     longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
     if not points:
+        if profiler.stopped_by == "work":
+            return None  # the slice had no work left to measure with: nothing says the job does not fit
         if profiler.stopped_by == "memory" or profiler.last_step_s is None:
             peak = profiler.last_peak_bytes
             return UnfitReport(

@@ -12,9 +12,9 @@ import datetime as dt
 import logging
 from typing import Any
 
-from pipefill.plan import BubbleClass, ProfilePoint
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL
-from pipefill.queue import FillJobView, Placement, RankView, SliceStatus, Snapshot, TrainingJobView, Unfit
+from pipefill.queue import FillJobView, RankView, Snapshot, TrainingJobView
+from pipefill.queue.fromstatus import RankBubbles, reported_bubbles, status_fields
 from pipefill.spec import FillJob, PipelineTrainingJob, parse
 from pipefill_operator.cache import ObjectIndex, PodIndex
 
@@ -27,36 +27,6 @@ def _unix_s(text: str | None) -> float | None:
     if not text:
         return None
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def _status_fields(name: str, status: dict[str, Any]) -> dict[str, Any]:
-    """The queue's view of what the operator and the executors wrote into a FillJob's status."""
-    return {
-        "slices": tuple(
-            SliceStatus(int(s["start"]), int(s["end"]), int(s["committed"])) for s in status.get("slices") or ()
-        ),
-        "unfit": tuple(
-            Unfit(u["trainingJob"], int(u["rank"]), str(u.get("message") or u.get("reason") or ""))
-            for u in status.get("unfit") or ()
-        ),
-        "profile": tuple(
-            ProfilePoint(int(p["batchSize"]), float(p["stepMilliseconds"]) / 1e3, int(p["peakMemoryBytes"]))
-            for p in status.get("profile") or ()
-        ),
-        "assignments": tuple(
-            Placement(
-                name,
-                int(a["start"]),
-                int(a["end"]),
-                str(a["trainingJob"]),
-                int(a["rank"]),
-                str(a.get("pod") or ""),
-                str(a.get("podUID") or ""),
-                int(a.get("epoch") or 0),
-            )
-            for a in status.get("assignments") or ()
-        ),
-    }
 
 
 class FillIndex:
@@ -137,7 +107,7 @@ class FillIndex:
                 deadline_unix_s=_unix_s(job.spec.deadline),
                 phase="Suspended" if key in suspended and phase not in ("Succeeded", "Failed", "Cancelled") else phase,
                 epoch=int(status.get("epoch") or 0),
-                **_status_fields(key[1], status),
+                **status_fields(key[1], status),
             )
         except (ValueError, KeyError, TypeError) as exc:  # SpecError is a ValueError
             if key not in self.invalid:
@@ -150,7 +120,7 @@ class FillIndex:
     def _training_view(
         self,
         body: dict[str, Any],
-        bubbles: dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]],
+        bubbles: RankBubbles,
     ) -> TrainingJobView | None:
         meta, status = body["metadata"], body.get("status") or {}
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -185,22 +155,9 @@ class FillIndex:
             schedule_csv=self.schedule_csvs.get((namespace, name)),
         )
 
-    def _reported_bubbles(self) -> dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]]:
+    def _reported_bubbles(self) -> RankBubbles:
         """Bubble classes per (namespace, training job, rank) as executors reported them in any FillJob's status
         (the first FillJob by name that has a report, so the choice is deterministic)."""
-        out: dict[tuple[str, str, int], tuple[tuple[BubbleClass, ...], float | None]] = {}
-        for body in self.fill_job_bodies():
-            for entry in (body.get("status") or {}).get("bubbleClasses") or ():
-                try:
-                    key = (str(body["metadata"]["namespace"]), str(entry["trainingJob"]), int(entry["rank"]))
-                    if key in out or not entry.get("classes"):
-                        continue
-                    classes = tuple(
-                        BubbleClass(float(c["durationMilliseconds"]) / 1e3, int(c["freeBytes"]), float(c["perStep"]))
-                        for c in entry["classes"]
-                    )
-                    step_ms = entry.get("stepMilliseconds")
-                    out[key] = (classes, float(step_ms) / 1e3 if step_ms else None)
-                except (KeyError, TypeError, ValueError):
-                    continue
-        return out
+        return reported_bubbles(
+            (str(b["metadata"]["namespace"]), b.get("status") or {}) for b in self.fill_job_bodies()
+        )

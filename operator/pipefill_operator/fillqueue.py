@@ -20,9 +20,9 @@ from typing import Any
 
 from pipefill import env
 from pipefill.queue import POLICIES, now_rfc3339, schedule_pass
+from pipefill.queue.outcome import decide
 from pipefill_operator.cache import FILLJOB, ClusterCache, project_object
 from pipefill_operator.fillindex import FillIndex
-from pipefill_operator.filloutcome import decide
 from pipefill_operator.kube import ApiError, Kube
 from pipefill_operator.metrics import FillQueueMetrics
 

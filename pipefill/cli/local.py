@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pipefill.local.manifests import load_manifests
 from pipefill.local.report import overrun_causes, write_report
 from pipefill.local.runner import LocalRun, describe_error
-from pipefill.spec import SpecError
+from pipefill.queue import POLICIES
+from pipefill.spec import SpecError, to_obj
 
 if TYPE_CHECKING:
     from pipefill.local.metrics import ChildrenCollector, MetricsEndpoint
@@ -64,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="train N optimizer steps instead of the manifest's spec.steps (the file is not changed)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="fifo",
+        help="the fill queue's policy, as the operator's --policy (default fifo; docs/fill.md)",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--no-pin", action="store_true", help="do not pin each rank's processes to one core")
@@ -121,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         pin=not args.no_pin,
         schedule_csv=manifests.schedule_csv,
         config_maps=manifests.config_maps,
+        policy=args.policy,
     )
     endpoint = _serve_metrics(ChildrenCollector(lambda: runner.procs, outcome=runner.outcome), args.metrics_port)
     if endpoint is None:
@@ -144,11 +152,14 @@ def run(args: argparse.Namespace) -> int:
             "reason": outcome.reason,
             "job_restarts": outcome.job_restarts,
             "fill_restarts": outcome.fill_restarts,
+            "status": to_obj(outcome.status),  # the PipelineTrainingJob status the operator would have written
+            "events": outcome.records,  # and the Events it would have posted
         },
     )
     report = json.loads(Path(files["report.json"]).read_text(encoding="utf-8"))
     print(f"{outcome.reason}; outputs in {out_dir}")
     print(_summary(report))
+    print(_conditions(report))
     already = _already_trained(out_dir, job.spec.steps) if outcome.code == 0 else None
     if already:
         print(already)
@@ -213,6 +224,15 @@ def _summary(report: dict[str, Any]) -> str:
         f"step {num(report['step_s_median'], '.1f', 1e3)} ms (median), bubble fraction "
         f"{pct(report['bubble_fraction'])}, bubble recovery {pct(report['bubble_recovery'])} of the idle time, "
         f"fill jobs: {fills or 'none'}"
+    )
+
+
+def _conditions(report: dict[str, Any]) -> str:
+    """The status as ``kubectl describe`` shows it: the phase, then each condition's type, status and reason."""
+    status = report["outcome"].get("status") or {}
+    conditions = ", ".join(f"{c['type']}={c['status']} ({c['reason']})" for c in status.get("conditions") or ())
+    return (
+        f"phase {status.get('phase', '?')}, generation {status.get('generation', 0)}: {conditions or 'no conditions'}"
     )
 
 

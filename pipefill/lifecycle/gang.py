@@ -11,7 +11,8 @@ is left, so names, hostnames and the rendezvous on ``MASTER_ADDR`` are free to r
 Trainer exits are classified by :mod:`pipefill.lifecycle.exitcodes`, as ``pipefill local`` does. A non-retryable
 exit of any rank fails the job whatever its peers did; a retryable one restarts the gang up to
 ``runPolicy.backoffLimit`` times; an eviction, a preemption or a lost pod restarts it without counting. Fill-executor
-restarts never fail the job; they are counted and reported.
+restarts never fail the job; they are counted and reported, and where nobody else restarts an executor that exited
+(``pipefill local``, which plays the kubelet) the decision says when (:mod:`pipefill.lifecycle.sidecars`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pipefill.lifecycle.conditions import ConditionType as C
 from pipefill.lifecycle.conditions import find, is_true, rfc3339, set_condition
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_text
 from pipefill.lifecycle.observe import PodView
+from pipefill.lifecycle.sidecars import fill_restarts_due
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus
 
 __all__ = ["Decision", "Event", "Observed", "decide"]
@@ -66,6 +68,8 @@ class Decision:
     events: list[Event] = field(default_factory=list)
     requeue_after_s: float | None = None
     delete_job: bool = False
+    restart_fill: list[int] = field(default_factory=list)
+    """ranks whose fill executor starts again now (pipefill local; the kubelet's part on a cluster: sidecars.py)"""
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,7 @@ class _Step:
 
     def gang(self, current: list[PodView]) -> None:
         world = self.job.world_size
+        self.fill_restarted(current)  # news even when the gang restarts in this same pass (it resets the count)
         failures = self.failures(current)
         permanent = [f for f in failures if f.kind == ExitClass.PERMANENT]
         if permanent:
@@ -367,16 +372,26 @@ class _Step:
         elif built:
             self.clear(C.SPEC_CHANGE_PENDING, "Applied", f"the running pods carry spec generation {self.job_gen}")
 
-    def fill_restarts(self, current: list[PodView]) -> None:
+    def fill_restarted(self, current: list[PodView]) -> None:
         total = sum(p.fill_restarts for p in current)
         if total > self.s.fill_restarts:
-            grew = [f"rank {p.rank}: {p.fill_restarts}" for p in current if p.fill_restarts]
+            grew = [_restarted(p) for p in current if p.fill_restarts]
             self.event(
                 "Warning",
                 "FillExecutorRestarted",
                 f"fill-executor sidecars restarted ({', '.join(grew)}); training goes on",
             )
         self.s.fill_restarts = total
+
+    def fill_restarts(self, current: list[PodView]) -> None:
+        self.d.restart_fill, wait_s = fill_restarts_due(current, self.obs.now)
+        if wait_s is not None:
+            self.requeue(wait_s)
+
+
+def _restarted(pod: PodView) -> str:
+    last = "" if pod.fill_last_exit is None else f", last {exit_text(pod.fill_last_exit)}"
+    return f"rank {pod.rank}: {pod.fill_restarts}{last}"
 
 
 def decide(

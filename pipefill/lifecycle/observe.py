@@ -7,12 +7,13 @@ signs of a disruption (``DisruptionTarget``, an eviction by the kubelet).
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 
-__all__ = ["DISRUPTION_REASONS", "PodView", "Termination", "observe_pod"]
+__all__ = ["DISRUPTION_REASONS", "FillExit", "PodView", "Termination", "observe_pod"]
 
 # Pod status reasons of a pod the node took away (kubelet eviction, node shutdown, a lost node).
 DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"})
@@ -29,6 +30,17 @@ class Termination:
 
 
 @dataclass(frozen=True)
+class FillExit:
+    """A rank's fill executor has exited and nobody started it again yet: what ``pipefill local`` reports, as the
+    kubelet's part is its own there (:mod:`pipefill.lifecycle.sidecars`); on a cluster the kubelet restarts the
+    sidecar and a pod never shows one."""
+
+    exit_code: int  # the kubelet's form (a signal death is 128 + N)
+    at: datetime.datetime  # when its exit was first seen
+    left_with_trainer: bool = False  # it left because its trainer stopped announcing (its exit record: "trainer gone")
+
+
+@dataclass(frozen=True)
 class PodView:
     """One rank pod as the lifecycle sees it."""
 
@@ -40,6 +52,8 @@ class PodView:
     trainer: Termination | None = None  # set once the trainer container has terminated
     trainer_running: bool = False
     fill_restarts: int = 0
+    fill_last_exit: int | None = None  # how the fill executor last ended (lastState.terminated.exitCode), if it did
+    fill_exit: FillExit | None = None  # pipefill local: it has exited and waits for its restart (sidecars.py)
     disruption: str | None = None  # why the cluster took the pod away (DisruptionTarget reason, Evicted, ...)
     failure: str | None = None  # the pod failed without a trainer exit code (e.g. rejected by the kubelet)
     pod_ip: str | None = None
@@ -94,6 +108,7 @@ def observe_pod(pod: dict[str, Any]) -> PodView | None:
         trainer=ended,
         trainer_running="running" in state,
         fill_restarts=int(fill.get("restartCount") or 0),
+        fill_last_exit=_int_or_none(((fill.get("lastState") or {}).get("terminated") or {}).get("exitCode")),
         disruption=_disruption(status),
         failure=failure,
         pod_ip=status.get("podIP"),

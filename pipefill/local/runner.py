@@ -1,13 +1,18 @@
 """``pipefill local``: run a PipelineTrainingJob and its FillJobs on this machine, as a cluster would, without one.
 
-The runner plays the operator and the kubelet: it validates the manifests with admission's rules, starts every
-rank's fill executor (first, as a native sidecar starts first) and trainer as local processes, restarts a crashed
-fill executor on its own (training goes on), restarts the whole job from its checkpoints when a trainer fails with
-a retryable exit code (up to ``spec.runPolicy.backoffLimit``), and stops everything cleanly on Ctrl-C.
+The runner is the second adapter of the operator's decision core: it validates the manifests with admission's rules,
+then, about 5 times a second, observes each rank's processes as its pod (:mod:`pipefill.local.adapter`), asks
+:func:`pipefill.lifecycle.decide` — the function the operator's reconcile calls — what to do, and does it: start a
+generation (every rank's fill executor first, as a native sidecar starts first, then its trainer), stop one, start
+a fill executor again. Restarts, backoff, generations, the Succeeded and Failed verdicts, the conditions and the Events
+are the core's, so a job ends here as it would on a cluster; the PipelineTrainingJob status is kept in
+``<out>/status.json``, its Events in ``<out>/events.jsonl``. Ctrl-C stops everything cleanly.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import shutil
 import tempfile
 import time
@@ -18,12 +23,16 @@ from typing import Any
 
 import yaml
 
-from pipefill.events import ExitEvent, read_events
-from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code
+from pipefill.env import fill_max_active_jobs
+from pipefill.lifecycle import Decision, Observed, decide, exit_code
+from pipefill.lifecycle.checks import spec_problems
+from pipefill.lifecycle.conditions import ConditionType, find
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
-from pipefill.local.procs import LocalProcess, free_port, local_processes, model_code_dir, schedule_file, stop_all
-from pipefill.local.report import FILL_WORK_DIR, rank_log_paths
-from pipefill.spec import FillJob, PipelineTrainingJob, SpecError, to_obj
+from pipefill.local.adapter import LocalGang
+from pipefill.local.fillqueue import LocalQueue
+from pipefill.local.procs import LocalProcess, free_port, local_processes, model_code_dir, schedule_file
+from pipefill.local.report import FILL_WORK_DIR
+from pipefill.spec import FillJob, JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, to_obj
 
 __all__ = ["CONFIG_MAPS_DIR", "LocalRun", "RunOutcome", "prepare"]
 
@@ -31,20 +40,9 @@ _POLL_S = 0.2
 # ConfigMaps given with -f (a FillJob's spec.workload.code.configMap), where the files work source reads them:
 # <work dir>/configmaps/<name>.yaml (pipefill_fill.configmaps)
 CONFIG_MAPS_DIR = "configmaps"
-_FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
-
-
-def _left_with_its_trainer(out_dir: Path, proc: LocalProcess) -> bool:
-    """A fill executor that exited 0 because its trainer stopped announcing (its last ``exit`` record says "trainer
-    gone"): the trainer has finished its steps and is saving or exiting, or it hangs and its peers' timeout restarts
-    the job, which starts the executor again. Restarting it would attach to a channel nobody announces on (and, timed
-    against a slow final save, made a finished run report a fill restart)."""
-    if proc.poll() != 0:
-        return False
-    last = next(
-        (e for e in reversed(read_events(rank_log_paths(out_dir, proc.rank)[1])) if isinstance(e, ExitEvent)), None
-    )
-    return last is not None and last.reason == "trainer gone"
+STATUS_FILE = "status.json"  # under --out: the PipelineTrainingJob status, as the operator would write it
+EVENTS_FILE = "events.jsonl"  # under --out: the Events the operator would post, one JSON object a line
+_JOB_GENERATION = 1  # metadata.generation: the manifest is read once, so the spec never changes during a run
 
 
 @dataclass
@@ -55,9 +53,11 @@ class RunOutcome:
     reason: str
     job_restarts: int = 0
     fill_restarts: int = 0
-    events: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # "HH:MM:SS <type> <reason>: <message>", as they happened
     # (rank, container) -> restarts of that process alone (a fill executor's); whole-job restarts are job_restarts
     process_restarts: dict[tuple[int, str], int] = field(default_factory=dict)
+    status: PipelineTrainingJobStatus = field(default_factory=PipelineTrainingJobStatus)
+    records: list[dict[str, str]] = field(default_factory=list)  # the Events as objects: time, type, reason, message
 
 
 def prepare(
@@ -113,35 +113,72 @@ class LocalRun:
         schedule_csv: str | None = None,
         config_maps: Sequence[dict[str, Any]] = (),
         on_tick: Callable[[list[LocalProcess], RunOutcome], None] | None = None,
+        policy: str = "fifo",
     ) -> None:
         self.job, self.fills, self.out_dir, self.device, self.pin = job, fills, out_dir, device, pin
         self.schedule_csv = schedule_csv  # schedule custom: the CSV from its ConfigMap (manifests.load_manifests)
         self.on_tick = on_tick
         self.config_maps = list(config_maps)
         self.outcome = RunOutcome(code=1, reason="not started")
-        self.procs: list[LocalProcess] = []
+        self.gang: LocalGang | None = None
+        self.policy = policy  # the fill queue's (pipefill.queue.POLICIES), as the operator's --policy
+
+    @property
+    def procs(self) -> list[LocalProcess]:
+        """The processes of the current generation."""
+        return [] if self.gang is None else self.gang.procs
 
     @property
     def work_dir(self) -> Path:
         """The fill executors' work source: the FillJob manifests and their ``<job>.status.json``."""
         return self.out_dir / FILL_WORK_DIR
 
-    def _spawn(self, spec_file: Path, work_dir: Path, channel_root: Path) -> None:
-        self.procs = local_processes(
-            self.job,
-            spec_file=spec_file,
-            out_dir=self.out_dir,
-            work_dir=work_dir,
-            channel_root=channel_root,
-            master_port=free_port(),
-            device=self.device,
-            pin=self.pin,
-        )
-        for proc in self.procs:
-            proc.start()
+    def _spawner(self, spec_file: Path, work_dir: Path, channel_root: Path) -> Callable[[], list[LocalProcess]]:
+        def spawn() -> list[LocalProcess]:  # one rendezvous port per generation, as a new gang's pods rendezvous anew
+            return local_processes(
+                self.job,
+                spec_file=spec_file,
+                out_dir=self.out_dir,
+                work_dir=work_dir,
+                channel_root=channel_root,
+                master_port=free_port(),
+                device=self.device,
+                pin=self.pin,
+            )
 
-    def _note(self, text: str) -> None:
-        self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {text}")
+        return spawn
+
+    def _record(self, decision: Decision) -> None:
+        """The decision's Events and status, where the user (and the report) read them."""
+        now = datetime.datetime.now(datetime.UTC)
+        with (self.out_dir / EVENTS_FILE).open("a", encoding="utf-8") as log:
+            for event in decision.events:
+                record = {"time": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "type": event.type, "reason": event.reason}
+                record["message"] = event.message
+                self.outcome.records.append(record)
+                self.outcome.events.append(f"{now.astimezone():%H:%M:%S} {event.type} {event.reason}: {event.message}")
+                log.write(json.dumps(record) + "\n")
+        if decision.status != self.outcome.status:
+            text = json.dumps(to_obj(decision.status), indent=2) + "\n"
+            (self.out_dir / STATUS_FILE).write_text(text, encoding="utf-8")
+        self.outcome.status = decision.status
+        self.outcome.job_restarts = decision.status.restarts + decision.status.disruptions
+
+    def _ended(self, status: PipelineTrainingJobStatus) -> bool:
+        """Whether the run ends with ``status``: the job Succeeded or Failed (or is suspended: nothing runs)."""
+        verdict = {JobPhase.SUCCEEDED: ConditionType.SUCCEEDED, JobPhase.FAILED: ConditionType.FAILED}
+        if status.phase in verdict:
+            found = find(status.conditions, verdict[status.phase])
+            message = found.message if found is not None else status.phase.value
+            succeeded = status.phase == JobPhase.SUCCEEDED
+            self.outcome.code = 0 if succeeded else 1
+            self.outcome.reason = f"training finished: {message}" if succeeded else message
+            return True
+        if status.phase == JobPhase.SUSPENDED:
+            self.outcome.code = 1
+            self.outcome.reason = "spec.runPolicy.suspend is true: nothing runs; set it to false to run the job"
+            return True
+        return False
 
     def run(self) -> RunOutcome:
         spec_file, work_dir = prepare(
@@ -149,61 +186,34 @@ class LocalRun:
         )
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
-        policy = self.job.spec.run_policy
-        fill_restart_at: dict[int, float] = {}
-        left: set[tuple[int, int]] = set()  # (process, its restarts) of executors that left with their trainer
+        (self.out_dir / EVENTS_FILE).unlink(missing_ok=True)
+        self.gang = gang = LocalGang(
+            self.job, out_dir=self.out_dir, spawn=self._spawner(spec_file, work_dir, channel_root)
+        )
+        gang.restarts = self.outcome.process_restarts
+        problems = spec_problems(self.job, schedule_csv=self.schedule_csv)  # admission's checks passed already
+        queue = None
+        if self.fills:
+            queue = LocalQueue(
+                self.job,
+                self.fills,
+                work_dir,
+                policy=self.policy,
+                max_jobs_per_rank=fill_max_active_jobs(),  # the executors' limit: they inherit this environment
+                schedule_csv=self.schedule_csv,
+            )
         try:
-            self._spawn(spec_file, work_dir, channel_root)
             while True:
-                trainers = [p for p in self.procs if p.container == "trainer"]
-                codes = [p.poll() for p in trainers]
-                # kubelet-form exit codes (a signal death -N is 128 + N), classified as the operator does; a
-                # non-retryable exit of any rank decides, whatever its peers exit with
-                failed = [(p, exit_code(c)) for p, c in zip(trainers, codes, strict=True) if c not in (None, 0)]
-                failed.sort(key=lambda pc: classify(pc[1], policy.restart_on_exit_codes) == ExitClass.RETRYABLE)
-                if failed:
-                    proc, code = failed[0]
-                    tail = _tail(proc.out_dir / "output.log")
-                    retryable = classify(code, policy.restart_on_exit_codes) == ExitClass.RETRYABLE
-                    if retryable and self.outcome.job_restarts < policy.backoff_limit:
-                        self.outcome.job_restarts += 1
-                        self._note(
-                            f"{proc.name} {exit_text(code)} (retryable): restarting the job from its checkpoints ({self.outcome.job_restarts}/{policy.backoff_limit})"
-                        )
-                        stop_all(self.procs)
-                        left.clear()
-                        self._spawn(spec_file, work_dir, channel_root)
-                        continue
-                    self.outcome.code, self.outcome.reason = 1, f"{proc.name} {exit_text(code)}: {tail}"
-                    self._note(self.outcome.reason)
+                now = datetime.datetime.now(datetime.UTC)
+                observed = Observed(pods=gang.views(now), now=now, problems=problems)
+                decision = decide(self.job, self.outcome.status, observed, job_generation=_JOB_GENERATION)
+                self._record(decision)
+                gang.apply(decision)
+                if queue is not None:  # the fill queue's pass, as the operator's loop runs it beside the reconciles
+                    queue.pass_once(gang.views(now), running=decision.status.phase == JobPhase.RUNNING)
+                self.outcome.fill_restarts = sum(self.outcome.process_restarts.values())
+                if self._ended(decision.status):
                     return self.outcome
-                if all(c == 0 for c in codes):
-                    self.outcome.code, self.outcome.reason = 0, "training finished"
-                    self._note("all trainers finished")
-                    return self.outcome
-                finished = {p.rank for p in self.procs if p.container == "trainer" and p.poll() == 0}
-                for i, proc in enumerate(self.procs):
-                    if proc.container != "fill-executor" or proc.poll() is None:
-                        continue
-                    if proc.rank in finished:  # its trainer is done, so is its pod's sidecar: nothing to restart
-                        continue
-                    if (i, proc.restarts) in left or (
-                        i not in fill_restart_at and _left_with_its_trainer(self.out_dir, proc)
-                    ):
-                        left.add((i, proc.restarts))  # its log is read once
-                        continue  # its trainer is finishing (the final save): the job restart, if any, starts it
-                    due = fill_restart_at.setdefault(
-                        i, time.monotonic() + _FILL_RESTART_BACKOFF_S[min(proc.restarts, 4)]
-                    )
-                    if time.monotonic() >= due:
-                        self._note(f"{proc.name} {exit_text(proc.poll())}: restarted (training goes on)")
-                        proc.close()
-                        proc.restarts += 1
-                        self.outcome.fill_restarts += 1
-                        key = (proc.rank, proc.container)
-                        self.outcome.process_restarts[key] = self.outcome.process_restarts.get(key, 0) + 1
-                        proc.start()
-                        del fill_restart_at[i]
                 if self.on_tick is not None:
                     self.on_tick(self.procs, self.outcome)
                 time.sleep(_POLL_S)
@@ -212,24 +222,18 @@ class LocalRun:
                 130,
                 "interrupted (Ctrl-C): every process stopped, checkpoints kept",
             )
-            self._note(self.outcome.reason)
+            self.outcome.events.append(f"{time.strftime('%H:%M:%S')} {self.outcome.reason}")
             return self.outcome
         finally:
-            stop_all(self.procs)
+            gang.stop()
             shutil.rmtree(channel_root, ignore_errors=True)
+            if queue is not None:  # the executors' last reports in: the status as the cluster's once the job ends
+                queue.pass_once([], running=False)
 
 
 def exit_text(code: int | None) -> str:
     """How a process ended, in the kubelet's terms: ``exited with code 75`` or ``exited with code 137 (SIGKILL)``."""
     return "has not exited" if code is None else describe_exit(exit_code(code))
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no output)"
-    return " | ".join(text[-lines:]) if text else "(no output)"
 
 
 def describe_error(exc: Exception) -> str:

@@ -16,13 +16,26 @@ from typing import Any
 
 from pipefill.queue.slices import Slice
 from pipefill.spec import FillJobPhase, FillJobStatus, to_obj
-from pipefill.spec.fillstatus import Assignment, OutputReport, ProfileEntry, RankBubbles, SliceProgress, UnfitReport
+from pipefill.spec.fillstatus import (
+    STATUS_WRITERS,
+    Assignment,
+    OutputReport,
+    ProfileEntry,
+    RankBubbles,
+    SliceProgress,
+    UnfitReport,
+    Writer,
+)
 
 __all__ = [
+    "EXECUTOR_FIELDS",
     "FINAL_PHASES",
     "OUTPUTS_FILE",
+    "QUEUE_MARKER",
     "Identity",
     "ProgressReport",
+    "check_patch",
+    "executor_patch",
     "merged_status",
     "now_rfc3339",
     "output_report",
@@ -30,6 +43,10 @@ __all__ = [
 ]
 
 FINAL_PHASES = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value, FillJobPhase.CANCELLED.value})
+QUEUE_MARKER = "queue.json"
+"""In a ``files:`` work directory: a queue (``pipefill local``'s) writes the assignments; the executors follow them"""
+EXECUTOR_FIELDS = tuple(dict.fromkeys(w.path.split("[")[0] for w in STATUS_WRITERS if w.writer == Writer.EXECUTOR))
+"""The status fields an executor's report may write (:data:`pipefill.spec.fillstatus.STATUS_WRITERS`)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +181,79 @@ def merged_status(
     return status
 
 
+def executor_patch(
+    old: dict[str, Any], reports: Sequence[ProgressReport], *, identity: Identity
+) -> dict[str, Any] | None:
+    """What an executor writes of ``reports`` (in order) into the status ``old``: the parts of it that changed and that
+    :data:`~pipefill.spec.fillstatus.STATUS_WRITERS` gives the executor (None removes a field, as in a merge patch);
+    None when nothing changed. Whoever applies it (the kubernetes source as a merge patch, the files source under a
+    queue into the status file) writes nothing else."""
+    merged = old
+    for report in reports:
+        merged = merged_status(merged, report, identity=identity, held=None) or merged
+    changed = {k: merged.get(k) for k in EXECUTOR_FIELDS if merged.get(k) != old.get(k)}
+    phase = str(changed.get("phase") or old.get("phase") or FillJobPhase.QUEUED.value)
+    for key in [k for k in changed if not _writes(Writer.EXECUTOR, k, phase)]:
+        del changed[key]  # Queued and Running, and their words, are the queue's (assignments decide them)
+    if not changed:
+        return None
+    check_patch(Writer.EXECUTOR, old, changed, rank=(identity.training_job, identity.rank))
+    return changed
+
+
+def _writes(writer: Writer, key: str, phase: str) -> bool:
+    return any(
+        w.writer == writer and w.path.split("[")[0] == key and (not w.phases or phase in w.phases)
+        for w in STATUS_WRITERS
+    )
+
+
+def check_patch(
+    writer: Writer, old: dict[str, Any], patch: dict[str, Any], *, rank: tuple[str, int] | None = None
+) -> None:
+    """Refuse (ValueError, naming the field, the writer and the owner) a ``patch`` of status ``old`` that writes what
+    :data:`~pipefill.spec.fillstatus.STATUS_WRITERS` does not give ``writer``: a field of the other party, a phase of
+    the other's, the plan's bounds after it was written, another rank's report entry (``rank``: the executor's
+    (training job, rank)), an unfit entry the queue did not only remove."""
+    phase = str(patch.get("phase") or old.get("phase") or FillJobPhase.QUEUED.value)
+    for key, value in patch.items():
+        rows = [w for w in STATUS_WRITERS if w.path.split("[")[0] == key]
+        mine = {w.path for w in rows if w.writer == writer and (not w.phases or phase in w.phases)}
+        if not mine:
+            owners = ", ".join(
+                f"the {w.writer}" + (f" ({'/'.join(sorted(w.phases))})" if w.phases else "") for w in rows
+            )
+            raise ValueError(
+                f"status.{key}: written by the {writer} (phase {phase}), but STATUS_WRITERS gives it to "
+                f"{owners or 'no one'}; write only your own fields, or give the field a row in the table"
+            )
+        why = _sub_field_problem(key, mine, old.get(key) or [], value or [], rank)
+        if why:
+            raise ValueError(f"status.{key}: the {writer} {why} (STATUS_WRITERS); write only your own part")
+
+
+def _sub_field_problem(
+    key: str, mine: set[str], old: list[dict[str, Any]], new: list[dict[str, Any]], rank: tuple[str, int] | None
+) -> str:
+    """Why a write of the list ``key`` touches a part of it ``mine`` (the table's paths for the writer) leaves out."""
+    if key == "slices" and "slices[]" in mine:
+        return "rewrote the plan of record, which is written once" if old else ""
+    if key == "slices":
+        if [(s["start"], s["end"]) for s in old] != [(s["start"], s["end"]) for s in new]:
+            return "changed the plan's bounds (start, end)"
+        moved_back = any(int(n["committed"]) < int(o["committed"]) for o, n in zip(old, new, strict=True))
+        return "moved a commit pointer back" if moved_back else ""
+    if f"{key}[]" in mine:
+
+        def others(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [e for e in entries if (e.get("trainingJob"), e.get("rank")) != rank]
+
+        return "changed another rank's entry" if rank is None or others(old) != others(new) else ""
+    if key == "unfit" and any(e not in old for e in new):
+        return "added an entry (only its rank's executor does; the queue only removes them)"
+    return ""
+
+
 def _advanced(plan: list[dict[str, Any]], reported: Sequence[SliceProgress]) -> list[dict[str, Any]]:
     """The plan of record with each slice's commit pointer advanced to what was reported (never backwards)."""
     seen = {(s.start, s.end): s.committed for s in reported}
@@ -182,16 +272,8 @@ def _replaced(entries: list[dict[str, Any]], here: tuple[str, int], entry: dict[
 
 
 _DECIDED = frozenset(
-    {
-        "phase",
-        "assignments",
-        "samplesDone",
-        "progress",
-        "throughput",
-        "estimatedCompletionTime",
-        "startTime",
-        "completionTime",
-    }
+    {"phase", "assignments", "samplesDone", "progress", "throughput", "estimatedCompletionTime", "startTime"}
+    | {"completionTime"}
 )
 
 

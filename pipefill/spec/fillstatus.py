@@ -1,10 +1,13 @@
 """``FillJob.status``: what the operator's queue and the fill executors write about a FillJob.
 
-Two writers share it (docs/fill.md, "The queue on the cluster"): the operator owns the plan of record (``slices``,
-written once), the ``assignments`` with their ``epoch``, ``phase`` and the ``Scheduled`` condition; the executors
-advance each slice's ``committed`` pointer (never backwards) and report ``unfit``, ``profile`` and ``bubbleClasses``.
-Both merge with a resourceVersion precondition, so neither overwrites the other. The shapes mirror the queue's
-:mod:`pipefill.queue.snapshot` values, which the operator builds from them.
+Two writers share it, each field (or sub-field, or value) with exactly one of them, as :data:`STATUS_WRITERS` says
+(docs/fill.md, "Who writes what"): the queue (the scheduling pass's outcome, which the operator's fill loop or
+``pipefill local`` writes) owns the plan of record, the assignments, the phase until a verdict, the progress it derives
+from the commit pointers and the ``Scheduled`` condition; the executors advance each slice's ``committed`` pointer
+(never backwards), report their rank's ``unfit`` and ``bubbleClasses`` entries, the ``profile`` and the throughput,
+and give the final verdict. Both write with a precondition (resourceVersion, or the status file unchanged under its
+lock), so neither overwrites the other. The shapes mirror the queue's :mod:`pipefill.queue.snapshot` values, which
+the operator builds from them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ __all__ = [
     "MAX_ASSIGNMENTS",
     "MAX_MESSAGE_CHARS",
     "MAX_SLICES",
+    "STATUS_WRITERS",
     "Assignment",
     "BubbleClassReport",
     "FillJobPhase",
@@ -28,8 +32,10 @@ __all__ = [
     "ProfileEntry",
     "RankBubbles",
     "SliceProgress",
+    "StatusWriter",
     "UnfitReason",
     "UnfitReport",
+    "Writer",
 ]
 
 MAX_SLICES = 4096
@@ -220,3 +226,62 @@ class FillJobStatus:
     )
     start_time: str | None = field(doc="When work first started.", fmt="date-time", default=None)
     completion_time: str | None = field(doc="When the job finished.", fmt="date-time", default=None)
+
+
+class Writer(enum.StrEnum):
+    """Who writes a part of FillJob status. The operator writes FillJob status only through its queue."""
+
+    QUEUE = "queue"
+    """the scheduling pass's outcome (:mod:`pipefill.queue.outcome`): the operator's fill loop, or ``pipefill local``"""
+    EXECUTOR = "executor"
+    """a fill executor's report (:func:`pipefill.queue.status.executor_patch`)"""
+
+
+_VERDICTS = frozenset({FillJobPhase.SUCCEEDED.value, FillJobPhase.FAILED.value})
+_QUEUE_PHASES = frozenset({FillJobPhase.QUEUED.value, FillJobPhase.RUNNING.value, FillJobPhase.CANCELLED.value})
+
+
+@dataclass(frozen=True)
+class StatusWriter:
+    """One row of the ownership table: ``path`` (a camelCase status field, ``list[].field`` a sub-field of every entry
+    of a list, ``list[]`` its entries) is written by ``writer``; ``phases``, when given, limits it to a patch whose
+    phase (the one it writes, else the status's) is one of them: the final verdict's writer writes the phase, the
+    message and the completion time together."""
+
+    path: str
+    writer: Writer
+    why: str
+    phases: frozenset[str] = frozenset()
+
+
+STATUS_WRITERS: tuple[StatusWriter, ...] = (
+    StatusWriter("phase", Writer.QUEUE, "placements decide Queued and Running; spec.cancel Cancelled", _QUEUE_PHASES),
+    StatusWriter(
+        "phase", Writer.EXECUTOR, "the verdict: outputs assembled (Succeeded), or the workload raised", _VERDICTS
+    ),
+    StatusWriter(
+        "message", Writer.QUEUE, "why the job waits or where it runs (the Scheduled condition's words)", _QUEUE_PHASES
+    ),
+    StatusWriter("message", Writer.EXECUTOR, "the verdict's words (the workload's error)", _VERDICTS),
+    StatusWriter("completionTime", Writer.QUEUE, "when it was cancelled", _QUEUE_PHASES),
+    StatusWriter("completionTime", Writer.EXECUTOR, "when the verdict was given", _VERDICTS),
+    StatusWriter("conditions", Writer.QUEUE, "Scheduled: assigned, waiting (with the reason), completing, completed"),
+    StatusWriter("slices[]", Writer.QUEUE, "the plan of record, written once"),
+    StatusWriter("slices[].start", Writer.QUEUE, "the plan's bounds"),
+    StatusWriter("slices[].end", Writer.QUEUE, "the plan's bounds"),
+    StatusWriter("slices[].committed", Writer.EXECUTOR, "the commit pointer, as the slice's storage has it"),
+    StatusWriter("output", Writer.QUEUE, "where the results are, written with the plan"),
+    StatusWriter("assignments", Writer.QUEUE, "which rank pod runs which slice"),
+    StatusWriter("epoch", Writer.QUEUE, "the highest placement epoch handed out"),
+    StatusWriter("samplesDone", Writer.QUEUE, "the sum of the commit pointers"),
+    StatusWriter("progress", Writer.QUEUE, "samplesDone in percent of the total"),
+    StatusWriter("startTime", Writer.QUEUE, "when the job was first placed"),
+    StatusWriter("unfit[]", Writer.EXECUTOR, "a rank's own entry: its executor let go of the job"),
+    StatusWriter("unfit", Writer.QUEUE, "entries of training jobs that no longer run are removed"),
+    StatusWriter("profile", Writer.EXECUTOR, "the job's measured batch sizes"),
+    StatusWriter("bubbleClasses[]", Writer.EXECUTOR, "a rank's own entry: its measured bubble classes"),
+    StatusWriter("throughput", Writer.EXECUTOR, "committed units per second as an executor saw them grow"),
+    StatusWriter("estimatedCompletionTime", Writer.EXECUTOR, "from the throughput and the work left"),
+)
+"""Who writes every part of FillJob status: one writer per field, per sub-field where two share a list, per phase
+where the phase tells who decided it. Enforced where patches are made (:func:`pipefill.queue.status.check_patch`)."""

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.bench import colocation
@@ -152,11 +152,7 @@ def _fill_job(directory: Path, output: Path) -> Path:
 
 
 def _wait_for(what: str, check: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_for(check, what, timeout_s)
 
 
 def _reference_outputs(tmp_path: Path) -> np.ndarray:

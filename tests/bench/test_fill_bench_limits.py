@@ -8,10 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 
 def _ours(marker: bytes) -> list[int]:
@@ -42,12 +43,8 @@ def _bench(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], bytes]:
     return proc, f"TMPDIR={tmp}".encode()
 
 
-def _wait(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s} s")
-        time.sleep(0.1)
+def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    wait_for(predicate, what, timeout_s, interval_s=0.1)
 
 
 @pytest.mark.slow

@@ -6,11 +6,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import yaml
 from kubernetes import client, config
@@ -20,7 +19,6 @@ from pipefill.devcluster import ControlPlane
 from pipefill.queue import plan_slices
 from pipefill.spec import GROUP, VERSION
 
-T = TypeVar("T")
 PLURAL = "filljobs"
 
 
@@ -122,16 +120,6 @@ def assign(status: dict[str, Any], *, start: int, end: int, pod: str, uid: str, 
 def get_status(api: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
     obj = cast(dict[str, Any], api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name))
     return cast(dict[str, Any], obj.get("status") or {})
-
-
-def wait_for(check: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class PausableProxy:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
+from waiting import wait_for
 
 from pipefill.events import FILL_EVENTS, CommitEvent, Event, FillEvent, SliceEvent, read_events
 from pipefill.spec import load_file
@@ -75,14 +76,14 @@ def _status(jobs: Path) -> dict[str, Any]:
 
 
 def _wait(what: str, until: Callable[[], bool], *procs: subprocess.Popen[str], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not until():
+    def ready() -> bool:
         for p in procs:
             assert p.poll() is None, (
                 f"waiting for {what}: a process exited ({p.returncode}): {p.stderr and p.stderr.read()}"
             )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        return until()
+
+    wait_for(ready, what, timeout_s)
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

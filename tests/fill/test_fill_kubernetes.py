@@ -143,7 +143,8 @@ def test_reports_merge_under_conflicts(control_plane: ControlPlane, namespace: s
         s.close()
     status = get_status(api, namespace, "j")
     assert [s["committed"] - s["start"] for s in status["slices"]] == [16] * 4
-    assert status["samplesDone"] == 64 and status["progress"] == 25.0
+    # samplesDone and progress are the queue's, summed from the pointers (STATUS_WRITERS): no executor writes them
+    assert (status.get("samplesDone"), status.get("progress")) == (before.get("samplesDone"), before.get("progress"))
     assert status["assignments"] == before["assignments"] and status["epoch"] == before["epoch"]
     conflicts = [
         e

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+from waiting import wait_for
 
 from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, read_events
 from pipefill_fill.inbubble import PROFILE_MISSES, run_profile_steps
@@ -90,11 +90,8 @@ def test_a_job_works_and_commits_with_its_first_measured_sizes_before_its_profil
     cpu = min(os.sched_getaffinity(0))
     fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
     producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
-    deadline = time.monotonic() + 120
     try:
-        while not any(isinstance(e, ProfileEvent) for e in read_events(log)):
-            assert time.monotonic() < deadline, "no profile record within 120 s"
-            time.sleep(0.1)
+        wait_for(lambda: any(isinstance(e, ProfileEvent) for e in read_events(log)), "a profile record", 120, 0.1)
     finally:
         producer.send_signal(signal.SIGKILL)
         producer.communicate(timeout=10)

@@ -108,3 +108,25 @@ def test_the_cache_lives_where_every_executor_finds_it(tmp_path: Path, monkeypat
     assert profile_dir().name.startswith("pipefill-profiles-")  # every job of this executor
     monkeypatch.setenv(env.FILL_PROFILE_DIR, str(tmp_path / "p"))
     assert profile_dir() == tmp_path / "p"
+
+
+def test_a_slice_that_runs_out_of_work_mid_profile_ends_it_with_the_sizes_measured(
+    jobs_dir: Path, profile_cache: Path
+) -> None:
+    """A job works with the sizes measured so far while the larger ones are measured (issue #25). When that work ends
+    its slice first, nothing is left to measure the next size with: the profile ends with the sizes it has (a point of
+    0 items used to fail the job) and its record is incomplete, so a larger job measures the larger sizes."""
+    task = _task(write_job(jobs_dir, "short", total=6, parameters=PARAMS))
+    profiler = BubbleProfiler(task, CPU, memory_budget_bytes=GIB, warmup=0, repeats=1)
+    profiler.measure_one()
+    assert [p.batch_size for p in profiler.points] == [1] and profiler.result is None
+    profiler.pause()  # real steps, with batch 1, to the slice's end
+    while not task.done():
+        task.step(1)
+    profiler.measure_one()  # batch 4: no work left
+    assert profiler.result is not None and profiler.stopped_by == "work"
+    assert [p.batch_size for p in profiler.result.points] == [1]
+    (record,) = profile_cache.glob("profile-*.json")
+    assert not json.loads(record.read_text())["complete"]
+    assert load_cached(_task(write_job(jobs_dir, "long", total=100, parameters=PARAMS)), CPU) is None
+    assert load_cached(_task(write_job(jobs_dir, "one", total=1, parameters=PARAMS)), CPU) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from fill_helpers import write_job
 
@@ -83,3 +84,25 @@ def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Pa
     assert tail_sizes(dear) == [4, 16]  # a second per sample: the profiled sizes only
     cheap.any_batch_size = False
     assert tail_sizes(cheap) == [4, 16]  # training runs its profiled sizes only
+
+
+def test_a_measured_step_that_reaches_the_slice_end_leaves_the_slice_undone(jobs_dir: Path) -> None:
+    """A measured step moves the workload, not the work: between the measurements of a size that covers the whole
+    slice, the slice is not done. (It was: the executor marked it done with nothing committed between two bubbles,
+    and the job failed when its outputs were assembled, "the chunks end at sample 0".) A slice marked done before its
+    samples are all committed is refused, never recorded."""
+    task = _task(write_job(jobs_dir, "m", total=16, parameters=PARAMS))  # batch 16 is the whole slice
+    profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=0, repeats=2)
+    while profiler.batch_size < 16:
+        profiler.measure_one()
+    profiler.measure_one()
+    assert task.workload.done() and profiler.result is None
+    assert not task.done()
+    with pytest.raises(RuntimeError, match=r"marked done at 0"):
+        task.store.mark_done()
+    profiler.measure_one()
+    assert profiler.result is not None and [p.batch_size for p in profiler.result.points] == [1, 4, 16]
+    assert not task.done() and task.workload.state() == {"next_sample": 0}
+    task.step(16)
+    assert task.done() and task.finish()
+    assert read_outputs(task.spec.output_dir)["sample_id"].tolist() == list(range(16))

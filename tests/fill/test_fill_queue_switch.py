@@ -8,11 +8,11 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.events import Event, FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
@@ -25,14 +25,12 @@ JOBS = ["q0", "q1", "q2", "q3"]
 
 
 def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0, *, also: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def done() -> bool:
         events = [*read_events(log), *(read_events(also) if also is not None else [])]
-        done = {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"}
-        if done >= set(names):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"jobs {names} did not all succeed within {timeout_s} s")
+        return {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"} >= set(names)
+
+    wait_for(done, f"jobs {names} all to succeed", timeout_s, interval_s=0.1)
 
 
 def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+from waiting import wait_for
 
 from pipefill.channel import hold_fill
 from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, StartEvent, read_events
@@ -85,13 +86,7 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
     fill, producer = _start(tmp_path, jobs, bubbles_ms="40", count=100000)
     log = tmp_path / "fill" / "fill-events.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(isinstance(e, FillEvent) and e.items for e in read_events(log)):
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the executor never did work")
+    wait_for(lambda: any(isinstance(e, FillEvent) and e.items for e in read_events(log)), "work done", 60, 0.2)
     # pinned to its trainer's core, the executor takes only the CPU time the trainer leaves
     assert os.sched_getscheduler(fill.pid) == os.SCHED_IDLE
     (start,) = [e for e in read_events(log) if isinstance(e, StartEvent)]
@@ -114,13 +109,9 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
 
 
 def _wait_event(log: Path, match: Any, what: str, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = next((e for e in read_events(log) if match(e)), None)
-        if found is not None:
-            return found
-        time.sleep(0.05)
-    pytest.fail(f"the executor never logged {what}")
+    return wait_for(
+        lambda: next((e for e in read_events(log) if match(e)), None), f"the executor to log {what}", timeout_s
+    )
 
 
 def test_a_held_executor_takes_no_bubble_while_the_trainer_goes_on_announcing(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 import yaml
 from fill_helpers import start_producer, subprocess_env
 from usercode_helpers import start_fill
+from waiting import wait_for
 
 from pipefill.spec import FillJob, load_file
 from pipefill_fill.builtins.minilm import check_pipeline, model_dir
@@ -139,14 +139,15 @@ def test_the_executor_embeds_the_demo_corpus_in_bubbles_as_the_model_alone_does(
     _job(jobs, "embed", total=total, parameters={"maxTokens": 32, "batchSizes": [1, 2, 4, 8]}, corpus=CORPUS)
     fill = start_fill(tmp_path, jobs, cpu=cpu)
     producer = start_producer(tmp_path / "channel", bubbles_ms="30,150", count=100_000, compute_ms=10.0, cpu=cpu)
-    status: dict[str, object] = {}
+
+    def verdict() -> dict[str, object] | None:
+        assert fill.poll() is None, fill.communicate()[1][-3000:]
+        path = jobs / "embed.status.json"
+        status: dict[str, object] = json.loads(path.read_text()) if path.exists() else {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
     try:
-        deadline = time.monotonic() + 100
-        while time.monotonic() < deadline and status.get("phase") not in ("Succeeded", "Failed"):
-            time.sleep(0.2)
-            path = jobs / "embed.status.json"
-            status = json.loads(path.read_text()) if path.exists() else {}
-            assert fill.poll() is None, fill.communicate()[1][-3000:]
+        status = wait_for(verdict, "the FillJob's verdict", 100, 0.2)
     finally:
         producer.kill()
         producer.communicate(timeout=30)

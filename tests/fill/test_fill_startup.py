@@ -7,11 +7,11 @@ import itertools
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+from waiting import wait_for
 
 from pipefill.events import FillEvent, JobEvent, StartupEvent, read_events
 
@@ -21,12 +21,10 @@ PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes":
 
 
 def _wait_done(log: Path, job: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(isinstance(e, JobEvent) and e.job == job and e.phase == "Succeeded" for e in read_events(log)):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"job {job} did not succeed within {timeout_s} s")
+    def succeeded() -> bool:
+        return any(isinstance(e, JobEvent) and e.job == job and e.phase == "Succeeded" for e in read_events(log))
+
+    wait_for(succeeded, f"job {job} to succeed", timeout_s, interval_s=0.1)
 
 
 def test_start_up_never_runs_inside_a_bubble(tmp_path: Path) -> None:

@@ -58,6 +58,13 @@ def test_not_enough_memory_names_both_sizes() -> None:
     assert "may use 2147483648 bytes (2048.0 MiB)" in report.message
 
 
+def test_a_profile_its_slice_ended_before_any_size_was_measured_is_no_verdict() -> None:
+    ran_out = _Profiled(stopped_by="work")  # the slice had no work left to measure with
+    assert unfit_report(ran_out, [], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001) is None
+    nothing = _Profiled()  # the same without a reason: the smallest batch did not fit
+    assert unfit_report(nothing, [], SEEN, identity=ME, free_bytes=1 << 30, guard_s=0.001) is not None
+
+
 def test_bubble_classes_per_step() -> None:
     got = bubble_classes(BUBBLES * 5, identity=ME, free_bytes=1 << 29)
     assert got is not None and (got.training_job, got.rank) == ("gpt", 1)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from usercode_helpers import (
     write_code,
     write_config_map,
 )
+from waiting import wait_for
 
 from pipefill import env
 
@@ -39,15 +39,18 @@ def _status(jobs: Path, name: str) -> dict[str, Any]:
 
 
 def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def check() -> bool:
         if ready():
-            return
+            return True
         if proc.poll() is not None:
             pytest.fail(f"the executor exited ({proc.returncode}) before {what}: {proc.communicate()[1][-3000:]}")
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"timed out waiting for {what}: {proc.communicate()[1][-3000:]}")
+        return False
+
+    try:
+        wait_for(check, what, timeout_s, interval_s=0.1)
+    except AssertionError as exc:
+        proc.kill()
+        pytest.fail(f"{exc}: {proc.communicate()[1][-3000:]}")
 
 
 def test_bad_user_code_fails_its_job_alone(tmp_path: Path) -> None:

@@ -125,15 +125,14 @@ def run_example(
 
 
 def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, Any], Path]:
-    """``pipefill local`` of ``job`` with the inference FillJob of the examples, from the repository root: the
-    report (checked: the training finished after ``steps`` steps and the FillJob committed work) and the output
-    directory."""
-    job_file, out = tmp / "job.yaml", tmp / "out"
+    """``pipefill local`` of ``job`` with the inference FillJob of the examples (its output under ``tmp``, not the
+    checkout's runs/, where the progress of every earlier run is), from the repository root: the report (checked: the
+    training finished after ``steps`` steps and the FillJob committed work) and the output directory."""
+    job_file, out, fill = tmp / "job.yaml", tmp / "out", tmp / "fill.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    fill = tmp / "fill.yaml"
-    obj = yaml.safe_load((REPO / "examples" / "fill-inference.yaml").read_text())
-    obj["spec"]["output"]["path"] = str(tmp / "fill-out")  # not the repository's runs/: each run starts from nothing
-    fill.write_text(yaml.safe_dump(obj))
+    fill_job = yaml.safe_load((REPO / "examples" / "fill-inference.yaml").read_text())
+    fill_job["spec"]["output"]["path"] = str(tmp / "fill-out")
+    fill.write_text(yaml.safe_dump(fill_job))
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
          "--plain", "--metrics-port", "0"],
@@ -141,6 +140,7 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report: dict[str, Any] = json.loads((out / "report.json").read_text())
-    assert report["outcome"]["reason"] == "training finished" and report["steps"] == steps
+    finished = "training finished: every rank's trainer finished (generation 0)"  # the decision core's verdict
+    assert report["outcome"]["reason"] == finished and report["steps"] == steps
     assert report["fill_jobs"]["embed-corpus"]["committed"] > 0, "the FillJob made no progress in the bubbles"
     return report, out

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from rich.console import Console
 from test_local_run import _job
+from waiting import wait_for
 
 from pipefill.events import CommitEvent, EventWriter, FillEvent, JobEvent, StepEvent, read_events
 from pipefill.local.live import LiveState, PlainView, RichView
@@ -86,7 +87,7 @@ def test_plain_lines_into_a_pipe_show_steps_and_fill_progress(
     assert steps == sorted(steps)
     assert steps[-1] == STEPS
     lines = done.stdout.splitlines()
-    finished = next(i for i, line in enumerate(lines) if "all trainers finished" in line)
+    finished = next(i for i, line in enumerate(lines) if "Normal TrainingFinished: every rank's trainer" in line)
     assert any("rank 0: step" in line for line in lines[:finished])  # lines while it trains, not only at the end
     final = status[-1]  # printed after the processes stopped: the fill's last commit is in
     assert all("fill embed-tiny " in line for line in status)
@@ -216,9 +217,7 @@ def test_ctrl_c_under_the_terminal_view_stops_everything_and_restores_the_termin
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 4:
-        time.sleep(0.2)
+    wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 4, "4 steps", timeout_s=90)
     time.sleep(0.5)  # a few ticks of the view with steps in it
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130

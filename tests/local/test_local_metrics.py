@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_local_run import _job
+from waiting import wait_for
 
 from pipefill.events import StepEvent, read_events
 from pipefill.local.metrics import ChildrenCollector, MetricsEndpoint
@@ -48,6 +48,14 @@ def _get(url: str) -> str:
     return body.decode()
 
 
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def _labels(**kw: str) -> frozenset[tuple[str, str]]:
     return frozenset(kw.items())
 
@@ -56,13 +64,7 @@ def _labels(**kw: str) -> frozenset[tuple[str, str]]:
 def child(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(port)])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    wait_for(lambda: _listening(port), f"a child listening on {port}")
     yield proc, port
     proc.kill()
     proc.wait()
@@ -102,12 +104,12 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
         # the restarted child is back on its port: its series return with the next scrape
         back = subprocess.Popen([sys.executable, "-c", CHILD, str(down_port)])
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                samples = _samples(_get(endpoint.url))
-                if samples[("pipefill_local_target_up", _labels(rank="1", container="fill-executor"))] == 1.0:
-                    break
-                time.sleep(0.1)
+
+            def back_up() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+                got = _samples(_get(endpoint.url))
+                return got if got.get(("pipefill_local_target_up", restarts)) == 1.0 else None
+
+            samples = wait_for(back_up, "the restarted child's series", interval_s=0.1)
             items = _labels(fill_job="j", rank="7", container="fill-executor")
             assert samples[("pipefill_local_target_up", _labels(rank="1", container="fill-executor"))] == 1.0
             assert samples[("pipefill_fill_items_total", items)] == 3.0
@@ -137,15 +139,14 @@ def test_endpoint_during_a_tiny_run_serves_both_ranks_trainer_and_fill_series(tm
                 break
         assert url.startswith("http://127.0.0.1:"), url
         events = out / "ranks" / "1" / "trainer" / "events.jsonl"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 3:
-            time.sleep(0.2)
-        while True:  # a fill executor may be down for a moment (crashed, being restarted): scrape until all answer
-            samples = _samples(_get(url))
-            up = [v for (name, _), v in samples.items() if name == "pipefill_local_target_up"]
-            if (len(up) == 4 and all(up)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3, "3 steps", timeout_s=90)
+
+        def all_up() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+            got = _samples(_get(url))  # a fill executor may be down for a moment (being restarted): scrape again
+            up = [v for (name, _), v in got.items() if name == "pipefill_local_target_up"]
+            return got if len(up) == 4 and all(up) else None
+
+        samples = wait_for(all_up, "every process's metrics", timeout_s=60, interval_s=0.2)
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import yaml
+from manifests import fill_job
 from test_local_run import _job
 
 from pipefill.cli.local import _summary
@@ -16,17 +17,7 @@ from pipefill.spec import load_training_job
 
 
 def _fill(work: Path, name: str, *, total: int, priority: int) -> None:
-    doc = {
-        "apiVersion": "pipefill.io/v1alpha1",
-        "kind": "FillJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {"kind": "inference", "builtin": "encoder-inference"},
-            "output": {"path": f"o/{name}"},
-            "totalSamples": total,
-            "priority": priority,
-        },
-    }
+    doc = fill_job(name, output=f"o/{name}", totalSamples=total, priority=priority)
     (work / f"{name}.yaml").write_text(yaml.safe_dump(doc))
 
 

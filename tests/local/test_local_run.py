@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_for
 
 from pipefill.events import ActionEvent, StepEvent, read_events
 
@@ -45,6 +44,13 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "training finished" in done.stdout
     report = json.loads((out / "report.json").read_text())
+    status = report["outcome"]["status"]  # as the operator's status of a finished job
+    assert status["phase"] == "Succeeded" and status["restarts"] == 0
+    assert {c["type"]: c["reason"] for c in status["conditions"] if c["status"] == "True"} == {
+        "Created": "PodsCreated",
+        "Succeeded": "TrainingFinished",
+    }
+    assert "phase Succeeded, generation 0: Created=True (PodsCreated)" in done.stdout
     steps = [e for e in read_events(out / "ranks" / "0" / "trainer" / "events.jsonl") if isinstance(e, StepEvent)]
     assert report["steps"] == len(steps) == 8
     assert report["loss_last"] == steps[-1].loss
@@ -89,27 +95,19 @@ def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) ->
 
 def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipefill",
-            "local",
-            "-f",
-            str(_job(tmp_path, steps=100000, fill=False)),
-            "--out",
-            str(out),
-        ],
+    with subprocess.Popen(
+        [*LOCAL_ARGS, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and sum(isinstance(e, StepEvent) for e in read_events(events)) < 6:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    ) as proc:
+        try:
+            events = out / "ranks" / "0" / "trainer" / "events.jsonl"
+            wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, output
     assert "interrupted" in output
     assert (tmp_path / "ckpt").exists()
@@ -132,13 +130,6 @@ def _child_pid(out: Path, rank: int, container: str) -> int | None:
     return None
 
 
-def _wait_for(predicate: Callable[[], bool], timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_job(tmp_path: Path) -> None:
     """A killed sidecar is restarted while training goes on. A killed trainer is exit code 137 as on a kubelet
     (128 + SIGKILL), retryable by default (restartOnExitCodes 75, 137, 143): the whole job restarts from its
@@ -148,7 +139,7 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
     fill["spec"]["output"]["path"] = str(tmp_path / "fill-out")
     (tmp_path / "fill.yaml").write_text(yaml.safe_dump(fill))
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [
             *LOCAL_ARGS,
             "-f",
@@ -163,40 +154,59 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    try:
-        events = out / "ranks" / "1" / "trainer" / "events.jsonl"
+    ) as proc:
+        try:
+            events = out / "ranks" / "1" / "trainer" / "events.jsonl"
 
-        def steps() -> list[int]:
-            return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
+            def steps() -> list[int]:
+                return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
 
-        _wait_for(lambda: len(steps()) >= 3)
-        fill_pid = _child_pid(out, 0, "fill-executor")
-        assert fill_pid is not None
-        os.kill(fill_pid, signal.SIGKILL)
-        _wait_for(lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid))  # restarted: a new process
-        steps_then = len(steps())
-        _wait_for(lambda: len(steps()) > steps_then + 2)
-        trainer_pid = _child_pid(out, 1, "trainer")
-        assert trainer_pid is not None
-        os.kill(trainer_pid, signal.SIGKILL)
-        _wait_for(lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid))  # the whole job restarted
-        killed_at = len(steps())
-        _wait_for(lambda: len(steps()) > killed_at + 2)  # and trains on from its checkpoint
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+            wait_for(lambda: len(steps()) >= 3, "3 steps", timeout_s=90)
+            fill_pid = _child_pid(out, 0, "fill-executor")
+            assert fill_pid is not None
+            os.kill(fill_pid, signal.SIGKILL)
+            wait_for(
+                lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid), "a new executor", timeout_s=90
+            )  # restarted: a new process
+            steps_then = len(steps())
+            wait_for(lambda: len(steps()) > steps_then + 2, "training on", timeout_s=90)
+            trainer_pid = _child_pid(out, 1, "trainer")
+            assert trainer_pid is not None
+            os.kill(trainer_pid, signal.SIGKILL)
+            wait_for(
+                lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid), "a new trainer", timeout_s=90
+            )  # the whole job restarted
+            killed_at = len(steps())
+            wait_for(
+                lambda: len(steps()) > killed_at + 2, "training on after the restart", timeout_s=90
+            )  # and trains on from its checkpoint
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, output
-    assert "rank0/fill-executor exited with code 137 (SIGKILL): restarted (training goes on)" in output
-    assert (
-        "rank1/trainer exited with code 137 (SIGKILL) (retryable): restarting the job from its checkpoints (1/3)"
-        in output
+    # the operator's decision core decided both, so the Events are the cluster's
+    restarted = (
+        "FillExecutorRestarted: fill-executor sidecars restarted (rank 0: 1, last exited with code 137 (SIGKILL))"
     )
+    assert restarted in output
+    name = yaml.safe_load((out / "job.yaml").read_text())["metadata"]["name"]
+    assert f"Warning TrainerFailed: rank 1 (pod {name}-1): trainer exited with code 137 (SIGKILL): " in output
+    assert "restarting the whole job as generation 1 from its checkpoints (restart 1/3)" in output
     resumed = steps()[killed_at:]
     assert resumed[0] > 1  # resumed from a checkpoint, not from step 0
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"]["fill_restarts"] >= 1 and report["outcome"]["job_restarts"] == 1
+    status = json.loads((out / "status.json").read_text())
+    assert report["outcome"]["status"] == status
+    assert (status["phase"], status["generation"], status["restarts"]) == ("Running", 1, 1)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Running"] == ("True", "AllRanksRunning")
+    assert conditions["Restarting"] == ("False", "Restarted")
+    reasons = [e["reason"] for e in report["outcome"]["events"]]
+    assert reasons[:1] == ["Running"] and "FillExecutorRestarted" in reasons  # no first PodsCreated Event (#29)
+    assert reasons[reasons.index("TrainerFailed") :] == ["TrainerFailed", "PodsCreated", "Running"], reasons
+    assert [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()] == report["outcome"]["events"]
     assert all(_child_pid(out, r, c) is None for r in (0, 1) for c in ("trainer", "fill-executor"))
 
 
@@ -214,13 +224,14 @@ def test_a_killed_runner_takes_its_processes_with_it(tmp_path: Path) -> None:
     containers = [(r, c) for r in (0, 1) for c in ("trainer", "fill-executor")]
     try:
         events = out / "ranks" / "0" / "trainer" / "events.jsonl"
-        _wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3)
+        wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 3, "3 steps", timeout_s=90)
         assert all(_child_pid(out, r, c) is not None for r, c in containers)
         proc.kill()
         proc.wait(timeout=10)
-        _wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), timeout_s=60)
+        wait_for(lambda: all(_child_pid(out, r, c) is None for r, c in containers), "every child gone", timeout_s=60)
     finally:
         proc.kill()
+        proc.wait()  # reaped here, not reported as still running in a later test
         for r, c in containers:  # what a failure left behind
             pid = _child_pid(out, r, c)
             if pid is not None:

@@ -157,7 +157,12 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
 
     fill.wait("embed", lambda o: taken_over() or _committed(o) == TOTAL, timeout_s=180)
     frozen.signal(signal.SIGCONT)  # thawed: it must write nothing more
-    done = fill.wait("embed", lambda o: status(o).get("phase") == "Succeeded", timeout_s=300)
+    # the verdict is the executor's, samplesDone the queue's sum of the pointers (STATUS_WRITERS): a pass after it
+    done = fill.wait(
+        "embed",
+        lambda o: status(o).get("phase") == "Succeeded" and status(o).get("samplesDone") == TOTAL,
+        timeout_s=300,
+    )
     stale_log = frozen.stop()
 
     st = status(done)

@@ -12,10 +12,10 @@ import yaml
 
 from pipefill.queue import JobOutcome, Placement, SliceStatus, schedule_pass
 from pipefill.queue.fit import Rates
+from pipefill.queue.outcome import decide
 from pipefill.queue.state import State
 from pipefill_operator.cache import ObjectIndex
 from pipefill_operator.fillindex import FillIndex
-from pipefill_operator.filloutcome import decide
 
 NOW = "2026-01-01T00:00:00Z"
 ROOT = Path(__file__).resolve().parents[2]

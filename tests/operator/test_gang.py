@@ -207,6 +207,18 @@ def test_fill_executor_restarts_are_reported_and_never_fail_the_job() -> None:
     _assert_stable(job, d, pods)
 
 
+def test_a_fill_executor_restart_seen_with_a_trainer_failure_is_still_reported() -> None:
+    """A sidecar restarted, and before the next look a trainer failed: both are news (the restart once lost its
+    Event, the gang's restart resetting the count first)."""
+    job = _job()
+    status = _running(job)
+    pods = [_pod(0, fill_restarts=1, fill_last_exit=137), _exited(1, 137), _pod(2), _pod(3)]
+    d = _step(job, status, pods)
+    assert _reasons(d) == ["FillExecutorRestarted", "TrainerFailed"]
+    assert "rank 0: 1, last exited with code 137 (SIGKILL)" in d.events[0].message
+    assert d.status.fill_restarts == 0 and d.status.generation == 1  # the next gang counts its own
+
+
 def test_success_then_ttl_deletes_the_job() -> None:
     job = _job(ttlSecondsAfterFinished=30)
     done = [_exited(r, 0) for r in range(WORLD)]

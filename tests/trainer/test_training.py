@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from trainer_procs import launch, wait_all
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.channel import Bubble, BubbleRecord, Consumer
@@ -183,14 +184,14 @@ def test_a_killed_peer_ends_the_job_with_a_retryable_exit_naming_it_and_the_rest
         env={env.SPEC_FILE: str(spec), env.OUT_DIR: str(out), env.COMM_TIMEOUT_S: "60"},
     )
     try:
-        deadline = time.monotonic() + 60
         events = out / "events.jsonl"
-        while time.monotonic() < deadline and (
-            sum(isinstance(e, StepEvent) for e in read_events(events)) < 3
-            or ckpt.latest_step(tmp_path / "kill-ckpt") is None
-        ):
+
+        def checkpointed() -> bool:
             assert procs[0].poll() is None, procs[0].communicate()[0]
-            time.sleep(0.2)
+            steps = sum(isinstance(e, StepEvent) for e in read_events(events))
+            return steps >= 3 and ckpt.latest_step(tmp_path / "kill-ckpt") is not None
+
+        wait_for(checkpointed, "3 steps and a checkpoint", 60, 0.2)
         procs[1].send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         output, _ = procs[0].communicate(timeout=30)

@@ -139,7 +139,7 @@ def test_a_stage_that_breaks_its_declaration_fails_the_job_permanently_naming_th
     log = (tmp_path / "out" / "ranks" / "0" / "trainer").glob("*.log")
     text = done.stdout + done.stderr + "".join(p.read_text() for p in log)
     expected = (
-        "rank0/trainer exited with code 2: invalid configuration: model provider 'gpt': stage 0 returned 1 tensors "
+        "-0): trainer exited with code 2: invalid configuration: model provider 'gpt': stage 0 returned 1 tensors "
         "[([4, 16, 32], 'torch.float32')], but its activations() declare [([4, 16, 33], 'torch.float32')]"
     )
     assert expected in text, text[-3000:]

@@ -17,8 +17,8 @@ one), by a merge patch of the status subresource, merged with the status just re
 (:func:`merged_status`: final phases stay, commit pointers and samplesDone never go backwards, this rank's unfit and
 bubble-class entries replaced) and carrying its ``metadata.resourceVersion``: a patch that raced another writer (an
 executor, the operator) is refused with 409 Conflict, read again and merged again, after a random wait that doubles
-with each conflict. It writes only its own fields (:data:`OWNED_FIELDS`); the plan's bounds, assignments, epoch and
-conditions are the operator's.
+with each conflict. It writes only its own fields (:func:`~pipefill.queue.status.executor_patch`); the plan's bounds,
+assignments, epoch and conditions are the operator's.
 
 Requests: one list and one long watch per ``watch_timeout_s`` while idle; a GET and a PATCH per status report.
 """
@@ -29,7 +29,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,14 +37,22 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from pipefill import env
-from pipefill.queue.status import plan_of_record
+from pipefill.queue.status import executor_patch
 from pipefill.spec import GROUP, VERSION, FillJob, SpecError, parse
-from pipefill_fill.sources.base import FINAL_PHASES, Identity, ProgressReport, WorkSource, merged_status
+from pipefill_fill.sources.base import (
+    FINAL_PHASES,
+    FollowsAssignments,
+    Identity,
+    ProgressReport,
+    WorkSource,
+    assigned_here,
+    assignment_gone,
+)
 from pipefill_fill.sources.reporter import Reporter, Transient
 from pipefill_fill.sources.watch import PLURAL, FillJobCache
 from pipefill_fill.work import Slice, TaskSpec
 
-__all__ = ["OWNED_FIELDS", "KubernetesSource"]
+__all__ = ["KubernetesSource"]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -56,26 +63,9 @@ _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 0.005
 """the first wait after a conflict; doubled at each one, drawn at random up to it (writers that raced do not race
 again in step)"""
-OWNED_FIELDS = (
-    "phase",
-    "message",
-    "slices",
-    "unfit",
-    "profile",
-    "bubbleClasses",
-    "samplesDone",
-    "progress",
-    "throughput",
-    "estimatedCompletionTime",
-    "startTime",
-    "completionTime",
-)
-"""The status fields the executor writes (all others are the operator's); ``phase`` only to a final phase it
-decides (Succeeded: outputs assembled; Failed: the workload raised)."""
-_EXECUTOR_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-class KubernetesSource(WorkSource):
+class KubernetesSource(FollowsAssignments, WorkSource):
     def __init__(
         self,
         *,
@@ -103,74 +93,29 @@ class KubernetesSource(WorkSource):
         self.cache = FillJobCache(
             api, self.namespace, label_selector=label_selector or "", watch_timeout_s=watch_timeout_s
         )
-        self._assigned: dict[str, dict[Slice, int]] = {}  # job -> slice -> epoch assigned to this pod, as last polled
-        self._held: dict[tuple[str, Slice], int] = {}  # slices claimed, with the epoch they were claimed at
-        self._said: dict[str, tuple[tuple[Slice, ...], tuple[Slice, ...]]] = {}  # job -> the mismatch last logged
+        FollowsAssignments.__init__(self)
         self.reporter = Reporter(self._send)
 
     def poll(self) -> list[TaskSpec]:
-        specs, assigned = [], {}
+        specs: list[TaskSpec] = []
+        assigned: dict[str, dict[Slice, int]] = {}
         for obj in self.cache.objects():
             status, spec = obj.get("status") or {}, obj.get("spec") or {}
-            mine = self._assigned_here(status)
-            if status.get("phase") in FINAL_PHASES or spec.get("cancel") or spec.get("suspend") or not mine:
+            if status.get("phase") in FINAL_PHASES or spec.get("cancel") or spec.get("suspend"):
+                continue  # not parsed: most FillJobs of a large queue are not this executor's
+            if not assigned_here(status, self.identity) or (job := self._parse(obj)) is None:
                 continue
-            job = self._parse(obj)
-            plan = plan_of_record(status)
-            if job is None or not plan:  # no plan yet: the operator has not scheduled the job
-                continue
-            try:
-                specs.append(TaskSpec.from_spec(job, plan=plan, storage_dir=self.storage_dir))
-            except ValueError as exc:
-                log.error("work source: %s", exc)
-                continue
-            assigned[job.name] = mine
+            mine = self.offer(job, status, self.identity, into=specs, storage_dir=self.storage_dir)
+            if mine:
+                assigned[job.name] = mine
         self._assigned = assigned
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 
     def changed(self) -> bool:
         return self.cache.changed()
 
-    def claim(self, spec: TaskSpec, slices: Sequence[Slice]) -> Slice | None:
-        mine = self._assigned.get(spec.name, {})
-        found = next((s for s in slices if s in mine), None)
-        said = (tuple(mine), tuple(slices)) if found is None and mine else None
-        if said is not None and self._said.get(spec.name) != said:  # once, not at every poll until it changes
-            log.info(
-                "work source: FillJob %s: the slices assigned here (%s) are none of its unfinished ones (%s)",
-                spec.name,
-                ", ".join(map(str, mine)),
-                ", ".join(map(str, slices)),
-            )
-        if said is None:
-            self._said.pop(spec.name, None)
-        else:
-            self._said[spec.name] = said
-        if found is not None:
-            self._held[(spec.name, found)] = mine[found]
-        return found
-
-    def epoch(self, name: str, slice: Slice) -> int:
-        return self._held.get((name, slice), 0)
-
     def revoked(self, name: str, slice: Slice, epoch: int) -> str | None:
-        obj = self.cache.get(name)
-        if obj is None:
-            return "the FillJob was deleted"
-        status, spec = obj.get("status") or {}, obj.get("spec") or {}
-        if spec.get("cancel"):
-            return "the FillJob was cancelled (spec.cancel)"
-        if status.get("phase") in FINAL_PHASES:
-            return f"the FillJob is {status['phase']}"
-        if self._assigned_here(status).get(slice) == epoch:
-            return None
-        now = [a for a in status.get("assignments") or [] if (a.get("start"), a.get("end")) == (slice.start, slice.end)]
-        where = ", ".join(f"epoch {a.get('epoch')} on pod {a.get('pod') or a.get('podUID')}" for a in now)
-        return f"its assignment at epoch {epoch} is gone ({'now ' + where if where else 'unassigned'})"
-
-    def release(self, name: str, slice: Slice | None = None) -> None:
-        for key in [k for k in self._held if k[0] == name and (slice is None or k[1] == slice)]:
-            del self._held[key]  # the operator moves assignments; this only forgets the claim
+        return assignment_gone(self.cache.get(name), self.identity, slice, epoch)
 
     def report(self, name: str, report: ProgressReport) -> None:
         """Queued for the reporter thread: the API server's answer is never waited for here (the filling thread)."""
@@ -192,13 +137,8 @@ class KubernetesSource(WorkSource):
                         GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=self.request_timeout_s
                     ),
                 )
-                old = merged = obj.get("status") or {}
-                for report in reports:
-                    merged = merged_status(merged, report, identity=self.identity, held=None) or merged
-                changed = {k: merged.get(k) for k in OWNED_FIELDS if merged.get(k) != old.get(k)}
-                if merged.get("phase") not in _EXECUTOR_PHASES:
-                    changed.pop("phase", None)  # Queued and Running are the operator's (assignments decide them)
-                if not changed:
+                changed = executor_patch(obj.get("status") or {}, reports, identity=self.identity)
+                if changed is None:
                     return
                 patch = {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}}
                 patch["status"] = changed  # None removes a field (merge patch)
@@ -229,21 +169,6 @@ class KubernetesSource(WorkSource):
     def close(self) -> None:
         self.reporter.close(timeout_s=sum(self.request_timeout_s) + 5.0)
         self.cache.close()
-
-    def _assigned_here(self, status: dict[str, Any]) -> dict[Slice, int]:
-        me = self.identity
-        out = {}
-        for a in status.get("assignments") or []:
-            if me.pod_uid is not None:
-                if a.get("podUID") != me.pod_uid:
-                    continue
-            elif (a.get("trainingJob"), a.get("rank")) != (me.training_job, me.rank):
-                continue
-            try:
-                out[Slice(int(a.get("start", 0)), int(a.get("end", 0)))] = int(a.get("epoch") or 0)
-            except ValueError as exc:
-                log.error("work source: assignment %s: %s", a, exc)
-        return out
 
     def _parse(self, obj: dict[str, Any]) -> FillJob | None:
         name = (obj.get("metadata") or {}).get("name", "?")

@@ -1,10 +1,13 @@
-"""What the operator writes into a FillJob's status after a scheduling pass: a pure function of the FillJob as the
-index saw it and the pass's :class:`~pipefill.queue.JobOutcome` (docs/fill.md, "The queue on the cluster").
+"""What the queue writes into a FillJob's status after a scheduling pass: a pure function of the FillJob as the pass
+saw it and the pass's :class:`~pipefill.queue.JobOutcome` (docs/fill.md, "The queue on the cluster"). The operator
+sends it as a merge patch of the status subresource; ``pipefill local`` writes it into the job's status file.
 
-The operator owns ``slices`` (written once, when the plan is fixed), ``assignments``, ``epoch``, ``phase``,
-``message``, the ``Scheduled`` condition and the pruning of ``unfit``; the executors own the commit pointers and
-their reports. The patch is sent with the FillJob's resourceVersion, so a commit that landed after the index's copy
-makes it fail (409) instead of being overwritten, and the next pass starts from the newer status.
+The queue writes what :data:`pipefill.spec.fillstatus.STATUS_WRITERS` gives it — ``slices`` (written once, when the
+plan is fixed), ``assignments``, ``epoch``, ``phase`` until a verdict, ``message``, ``samplesDone`` and ``progress``
+from the commit pointers, ``startTime``, the ``Scheduled`` condition and the pruning of ``unfit`` — and every patch is
+checked against the table; the executors own the commit pointers, their reports and the verdict. The patch is sent
+with the FillJob's resourceVersion, so a commit that landed after the index's copy makes it fail (409) instead of
+being overwritten, and the next pass starts from the newer status.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
-from pipefill.queue import FINAL_PHASES, JobOutcome, Placement, output_report
+from pipefill.queue.scheduler import JobOutcome
+from pipefill.queue.snapshot import Placement
+from pipefill.queue.status import FINAL_PHASES, check_patch, output_report
 from pipefill.spec import FillJobPhase
-from pipefill.spec.fillstatus import MAX_MESSAGE_CHARS
+from pipefill.spec.fillstatus import MAX_MESSAGE_CHARS, Writer
 
 __all__ = ["SCHEDULED", "Decision", "decide"]
 
@@ -67,7 +72,26 @@ def _done(slices: list[dict[str, Any]]) -> int:
     return sum(int(s["committed"]) - int(s["start"]) for s in slices)
 
 
+def _progress(status: dict[str, Any], slices: list[dict[str, Any]], new: dict[str, Any]) -> None:
+    """``samplesDone`` and ``progress`` (the queue's) from the commit pointers (the executors'); never backwards."""
+    done = _done(slices)
+    if slices and done > int(status.get("samplesDone") or 0):
+        new["samplesDone"] = done
+        new["progress"] = round(100.0 * done / int(slices[-1]["end"]), 3)
+
+
 def decide(
+    body: dict[str, Any], outcome: JobOutcome | None, *, running_hosts: Set[tuple[str, str]], now: str
+) -> Decision:
+    """The change to ``body``'s status after a pass (see :func:`_decide`), refused (ValueError) should it write what
+    the ownership table (:data:`pipefill.spec.fillstatus.STATUS_WRITERS`) gives the executors."""
+    decision = _decide(body, outcome, running_hosts=running_hosts, now=now)
+    if decision.patch is not None:
+        check_patch(Writer.QUEUE, body.get("status") or {}, decision.patch)
+    return decision
+
+
+def _decide(
     body: dict[str, Any], outcome: JobOutcome | None, *, running_hosts: Set[tuple[str, str]], now: str
 ) -> Decision:
     """The change to ``body``'s status after a pass. ``outcome``: the job's (None: the pass left it out, e.g. an
@@ -80,6 +104,7 @@ def decide(
     new: dict[str, Any] = {}
     released: list[tuple[Placement, str]] = []
     conditions = list(status.get("conditions") or ())
+    _progress(status, slices, new)  # the commit pointers' sum, whatever the phase: the last ones come with a verdict
     if phase in FINAL_PHASES:
         if status.get("assignments"):
             new["assignments"] = []  # nothing runs any more
@@ -98,9 +123,6 @@ def decide(
         )
     total = int(slices[-1]["end"]) if slices else 0
     done = _done(slices)
-    if slices and done > int(status.get("samplesDone") or 0):
-        new["samplesDone"] = done
-        new["progress"] = round(100.0 * done / total, 3)
     if spec.get("cancel"):
         why = "cancelled (spec.cancel): assignments revoked"
         released += [(p, "cancelled") for p in (outcome.released if outcome else ()) if not _slice_done(slices, p)]

@@ -1,0 +1,79 @@
+"""``files:<dir>`` under a queue: the FillJob manifests of a directory whose assignments a scheduling pass writes.
+
+``pipefill local`` runs the operator's queue (:mod:`pipefill.local.fillqueue`: :func:`pipefill.queue.schedule_pass`,
+then :func:`pipefill.queue.outcome.decide`) over the directory and marks it with :data:`QUEUE_MARKER`. Each job's
+``<job>.status.json`` then holds what the operator would write into its status: the plan of record, the assignments
+with their epochs, the phase, the ``Scheduled`` condition. This source follows them as the ``kubernetes`` one follows
+the FillJob objects: a job is offered while a slice of it is assigned to this executor (by ``PIPEFILL_POD_UID``, or
+training job and rank), a claim takes an assigned slice at its epoch, a commit is refused once that assignment is gone
+(:func:`assignment_gone`, read from the file at every commit), and a report writes only the executor's fields
+(:func:`pipefill.queue.status.executor_patch`) under the file's lock. Where no queue runs (an executor started alone,
+as the tests' harnesses do) :class:`~pipefill_fill.sources.files.FilesSource` shares the jobs by file locks instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipefill.queue.status import QUEUE_MARKER, executor_patch
+from pipefill_fill.locks import locked
+from pipefill_fill.sources.base import (
+    FollowsAssignments,
+    Identity,
+    ProgressReport,
+    assignment_gone,
+)
+from pipefill_fill.sources.files import FilesSource
+from pipefill_fill.work import Slice, TaskSpec
+
+__all__ = ["QUEUE_MARKER", "QueuedFilesSource"]
+
+log = logging.getLogger("pipefill_fill")
+
+
+class QueuedFilesSource(FollowsAssignments, FilesSource):
+    def __init__(self, directory: Path, *, identity: Identity, base_dir: Path | None = None) -> None:
+        FilesSource.__init__(self, directory, identity=identity, base_dir=base_dir)
+        FollowsAssignments.__init__(self)
+        self._seen_ns = 0  # the directory's mtime at the last poll (every status write replaces a file in it)
+        self._cancelled: dict[str, bool] = {}  # every job of the last poll -> its spec.cancel
+
+    def poll(self) -> list[TaskSpec]:
+        self._seen_ns = self._dir_mtime_ns()
+        specs: list[TaskSpec] = []
+        assigned, cancelled = {}, {}
+        for path in sorted([*self.dir.glob("*.yaml"), *self.dir.glob("*.yml")]):
+            for job in self._load(path):
+                cancelled[job.name] = job.spec.cancel
+                mine = self.offer(job, self._status(job.name), self.identity, into=specs, base_dir=self.base_dir)
+                if mine:
+                    assigned[job.name] = mine
+        self._assigned, self._cancelled = assigned, cancelled
+        return sorted(specs, key=lambda s: (-s.priority, s.name))
+
+    def changed(self) -> bool:
+        return self._dir_mtime_ns() != self._seen_ns
+
+    def revoked(self, name: str, slice: Slice, epoch: int) -> str | None:
+        if name not in self._cancelled:
+            return assignment_gone(None, self.identity, slice, epoch)
+        obj = {"spec": {"cancel": self._cancelled[name]}, "status": self._status(name)}
+        return assignment_gone(obj, self.identity, slice, epoch)
+
+    def report(self, name: str, report: ProgressReport) -> None:
+        with locked(self._lock_dir(name) / "status.lock"):
+            old = self._status(name)
+            patch = executor_patch(old, [report], identity=self.identity)
+            if patch is not None:
+                merged = {**old, **patch}
+                self._write_status(name, {k: v for k, v in merged.items() if v is not None})
+
+    def close(self) -> None:
+        self._held.clear()
+
+    def _dir_mtime_ns(self) -> int:
+        try:
+            return self.dir.stat().st_mtime_ns
+        except OSError:
+            return 0
