@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from pipefill import env
+from pipefill import env, importwatch
 from pipefill.bench import hook_clock
 from pipefill.bench.fill_jobs import REPO
 from pipefill.bench.machine import describe_machine
@@ -48,7 +48,8 @@ from pipefill.usercommand import HOOK_ENV, hook_pythonpath, local_argv
 __all__ = ["BenchError", "main"]
 
 WORKLOADS = ("pipelining", "torchtitan")
-_PROFILE_STEPS = "PIPEFILL_HOOK_PROFILE_STEPS"  # pipefill_hook.settings.ENV_PROFILE_STEPS (the core imports no hook)
+_CORE = str(Path(importwatch.__file__).resolve().parents[1])
+"""the directory holding the ``pipefill`` package"""
 
 
 class BenchError(RuntimeError):
@@ -77,6 +78,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--command", default="", help="your own command instead (shell words; it sets its own steps)")
     p.add_argument("--schedule", default="1F1B", help="the workload's pipeline schedule (torch's name)")
+    p.add_argument("--width", type=int, default=1024, help="--workload pipelining: the MLP's width (bubbles of ms)")
     p.add_argument("--steps", type=int, default=40, help="training steps of each run")
     p.add_argument("--skip-steps", type=int, default=5, help="steps not timed at each run's start (warm-up, profile)")
     p.add_argument("--pairs", type=int, default=4, help="hooked runs, each between two unhooked ones")
@@ -107,7 +109,7 @@ def workload_argv(a: argparse.Namespace, run_dir: Path) -> list[str]:
         return local_argv(shlex.split(a.command))
     if a.workload == "pipelining":
         script = REPO / "examples" / "pipelining" / "train.py"
-        args = ["--schedule", a.schedule, "--microbatches", "4", "--steps", str(a.steps)]
+        args = _pipelining_args(a)
     else:
         script = REPO / "examples" / "torchtitan" / "torchtitan_cpu.py"
         args = [
@@ -118,6 +120,10 @@ def workload_argv(a: argparse.Namespace, run_dir: Path) -> list[str]:
     if not script.is_file():
         raise BenchError(f"--workload {a.workload}: {script} is not there: run from a checkout, or pass --command")
     return [sys.executable, str(script), *args]
+
+
+def _pipelining_args(a: argparse.Namespace) -> list[str]:
+    return ["--schedule", a.schedule, "--microbatches", "4", "--steps", str(a.steps), "--width", str(a.width)]
 
 
 def run_once(a: argparse.Namespace, run_dir: Path, *, hook: bool) -> RunResult:
@@ -131,7 +137,7 @@ def run_once(a: argparse.Namespace, run_dir: Path, *, hook: bool) -> RunResult:
     procs = []
     t0 = time.monotonic()
     for rank in range(a.world):
-        path = [str(clock), str(REPO), *inherited]
+        path = [str(clock), _CORE, *inherited]  # the clock imports pipefill.importwatch
         child = {
             **os.environ, "RANK": str(rank), "WORLD_SIZE": str(a.world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
@@ -217,7 +223,7 @@ def comparable_jobs(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, An
     microbatches of 2) from a Hugging Face config, for the pipelining example the CPU demo's GPT."""
     if a.workload == "pipelining":
         hooked = yaml.safe_load((REPO / "examples" / "pipelining" / "pipelining-demo.yaml").read_text())
-        hooked["spec"]["trainer"]["args"] = ["--schedule", a.schedule, "--microbatches", "4", "--steps", str(a.steps)]
+        hooked["spec"]["trainer"]["args"] = _pipelining_args(a)
         ours = yaml.safe_load((REPO / "examples" / "cpu-demo.yaml").read_text())
     else:
         hooked = yaml.safe_load((REPO / "examples" / "torchtitan-llama3.yaml").read_text())

@@ -5,22 +5,20 @@ When the process imports ``torch.optim.optimizer`` it registers a global optimiz
 that notes the monotonic time after each ``step`` of the first optimizer that steps (torchtitan's interleaved
 schedule has one optimizer per model chunk: one time per training step); at exit the times go to the file named by
 ``PIPEFILL_BENCH_CLOCK`` as JSON. It changes nothing the training computes, wraps nothing of the pipelining and runs
-the same in both modes. Standard library only, and it imports nothing of torch itself: it gets the module it waits
-for from the import system. Under the hook, the hook's own ``sitecustomize`` runs first and chains to this one.
+the same in both modes. It imports nothing of torch itself: :mod:`pipefill.importwatch` hands it the module it waits
+for (the bench puts the core on the ``PYTHONPATH`` of both modes). Under the hook, the hook's own ``sitecustomize`` runs first and chains to this one.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.machinery
 import json
 import os
-import sys
 import time
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
+
+from pipefill.importwatch import when_imported
 
 ENV_FILE = "PIPEFILL_BENCH_CLOCK"
 """where the times go (unset: the clock does nothing)"""
@@ -46,35 +44,12 @@ def _on_import(module: ModuleType) -> None:
     module.register_optimizer_step_post_hook(_noted)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader: Any = spec.loader
-        run = loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            _on_import(module)
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def _install() -> None:
     path = os.environ.get(ENV_FILE)
     if not path:
         return
     atexit.register(_write, path)
-    if TARGET in sys.modules:
-        _on_import(sys.modules[TARGET])
-    else:
-        sys.meta_path.insert(0, _Finder())
+    when_imported(TARGET, _on_import)
 
 
 _install()

@@ -128,6 +128,7 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     """``pipefill local`` of ``job`` with the inference FillJob of the examples, from the repository root: the
     report (checked: the training finished after ``steps`` steps and the FillJob committed work) and the output
     directory."""
+    tmp.mkdir(parents=True, exist_ok=True)
     job_file, out = tmp / "job.yaml", tmp / "out"
     job_file.write_text(yaml.safe_dump(job))
     fill = REPO / "examples" / "fill-inference.yaml"
