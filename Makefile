@@ -143,7 +143,7 @@ fmt: $(STAMP) ## format the code
 
 lock: ## re-resolve requirements/lock.txt in a scratch venv
 	rm -rf /tmp/pipefill-lock && $(PYTHON) -m venv /tmp/pipefill-lock
-	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 'setuptools>=77' -e '.[operator,trainer,fill,local,dashboards,embeddings,huggingface,data,dev]'
+	/tmp/pipefill-lock/bin/pip install -q torch==2.13.0 'setuptools>=77' -e '.[operator,trainer,fill,local,dashboards,embeddings,huggingface,data,torchtitan,dev]'
 	/tmp/pipefill-lock/bin/pip freeze --all --exclude-editable | grep -v '^torch==\|^pip==' | sed '1i torch==2.13.0' > requirements/lock.txt
 
 clean: ## remove the venv and caches

@@ -31,6 +31,7 @@ __all__ = [
     "command_argv",
     "command_env",
     "hook_init_container",
+    "hook_pythonpath",
     "local_argv",
     "local_command_env",
     "trainer_command",
@@ -129,15 +130,20 @@ def local_command_env(job: PipelineTrainingJob, child: dict[str, str], *, master
     child["PET_MASTER_ADDR"], child["PET_MASTER_PORT"] = "127.0.0.1", str(master_port)
     if child.get(HOOK_ENV) != "1":
         return
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    child["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*hook_pythonpath(), *inherited]))
+
+
+def hook_pythonpath() -> list[str]:
+    """A local process's ``PYTHONPATH`` head for the hook: its ``boot/``, then the directories holding
+    ``pipefill_hook`` and ``pipefill`` as this Python finds them."""
     hook, core = _package_parent("pipefill_hook"), _package_parent("pipefill")
     if hook is None or core is None:
         raise ValueError(
             "spec.trainer.hook is true but this Python has no pipefill_hook package: install the trainer extra "
             "(pipefill-operator[trainer]) or put the checkout's trainer-image/ on PYTHONPATH, or set hook: false"
         )
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths = [str(hook / "boot"), str(hook.parent), str(core.parent), *inherited]
-    child["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return [str(hook / "boot"), str(hook.parent), str(core.parent)]
 
 
 def local_argv(argv: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "colocation": "pipefill.bench.colocation",
     "fill": "pipefill.bench.fill",
     "fill-queue": "pipefill.bench.fill_queue",
+    "hook": "pipefill.bench.hook",
     "operator": "pipefill_operator.bench",
     "scheduler": "pipefill.queue.bench",
     "trainer": "pipefill.bench.trainer",

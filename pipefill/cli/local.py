@@ -134,9 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if endpoint is None:
         return 2
     print(f"metrics of every process: {endpoint.url}", flush=True)
-    state = LiveState(
-        world_size=job.world_size, out_dir=out_dir, work_dir=runner.work_dir, fills=fills, steps=job.spec.steps
-    )
+    steps = None if job.spec.trainer is not None else job.spec.steps  # a command counts its own steps
+    state = LiveState(world_size=job.world_size, out_dir=out_dir, work_dir=runner.work_dir, fills=fills, steps=steps)
     view = make_view(state, plain=args.plain, interval_s=args.status_every)
     runner.on_tick = view.tick
     try:

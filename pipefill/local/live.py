@@ -60,8 +60,11 @@ class _Overruns:
 class LiveState:
     """What the files of a running job say so far; ``poll`` reads what they gained since the last call."""
 
-    def __init__(self, *, world_size: int, out_dir: Path, work_dir: Path, fills: Sequence[FillJob], steps: int) -> None:
+    def __init__(
+        self, *, world_size: int, out_dir: Path, work_dir: Path, fills: Sequence[FillJob], steps: int | None
+    ) -> None:
         self.steps_total = steps
+        """None: the job's own command decides (``spec.trainer``)"""
         self.ranks = [RankStats() for _ in range(world_size)]
         self.fill_jobs = {f.name: FillProgress(f.name, f.spec.total) for f in fills}
         self.procs: list[LocalProcess] = []
@@ -144,9 +147,9 @@ def _rank_cells(state: LiveState, rank: int) -> list[str]:
     if last is None:
         return ["—", "—", "—", _pct(summary["bubble_fraction"]), _pct(summary["bubble_recovery"])]
     return [
-        f"{last.step + 1}/{state.steps_total}",
-        f"{last.loss:.3f}",
-        f"{last.tokens_per_s:,.0f}",
+        f"{last.step + 1}" if state.steps_total is None else f"{last.step + 1}/{state.steps_total}",
+        "—" if math.isnan(last.loss) else f"{last.loss:.3f}",  # under the hook, ranks without the last stage
+        f"{last.tokens_per_s:,.0f}" if last.tokens_per_s > 0 else "—",  # the hook does not know the batch
         _pct(summary["bubble_fraction"]),
         _pct(summary["bubble_recovery"]),
     ]

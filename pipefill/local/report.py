@@ -8,6 +8,7 @@ the fill work inside them) and ``timeline.png`` (the same, for the last steps; n
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,8 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
     trainer0, _ = _logs(out_dir, 0)
     steps = [e for e in trainer0 if isinstance(e, StepEvent)]
     later = [e.step_s for e in steps[len(steps) // 3 :]] or [e.step_s for e in steps]
+    losses = _losses(out_dir, job.world_size)
+    rates = [e.tokens_per_s for e in steps if e.tokens_per_s > 0]  # none under the hook: it does not know the batch
     idle = sum(r["idle_breakdown"][-1]["idle_s"] for r in ranks)
     offered = idle - sum(r["idle_breakdown"][-1]["seconds"].get("not_announced", 0.0) for r in ranks)
     work = sum(r["fill_step_s"] for r in ranks)
@@ -192,10 +195,10 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         "outcome": outcome,
         "emulation": "CPU: one core plays one GPU; a stage's trainer and fill executor share it",
         "steps": len(steps),
-        "loss_first": steps[0].loss if steps else None,
-        "loss_last": steps[-1].loss if steps else None,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
         "step_s_median": statistics.median(later) if later else None,
-        "tokens_per_s_median": statistics.median(e.tokens_per_s for e in steps) if steps else None,
+        "tokens_per_s_median": statistics.median(rates) if rates else None,
         "bubble_fraction": statistics.fmean(fractions) if fractions else None,
         "bubble_recovery": work / idle if idle else None,
         "announced_recovery": work / offered if offered else None,
@@ -204,6 +207,17 @@ def build_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         "ranks": ranks,
         "fill_jobs": fill_jobs,
     }
+
+
+def _losses(out_dir: Path, world_size: int) -> list[float]:
+    """Every step's loss from the first rank that has one: rank 0 for our trainer (every rank learns it); under the
+    hook the ranks holding the last stage (the others log NaN)."""
+    for rank in range(world_size):
+        trainer, _ = _logs(out_dir, rank)
+        losses = [e.loss for e in trainer if isinstance(e, StepEvent)]
+        if any(not math.isnan(x) for x in losses):
+            return losses
+    return []
 
 
 def _spans(trainer: list[Event]) -> list[ActionEvent | BubbleEvent]:

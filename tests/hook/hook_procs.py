@@ -128,6 +128,7 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     """``pipefill local`` of ``job`` with the inference FillJob of the examples (its output under ``tmp``, not the
     checkout's runs/, where the progress of every earlier run is), from the repository root: the report (checked: the
     training finished after ``steps`` steps and the FillJob committed work) and the output directory."""
+    tmp.mkdir(parents=True, exist_ok=True)
     job_file, out, fill = tmp / "job.yaml", tmp / "out", tmp / "fill.yaml"
     job_file.write_text(yaml.safe_dump(job))
     fill_job = yaml.safe_load((REPO / "examples" / "fill-inference.yaml").read_text())

@@ -262,3 +262,21 @@ def test_a_split_jobs_phase_and_total_come_from_its_merged_status_not_the_last_r
     state.poll([], RunOutcome(code=1, reason="running"))
     row = state.fill_jobs["embed"]
     assert (row.committed, row.total, row.phase) == (4096, 4096, "Succeeded")
+
+
+def test_a_command_jobs_steps_are_its_own_and_its_loss_comes_from_the_rank_that_has_it(tmp_path: Path) -> None:
+    """spec.trainer under the hook: no spec.steps to count against, no tokens/s, and only the ranks holding the last
+    stage know the loss (rank 0 logs NaN): the view says so, and the report takes rank 1's."""
+    job = load_training_job(Path(__file__).resolve().parents[2] / "examples" / "pipelining" / "pipelining-demo.yaml")
+    for rank, losses in ((0, [float("nan")] * 3), (1, [2.5, 2.0, 1.5])):
+        log = EventWriter(rank_log_paths(tmp_path, rank)[0])
+        for step, loss in enumerate(losses):
+            log.write(StepEvent(step=step, loss=loss, step_s=0.1, tokens_per_s=0.0, start_ns=step * 10**8))
+        log.close()
+    state = LiveState(world_size=2, out_dir=tmp_path, work_dir=tmp_path / "filljobs", fills=[], steps=None)
+    state.poll([], RunOutcome(code=0, reason="training finished"))
+    line = PlainView(state, out=io.StringIO()).status_line()
+    assert "rank 0: step 3, loss —, — tokens/s" in line and "rank 1: step 3, loss 1.500, — tokens/s" in line, line
+    report = build_report(job, tmp_path, outcome={"code": 0, "reason": "training finished"})
+    assert (report["steps"], report["loss_first"], report["loss_last"]) == (3, 2.5, 1.5)
+    assert report["tokens_per_s_median"] is None

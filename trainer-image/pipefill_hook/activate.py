@@ -5,13 +5,11 @@ schedules the moment the user's code imports them (:func:`pipefill_hook.patch.ap
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
-from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+
+from pipefill.importwatch import when_imported
 
 __all__ = ["TARGET", "install"]
 
@@ -43,29 +41,6 @@ def _on_import(module: ModuleType) -> None:
         print(f"pipefill hook: not installed ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader: Any = spec.loader
-        run = loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            _on_import(module)
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     """Wrap the schedules at their import (now, when already imported); idempotent."""
-    if TARGET in sys.modules:
-        _on_import(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    when_imported(TARGET, _on_import)
