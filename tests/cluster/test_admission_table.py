@@ -8,7 +8,6 @@ field paths; every example is accepted by both.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from malformed_cases import CASES, FJ, PTJ, changed
 
 from pipefill.devcluster import ControlPlane
 from pipefill.spec import SpecError, parse
@@ -27,17 +27,6 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _corpus() -> Any:
-    """tests/spec/test_malformed.py: its malformed-manifest corpus and valid bases (one corpus for both files)."""
-    found = importlib.util.spec_from_file_location("malformed_corpus", ROOT / "tests" / "spec" / "test_malformed.py")
-    assert found is not None and found.loader is not None
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
-
-
-_CORPUS = _corpus()
-CASES: list[tuple[str, dict[str, Any], str, str]] = _CORPUS.CASES
 _PLURAL = {"PipelineTrainingJob": "pipelinetrainingjobs", "FillJob": "filljobs"}
 _UNKNOWN = re.compile(r'unknown field "([^"]+)"')
 
@@ -89,17 +78,17 @@ def loader_rejects(manifest: dict[str, Any]) -> set[str]:
 
 # Cases admission cannot hold (no CEL rule can say them): the API server accepts them, `pipefill validate` (and the
 # operator, through the same pipefill.spec.shape checks) rejects them naming the field.
-_PTJ: dict[str, Any] = _CORPUS.PTJ
+_PTJ: dict[str, Any] = PTJ
 OPERATOR_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "layers-per-stage-sum",
-        _CORPUS._with(_PTJ, spec__pipeline__layersPerStage=[1, 1]),
+        changed(_PTJ, spec__pipeline__layersPerStage=[1, 1]),
         "spec.pipeline.layersPerStage",
         "sum equal to the model's 4 layers",
     ),
     (
         "layers-per-stage-zero",
-        _CORPUS._with(_PTJ, spec__pipeline__layersPerStage=[0, 4]),
+        changed(_PTJ, spec__pipeline__layersPerStage=[0, 4]),
         "spec.pipeline.layersPerStage",
         "needs every entry ≥ 1",
     ),
@@ -140,7 +129,6 @@ def test_every_example_is_accepted_by_both(custom: client.CustomObjectsApi, mani
     assert loader_rejects(manifest) == set()
 
 
-FJ: dict[str, Any] = _CORPUS.FJ
 # (id, spec changes of an update, field paths both layers must name; empty: the update is allowed)
 UPDATES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("total-samples", {"totalSamples": 200}, {"spec.totalSamples"}),
