@@ -228,11 +228,6 @@ class BubbleProfiler:
 
     def _next_candidate(self) -> None:
         bs = self.batch_size
-        if self._items <= 0:  # no units left to measure with (the slice's work all stepped meanwhile): what is measured
-            self._times, self._peak, self._piece_times = [], 0, []
-            self.stopped_by = "done"
-            self._finish()
-            return
         measured = self._piece_times[self.warmup :]
         piece_s = (
             ()
@@ -268,8 +263,9 @@ class BubbleProfiler:
 
     def store(self) -> None:
         """Between bubbles: write a profile completed in a bubble to the cache, for every job of the workload (not one
-        cut short because the job ran out of work: a larger job would take it for complete)."""
-        if self._unstored and self.stopped_by != "done":
+        cut short because the training job ran out of work: another would take it for complete; an inference one is
+        recorded as incomplete and serves only jobs no larger than its largest batch)."""
+        if self._unstored and (self.stopped_by != "work" or self.task.spec.kind == "inference"):
             self._unstored = False
             store_profile(
                 self.task, self.device, self._points, memory_budget_bytes=self.budget, stopped_by=self.stopped_by

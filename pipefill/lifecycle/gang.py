@@ -1,9 +1,8 @@
 """The lifecycle of a PipelineTrainingJob as one pure function: (spec, status, observed pods) -> what to do.
 
-The gang is the unit. Every start of the whole job is a *generation*: its pods carry the label
-``pipefill.io/generation`` and the names ``<job>-<rank>`` every generation reuses. :func:`decide` reads the current
-status and the pods and returns the next status, the pods to create or delete, the Events to post and when to look
-again. The operator applies a decision in that order — status first — so a restart is recorded (``generation`` and
+The gang is the unit. Every start of the whole job is a *generation*: its pods carry the label ``pipefill.io/generation``
+and the names ``<job>-<rank>`` every generation reuses. :func:`decide` reads the current status and the pods and
+returns the next status, the pods to create or delete, the Events to post and when to look again. The operator applies a decision in that order — status first — so a restart is recorded (``generation`` and
 ``restarts`` raised, phase Restarting) before the old pods are deleted: an operator killed half-way continues
 the same restart instead of starting another. A new generation's pods are created only once no pod of an older one
 is left, so names, hostnames and the rendezvous on ``MASTER_ADDR`` are free to reuse.

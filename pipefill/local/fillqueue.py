@@ -94,6 +94,7 @@ class LocalQueue:
             fill,
             namespace=_namespace(fill),
             created_unix_s=float(index),
+            one_filesystem=True,  # every executor here writes under the same directories
             deadline_unix_s=_unix_s(fill.spec.deadline),
             phase=phase,
             epoch=int(status.get("epoch") or 0),

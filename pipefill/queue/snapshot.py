@@ -159,9 +159,16 @@ class FillJobView:
 
     @classmethod
     def from_spec(
-        cls, job: FillJob, *, namespace: str = "default", created_unix_s: float = 0.0, **status: Any
+        cls,
+        job: FillJob,
+        *,
+        namespace: str = "default",
+        created_unix_s: float = 0.0,
+        one_filesystem: bool = False,
+        **status: Any,
     ) -> FillJobView:
-        """The spec's fields from a typed FillJob; ``status`` passes the rest (``phase``, ``slices``, ``profile`` …)."""
+        """The spec's fields from a typed FillJob; ``status`` passes the rest (``phase``, ``slices``, ``profile`` …).
+        ``one_filesystem``: every executor sees the same files (``pipefill local``), so any output may be split."""
         spec = job.spec
         est = spec.estimates
         return cls(
@@ -175,7 +182,7 @@ class FillJobView:
             host_selector=spec.host_selector,
             # a relative output without a claim lands in the pod's own scratch directory (docs/fill.md, "Fill
             # storage"): split over two pods, neither holds every slice to assemble outputs.npy; one at a time
-            max_parallel_ranks=spec.max_parallel_ranks if _shared(spec.output) else 1,
+            max_parallel_ranks=spec.max_parallel_ranks if one_filesystem or _shared(spec.output) else 1,
             storage_claim=spec.output.claim_name,
             estimate_step_s=est.step_milliseconds / 1e3 if est.step_milliseconds is not None else None,
             estimate_peak_bytes=parse_bytes(est.memory, field="spec.estimates.memory")

@@ -126,6 +126,7 @@ def test_a_slice_that_runs_out_of_work_mid_profile_ends_it_with_the_sizes_measur
     profiler.measure_one()  # batch 4: no work left
     assert profiler.result is not None and profiler.stopped_by == "work"
     assert [p.batch_size for p in profiler.result.points] == [1]
+    profiler.store()  # between bubbles
     (record,) = profile_cache.glob("profile-*.json")
     assert not json.loads(record.read_text())["complete"]
     assert load_cached(_task(write_job(jobs_dir, "long", total=100, parameters=PARAMS)), CPU) is None

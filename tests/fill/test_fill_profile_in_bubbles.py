@@ -5,6 +5,7 @@ it, not inside it. A real encoder job; each step's cost is set by a fake clock, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def test_a_profile_completed_in_a_bubble_is_cached_after_it(jobs_dir: Path, prof
 def test_a_profile_whose_job_ran_out_of_work_ends_without_failing_the_job(jobs_dir: Path, profile_cache: Path) -> None:
     """A small job's early steps can finish its slice while larger sizes are still being measured; its next
     measurements do no units. They used to make a ProfilePoint of 0 items (ValueError: the job Failed although its
-    work was done, seen in a 20-job queue run); now the profile ends with the sizes measured, and is not shared."""
+    work was done, seen in a 20-job queue run); now the profile ends with the sizes measured, and is shared only
+    with jobs no larger than its largest batch."""
     clock = _Clock()
     profiler = _profiler(jobs_dir, clock, [1.0] * 100, total=64)
     while profiler.batch_size == 2:
@@ -93,6 +95,7 @@ def test_a_profile_whose_job_ran_out_of_work_ends_without_failing_the_job(jobs_d
     profiler.measure_one()
     while profiler.result is None:
         profiler.measure_one()
-    assert [p.batch_size for p in profiler.result.points] == [2] and profiler.stopped_by == "done"
+    assert [p.batch_size for p in profiler.result.points] == [2] and profiler.stopped_by == "work"
     profiler.store()
-    assert not list(profile_cache.glob("*.json"))
+    (record,) = profile_cache.glob("*.json")
+    assert not json.loads(record.read_text())["complete"]

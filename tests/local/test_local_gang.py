@@ -115,8 +115,8 @@ def test_a_retryable_trainer_exit_restarts_the_gang_as_the_next_generation(tmp_p
     status = decisions[-1].status
     assert (status.phase, status.generation, status.restarts) == (JobPhase.SUCCEEDED, 1, 1)
     reasons = [e.reason for d in decisions for e in d.events]
-    # a new job's first gang has no PodsCreated Event (its condition tells it; #29), a restart's has
-    assert reasons == ["Running", "TrainerFailed", "PodsCreated", "Running", "TrainingFinished"]
+    # a new job's first gang has no PodsCreated or Running Event (its conditions tell it; #29), a restart's has both
+    assert reasons == ["TrainerFailed", "PodsCreated", "Running", "TrainingFinished"]
     failed = next(e for d in decisions for e in d.events if e.reason == "TrainerFailed")
     assert failed.message.startswith("rank 1 (pod j-1): trainer exited with code 75: rank 1 says goodbye; restarting")
     assert sorted(d.delete_pods for d in decisions if d.delete_pods)[0] == ["j-0", "j-1"]
