@@ -61,7 +61,7 @@ gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/
 
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
 	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
 # runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed
