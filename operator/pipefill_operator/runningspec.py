@@ -20,12 +20,13 @@ from pipefill.children import JOB_LABEL, SPEC_ANNOTATION, SPEC_KEY, spec_config_
 from pipefill.lifecycle import PodView
 from pipefill.pods import RANK_LABEL, SPEC_GENERATION_LABEL
 from pipefill.spec import PipelineTrainingJob
-from pipefill_operator.apply import CONFIG_MAP, POD
-from pipefill_operator.kube import ApiError, Kube
+from pipefill_operator.kube import ApiError, Kube, resource_of
 
 __all__ = ["RunningSpecs"]
 
 log = logging.getLogger("pipefill_operator")
+POD = resource_of("v1", "Pod")
+CONFIG_MAP = resource_of("v1", "ConfigMap")
 
 
 class RunningSpecs:
