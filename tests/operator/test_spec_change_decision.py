@@ -7,25 +7,19 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from operator_harness import job_manifest
+from update_cases import merged
+
 from pipefill.lifecycle import Decision, Observed, PodView, decide
 from pipefill.lifecycle.conditions import find
 from pipefill.lifecycle.specchange import AT_ONCE, changed_fields
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, parse, to_obj
 
 T0 = datetime.datetime(2026, 3, 1, 12, 0, 0, tzinfo=datetime.UTC)
-BASE: dict[str, Any] = {
-    "apiVersion": "pipefill.io/v1alpha1",
-    "kind": "PipelineTrainingJob",
-    "metadata": {"name": "j"},
-    "spec": {
-        "model": {"preset": "gpt-tiny"},
-        "pipeline": {"stages": 2, "microbatches": 4, "globalBatch": 16},
-    },
-}
 
 
 def _job(**spec: Any) -> PipelineTrainingJob:
-    job = parse({**BASE, "spec": {**BASE["spec"], **spec}})
+    job = parse(merged(job_manifest(), {"spec": spec}))
     assert isinstance(job, PipelineTrainingJob)
     return job
 
@@ -37,7 +31,7 @@ def _running_status() -> PipelineTrainingJobStatus:
 def _pods(spec_generation: int) -> list[PodView]:
     return [
         PodView(
-            name=f"j-{r}",
+            name=f"train-{r}",
             rank=r,
             generation=0,
             phase="Running",
