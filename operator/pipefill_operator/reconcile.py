@@ -28,6 +28,7 @@ from pipefill_operator.apply import PTJ, RANKS_READY_INTERVAL_S, Applier, post_e
 from pipefill_operator.cache import PodIndex, project_object, project_pod
 from pipefill_operator.kube import Kube
 from pipefill_operator.prerequisites import NodeIndex, Prerequisites
+from pipefill_operator.runningspec import RunningSpecs
 
 __all__ = ["Outcome", "Reconciler"]
 
@@ -75,6 +76,7 @@ class Reconciler:
         self.on_schedule_csv = on_schedule_csv  # told each custom schedule's CSV (the fill queue predicts with it)
         self.prereqs = Prerequisites(kube, nodes)
         self.apply = Applier(kube)
+        self.running_specs = RunningSpecs(kube)  # what a running gang was built from (SpecChangePending)
         self.now = now or (lambda: datetime.datetime.now(datetime.UTC))
         self._parsed: dict[tuple[str, int], PipelineTrainingJob] = {}
         self._problems: dict[tuple[str, int, str | None], list[str]] = {}
@@ -104,6 +106,7 @@ class Reconciler:
                 self.prereqs.seen.pop(ref, None)
         if uid is not None:
             self.apply.forget(uid)
+            self.running_specs.forget(uid)
             self._parsed = {k: v for k, v in self._parsed.items() if k[0] != uid}
             self._problems = {k: v for k, v in self._problems.items() if k[0] != uid}
 
@@ -198,6 +201,7 @@ class Reconciler:
                 # pods would only sit unschedulable: wait for the claim instead (the PVC watch wakes the job)
                 waiting, checkpoints = (checkpoints[1], f"{checkpoints[2]}; the job starts once it exists"), None
                 self.waiting_for.setdefault(("PersistentVolumeClaim", namespace, claim), set()).add(key)
+        running = await self.running_specs.of(job, namespace=namespace, uid=uid, generation=generation, pods=views)
         tick = time.perf_counter()
         observed = Observed(
             pods=views,
@@ -206,6 +210,7 @@ class Reconciler:
             waiting=waiting,
             checkpoints=checkpoints,
             checkpoints_warned_at_admission=self.admission_warnings and job.spec.checkpoint.claim_name is None,
+            running_spec=running,
         )
         decision = decide(job, status, observed, job_generation=generation)
         own += time.perf_counter() - tick

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipefill.lifecycle.conditions import ConditionType as C
@@ -26,6 +26,7 @@ from pipefill.lifecycle.conditions import find, is_true, rfc3339, set_condition
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_text
 from pipefill.lifecycle.observe import PodView
 from pipefill.lifecycle.sidecars import fill_restarts_due
+from pipefill.lifecycle.specchange import spec_change
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus
 
 __all__ = ["Decision", "Event", "Observed", "decide"]
@@ -55,6 +56,8 @@ class Observed:
     # the checkpoint warning was already shown to whoever applied the job, by the chart's ValidatingAdmissionPolicy
     # (its Warn action): the condition records it, an Event would tell it twice (and cost a request a job)
     checkpoints_warned_at_admission: bool = False
+    # the spec the running pods were built from (to_obj's form), where known: SpecChangePending names the fields
+    running_spec: Mapping[str, object] | None = None
 
 
 @dataclass
@@ -355,21 +358,17 @@ class _Step:
             self.s.phase = JobPhase.RESTARTING if restarting else JobPhase.PENDING
 
     def spec_change(self, current: list[PodView]) -> None:
-        """A spec edited while a gang runs is not taken silently: the running pods keep the spec they were built
-        from (their containers cannot change), the next gang takes the new one; SpecChangePending says so until
-        then, with an Event once per edit."""
-        built = [p.spec_generation for p in current if p.spec_generation is not None]
-        if built and min(built) < self.job_gen:
-            message = (
-                f"spec generation {self.job_gen} is not in the running pods (built from generation {min(built)}): "
-                "it applies when the gang next starts (a restart, or spec.runPolicy.suspend set and unset)"
-            )
-            was = find(self.s.conditions, C.SPEC_CHANGE_PENDING)
-            if was is None or was.status != "True" or was.message != message:
-                self.event("Normal", "SpecChangePending", message)
-            self.cond(C.SPEC_CHANGE_PENDING, True, "AppliesAtNextStart", message)
-        elif built:
-            self.clear(C.SPEC_CHANGE_PENDING, "Applied", f"the running pods carry spec generation {self.job_gen}")
+        """An edit is not taken silently: SpecChangePending names what waits for the next gang (specchange.py)."""
+        change = spec_change(self.job, self.obs.running_spec, current, job_generation=self.job_gen)
+        was = find(self.s.conditions, C.SPEC_CHANGE_PENDING)
+        if change is None:
+            return
+        if not change.pending:
+            self.clear(C.SPEC_CHANGE_PENDING, "Applied", change.message)
+            return
+        if was is None or was.status != "True" or was.message != change.message:
+            self.event("Normal", "SpecChangePending", change.message)  # once per edit
+        self.cond(C.SPEC_CHANGE_PENDING, True, "AppliesAtNextStart", change.message)
 
     def fill_restarted(self, current: list[PodView]) -> None:
         total = sum(p.fill_restarts for p in current)

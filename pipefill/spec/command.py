@@ -11,8 +11,10 @@ training command").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from pipefill.spec._schema import field
+from pipefill.spec._schema import Rule, field
+from pipefill.spec.immutable import WORLD_SIZE_FIXED, immutable
 
 __all__ = ["DEFAULT_RETRY_EXIT_CODES", "TrainerCommand"]
 
@@ -52,4 +54,15 @@ class TrainerCommand:
         "a peer's death ended the rank; [] to fail the job on them.",
         max_items=64,
         default_factory=lambda: list(DEFAULT_RETRY_EXIT_CODES),
+    )
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        *(
+            immutable(
+                camel,
+                path=f"spec.trainer.{camel}",
+                why=WORLD_SIZE_FIXED,
+            )
+            for camel in ("stages", "dataParallel")
+        ),
     )

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
 from pipefill.spec.common import CONFIG_MAP_NAME_PATTERN, code_source_rules
+from pipefill.spec.immutable import immutable
 
 __all__ = [
     "LAYERS_CEL",
@@ -32,6 +33,11 @@ MODEL_PRESETS: dict[str, tuple[int, int, int]] = {
     "gpt-7b": (32, 4096, 32),
     "gpt-40b": (48, 8192, 64),
 }
+
+# Why a field that says which weights the job trains is immutable (docs/operator.md, "Changing a running job").
+_WEIGHTS = "the job's checkpoints hold the weights of the model it names, and a resume loads them"
+_ANOTHER = "to train another model, create a new job with its own spec.checkpoint.path"
+_OUR_GPT = "!has(self.huggingFace) && !has(self.python)"  # the shape fields are ours (the others' are their own)
 
 # The preset table as a CEL map literal, for rules that need a preset's layer count.
 LAYERS_CEL = "{" + ", ".join(f"'{k}': {v[0]}" for k, v in MODEL_PRESETS.items()) + "}"
@@ -105,6 +111,10 @@ class HuggingFace:
             message="spec.model.huggingFace.weights pretrained needs the weights' files: a ConfigMap holds a config "
             "alone; put the directory on a volume (claimName) or use weights: random",
             field_path=".weights",
+        ),
+        *(
+            immutable(camel, path=f"spec.model.huggingFace.{camel}", why=_WEIGHTS, instead=_ANOTHER)
+            for camel in ("path", "claimName", "configMap", "dtype")
         ),
     )
 
@@ -199,6 +209,24 @@ class Model:
             " or heads to a divisor of it'.format([self.hiddenSize, self.heads,"
             " self.hiddenSize / self.heads * self.heads + self.heads])",
             field_path=".hiddenSize",
+        ),
+        Rule(
+            rule="has(self.huggingFace) == has(oldSelf.huggingFace) && has(self.python) == has(oldSelf.python)",
+            message="spec.model.huggingFace and spec.model.python cannot be added or removed (our GPT, a Hugging Face "
+            f"model and your own cannot replace each other): {_WEIGHTS}; {_ANOTHER}",
+            field_path=".huggingFace",
+        ),
+        *(
+            immutable(camel, path=f"spec.model.{camel}", why=why, instead=_ANOTHER, when=_OUR_GPT)
+            for camel, why in (
+                ("preset", _WEIGHTS),
+                ("layers", _WEIGHTS),
+                ("hiddenSize", _WEIGHTS),
+                ("heads", _WEIGHTS),
+                ("vocabSize", _WEIGHTS),
+                ("tiedEmbeddings", _WEIGHTS),
+                ("seqLen", "our GPT's position embedding, in the job's checkpoints, has one row per token of it"),
+            )
         ),
     )
 

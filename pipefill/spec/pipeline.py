@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
+from pipefill.spec.immutable import WORLD_SIZE_FIXED, immutable
 
 __all__ = ["ConfigMapKey", "Pipeline", "Schedule"]
+
+_RESHARD = "delete the job and create it again (checkpoints of format dcp reshard onto the new layout)"
 
 
 class Schedule(enum.StrEnum):
@@ -119,6 +122,8 @@ class Pipeline:
             " self.microbatches / self.stages, self.schedule, self.stages])",
             field_path=".microbatches",
         ),
+        immutable("stages", path="spec.pipeline.stages", why=WORLD_SIZE_FIXED, instead=_RESHARD),
+        immutable("dataParallel", path="spec.pipeline.dataParallel", why=WORLD_SIZE_FIXED, instead=_RESHARD),
     )
 
 

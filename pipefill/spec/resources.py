@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
 from pipefill.spec.common import LabelSelector
+from pipefill.spec.immutable import immutable
 
 __all__ = ["DEFAULT_FILL_STORAGE_MOUNT", "FillSettings", "FillStorage", "GpuSharing", "Mps", "Resources", "SharingMode"]
 
@@ -62,6 +63,26 @@ class GpuSharing:
     )
     device_class_name: str = field(doc="DRA DeviceClass to claim from.", max_length=253, default="gpu.nvidia.com")
     mps: Mps = field(doc="MPS options.", default_factory=lambda: Mps())
+
+    __rules__: ClassVar[tuple[Rule, ...]] = (
+        immutable(
+            "mode",
+            path="spec.gpuSharing.mode",
+            why="the job's ResourceClaimTemplate (mode dra) is made, or not, when it first starts",
+        ),
+        immutable(
+            "deviceClassName",
+            path="spec.gpuSharing.deviceClassName",
+            why="the job's ResourceClaimTemplate claims from it, made when the job first starts",
+            when="self.mode == 'dra'",
+        ),
+        immutable(
+            "mps.enabled",
+            path="spec.gpuSharing.mps.enabled",
+            why="the job's ResourceClaimTemplate asks for MPS, or not, made when the job first starts",
+            when="self.mode == 'dra'",
+        ),
+    )
 
 
 DEFAULT_FILL_STORAGE_MOUNT = "/fill-storage"

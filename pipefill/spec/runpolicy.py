@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
+from pipefill.spec.immutable import immutable
 
 __all__ = ["Checkpoint", "CheckpointFormat", "RunPolicy"]
 
@@ -32,6 +33,22 @@ class Checkpoint:
         "whole model's names, optimizer state flattened per parameter. Default: dcp for spec.model.huggingFace, "
         "torch for our GPT. A resume reads whichever format the checkpoint is in.",
         default=None,
+    )
+
+    # Where the job's progress is kept: a new place would start the next gang at step 0 (and a new format could not
+    # read the old one), while the job counts its steps on (docs/operator.md, "Changing a running job").
+    __rules__: ClassVar[tuple[Rule, ...]] = tuple(
+        immutable(
+            camel,
+            path=f"spec.checkpoint.{camel}",
+            why=why,
+            instead="to start over elsewhere, delete the job and create it again",
+        )
+        for camel, why in (
+            ("path", "the job's checkpoints are there and the next gang resumes from them"),
+            ("claimName", "the job's checkpoints are on it and the next gang resumes from them"),
+            ("format", "the job's checkpoints are written in it and the next gang resumes from them"),
+        )
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipefill.spec._schema import Rule, field
+from pipefill.spec.immutable import immutable
 
 __all__ = ["GangMode", "Scheduling"]
 
@@ -63,5 +64,24 @@ class Scheduling:
             message="spec.scheduling.gangMinMembers needs a gang mechanism: set spec.scheduling.gang "
             "(kubernetes, volcano or coscheduling) or drop gangMinMembers",
             field_path=".gangMinMembers",
+        ),
+        # The job's PodGroup is made once, when its first gang starts, and is never rewritten (docs/operator.md,
+        # "Changing a running job").
+        immutable("gang", path="spec.scheduling.gang", why="the job's PodGroup is made when it first starts"),
+        immutable(
+            "gangMinMembers",
+            path="spec.scheduling.gangMinMembers",
+            why="the job's PodGroup is made when it first starts",
+        ),
+        immutable(
+            "priorityClassName",
+            path="spec.scheduling.priorityClassName",
+            why="with gang volcano the job's PodGroup carries it, made when the job first starts",
+            when="self.gang == 'volcano'",
+        ),
+        immutable(
+            "podDisruptionBudget",
+            path="spec.scheduling.podDisruptionBudget",
+            why="the job's PodDisruptionBudget is made (or not) when it first starts",
         ),
     )

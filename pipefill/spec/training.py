@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from pipefill.spec._schema import DERIVED, Rule, field
 from pipefill.spec.command import TrainerCommand
 from pipefill.spec.common import NAME_RULE, Condition
+from pipefill.spec.immutable import RECREATE, immutable, same
 from pipefill.spec.model import LAYERS_CEL, MODEL_PRESETS, Data, DataSource, Model, Optimizer
 from pipefill.spec.pipeline import ConfigMapKey, Pipeline, Schedule
 from pipefill.spec.podtemplate import PodTemplate
@@ -49,6 +50,10 @@ __all__ = [
 
 
 _M = TypeVar("_M")
+# CEL: the job's checkpoints are dcp (pipefill_trainer.runtime resolves an unset format the same way)
+_DCP = (
+    "(has(self.checkpoint.format) ? self.checkpoint.format == 'dcp' : has(self.model) && has(self.model.huggingFace))"
+)
 
 
 class JobPhase(enum.StrEnum):
@@ -165,6 +170,31 @@ class PipelineTrainingJobSpec:
             " self.pipeline.stages * self.pipeline.dataParallel : 1048576)",
             message="spec.scheduling.gangMinMembers cannot exceed the job's pods (stages × dataParallel)",
             field_path=".scheduling.gangMinMembers",
+        ),
+        # Update-only rules that need two parts of the spec; the others sit on the part they guard
+        # (docs/operator.md, "Changing a running job").
+        Rule(
+            rule="has(self.trainer) == has(oldSelf.trainer)",
+            message="spec.trainer cannot be added or removed: our trainer and your own command keep different "
+            f"checkpoints and pods; {RECREATE}",
+            field_path=".trainer",
+        ),
+        immutable(
+            "resources.gpus",
+            path="spec.resources.gpus",
+            why="with gpuSharing.mode dra the job's ResourceClaimTemplate claims that many, made when it first starts",
+            when="self.gpuSharing.mode == 'dra'",
+        ),
+        *(
+            Rule(
+                rule=f"!has(self.pipeline) || !has(oldSelf.pipeline) || {_DCP} || ({same(f'pipeline.{camel}')})",
+                message=f"spec.pipeline.{camel} is immutable with spec.checkpoint.format torch: each rank's "
+                "checkpoint holds its own stages and loads only into the layer cut that wrote it; set "
+                "spec.checkpoint.format dcp in a new job (its checkpoints reshard) or "
+                f"{RECREATE}",
+                field_path=f".pipeline.{camel}",
+            )
+            for camel in ("virtualStages", "layersPerStage")
         ),
     )
 
