@@ -173,11 +173,21 @@ def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[
         say(f"{ref}: cached (inputs {key})")
         return key
     started = time.monotonic()
+    if _label(ref) is not None:  # built from other inputs: nothing reuses it, and a CPU trainer holds 4.5 GB
+        _run("buildah", "rmi", ref)
+        say(f"{ref}: removed the image of other inputs")
     say(f"building {ref} from {IMAGES[name]} on {base} …")
     argv = ["buildah", "bud", "--quiet", "--isolation", "chroot", "--label", f"{_LABEL}={key}"]
     argv += [f"--volume={path}:{path}:ro" for path in _HOST_FILES if Path(path).exists()]
     argv += [f"--build-arg={k}={v}" for k, v in args.items()]
-    _run(*argv, "-f", str(root / IMAGES[name]), "-t", ref, str(root))
+    before = set(_run("buildah", "containers", "--quiet").split())
+    try:
+        _run(*argv, "-f", str(root / IMAGES[name]), "-t", ref, str(root))
+    except BaseException:
+        # a failed or interrupted build leaves its stages' working containers behind (9 GB each for the trainer)
+        if left := sorted(set(_run("buildah", "containers", "--quiet").split()) - before):
+            _run("buildah", "rm", *left)
+        raise
     size = _run("buildah", "images", "--noheading", "--format", "{{.Size}}", ref)
     say(f"built {ref} in {time.monotonic() - started:.0f} s ({size})")
     return key
@@ -185,9 +195,13 @@ def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[
 
 def archive(ref: str, key: str) -> Path:
     """``ref`` as an OCI archive in the cache, named by its inputs' hash (written once)."""
-    out = _cache() / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-{key}.tar"
+    stem = ref.rsplit("/", 1)[-1].replace(":", "-")
+    out = _cache() / f"{stem}-{key}.tar"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(f"{stem}-*.tar"):  # the same image of other inputs (2.5 GB each)
+            if stale.stem.removeprefix(f"{stem}-") != key and "-" not in stale.stem.removeprefix(f"{stem}-"):
+                stale.unlink()
         tmp = out.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         _run("buildah", "push", "--quiet", ref, f"oci-archive:{tmp}:{ref}")
