@@ -24,7 +24,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["IMAGES", "LOCAL_BASE", "TORCH_BUILDS", "build_args", "context_files", "inputs_hash", "main"]
+__all__ = [
+    "IMAGES",
+    "LOCAL_BASE",
+    "TORCH_BUILDS",
+    "archive_path",
+    "build_args",
+    "context_files",
+    "inputs_hash",
+    "is_built",
+    "key_of",
+    "main",
+]
 
 IMAGES = {"operator": "operator/Dockerfile", "trainer": "trainer-image/Dockerfile", "fill": "fill-image/Dockerfile"}
 LOCAL_BASE = "pipefill.local/python:3.11-bookworm"
@@ -163,13 +174,27 @@ def build_args(name: str, *, base: str, torch: str) -> dict[str, str]:
     return {"PYTHON_IMAGE": base} | ({"TORCH": torch} if name != "operator" else {})
 
 
+def key_of(name: str, *, base: str, torch: str = "cuda") -> str:
+    """The hash of image ``name``'s inputs as they are now (``build`` labels the image with it)."""
+    base_id = _inspect(base, "{{.FromImageID}}") or base
+    return inputs_hash(_repo(), IMAGES[name], build_args(name, base=base, torch=torch), base_id)
+
+
+def is_built(ref: str, key: str) -> bool:
+    """Whether buildah holds ``ref`` built from the inputs ``key``."""
+    return _label(ref) == key
+
+
+def archive_path(ref: str, key: str) -> Path:
+    return _cache() / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-{key}.tar"
+
+
 def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[[str], None] = _print) -> str:
     """Build image ``name`` as ``ref`` on ``base`` unless an image with the same inputs is there; returns the hash."""
     root = _repo()
-    base_id = _inspect(base, "{{.FromImageID}}") or base
     args = build_args(name, base=base, torch=torch)
-    key = inputs_hash(root, IMAGES[name], args, base_id)
-    if _label(ref) == key:
+    key = key_of(name, base=base, torch=torch)
+    if is_built(ref, key):
         say(f"{ref}: cached (inputs {key})")
         return key
     started = time.monotonic()
@@ -196,7 +221,7 @@ def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[
 def archive(ref: str, key: str) -> Path:
     """``ref`` as an OCI archive in the cache, named by its inputs' hash (written once)."""
     stem = ref.rsplit("/", 1)[-1].replace(":", "-")
-    out = _cache() / f"{stem}-{key}.tar"
+    out = archive_path(ref, key)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         for stale in out.parent.glob(f"{stem}-*.tar"):  # the same image of other inputs (2.5 GB each)
