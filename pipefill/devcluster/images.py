@@ -24,7 +24,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["IMAGES", "LOCAL_BASE", "TORCH_BUILDS", "build_args", "context_files", "inputs_hash", "main"]
+__all__ = [
+    "IMAGES",
+    "LOCAL_BASE",
+    "TORCH_BUILDS",
+    "archive_path",
+    "build_args",
+    "context_files",
+    "inputs_hash",
+    "is_built",
+    "key_of",
+    "main",
+]
 
 IMAGES = {"operator": "operator/Dockerfile", "trainer": "trainer-image/Dockerfile", "fill": "fill-image/Dockerfile"}
 LOCAL_BASE = "pipefill.local/python:3.11-bookworm"
@@ -163,21 +174,45 @@ def build_args(name: str, *, base: str, torch: str) -> dict[str, str]:
     return {"PYTHON_IMAGE": base} | ({"TORCH": torch} if name != "operator" else {})
 
 
+def key_of(name: str, *, base: str, torch: str = "cuda") -> str:
+    """The hash of image ``name``'s inputs as they are now (``build`` labels the image with it)."""
+    base_id = _inspect(base, "{{.FromImageID}}") or base
+    return inputs_hash(_repo(), IMAGES[name], build_args(name, base=base, torch=torch), base_id)
+
+
+def is_built(ref: str, key: str) -> bool:
+    """Whether buildah holds ``ref`` built from the inputs ``key``."""
+    return _label(ref) == key
+
+
+def archive_path(ref: str, key: str) -> Path:
+    return _cache() / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-{key}.tar"
+
+
 def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[[str], None] = _print) -> str:
     """Build image ``name`` as ``ref`` on ``base`` unless an image with the same inputs is there; returns the hash."""
     root = _repo()
-    base_id = _inspect(base, "{{.FromImageID}}") or base
     args = build_args(name, base=base, torch=torch)
-    key = inputs_hash(root, IMAGES[name], args, base_id)
-    if _label(ref) == key:
+    key = key_of(name, base=base, torch=torch)
+    if is_built(ref, key):
         say(f"{ref}: cached (inputs {key})")
         return key
     started = time.monotonic()
+    if _label(ref) is not None:  # built from other inputs: nothing reuses it, and a CPU trainer holds 4.5 GB
+        _run("buildah", "rmi", ref)
+        say(f"{ref}: removed the image of other inputs")
     say(f"building {ref} from {IMAGES[name]} on {base} …")
     argv = ["buildah", "bud", "--quiet", "--isolation", "chroot", "--label", f"{_LABEL}={key}"]
     argv += [f"--volume={path}:{path}:ro" for path in _HOST_FILES if Path(path).exists()]
     argv += [f"--build-arg={k}={v}" for k, v in args.items()]
-    _run(*argv, "-f", str(root / IMAGES[name]), "-t", ref, str(root))
+    before = set(_run("buildah", "containers", "--quiet").split())
+    try:
+        _run(*argv, "-f", str(root / IMAGES[name]), "-t", ref, str(root))
+    except BaseException:
+        # a failed or interrupted build leaves its stages' working containers behind (9 GB each for the trainer)
+        if left := sorted(set(_run("buildah", "containers", "--quiet").split()) - before):
+            _run("buildah", "rm", *left)
+        raise
     size = _run("buildah", "images", "--noheading", "--format", "{{.Size}}", ref)
     say(f"built {ref} in {time.monotonic() - started:.0f} s ({size})")
     return key
@@ -185,9 +220,13 @@ def build(name: str, ref: str, *, base: str, torch: str = "cuda", say: Callable[
 
 def archive(ref: str, key: str) -> Path:
     """``ref`` as an OCI archive in the cache, named by its inputs' hash (written once)."""
-    out = _cache() / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-{key}.tar"
+    stem = ref.rsplit("/", 1)[-1].replace(":", "-")
+    out = archive_path(ref, key)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(f"{stem}-*.tar"):  # the same image of other inputs (2.5 GB each)
+            if stale.stem.removeprefix(f"{stem}-") != key and "-" not in stale.stem.removeprefix(f"{stem}-"):
+                stale.unlink()
         tmp = out.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         _run("buildah", "push", "--quiet", ref, f"oci-archive:{tmp}:{ref}")

@@ -97,6 +97,37 @@ def _app_version() -> str:
     return str(version)
 
 
+# Disk, in GB, as measured here (docs/benchmarks.md, "On a real node"): per image, buildah's copy, its OCI archive and
+# the node's (containerd's content and its unpacked snapshot); a CPU torch image's build holds ~10 more until it ends.
+_DISK_GB = {"operator": (0.4, 0.1, 0.5), "trainer": (4.6, 2.6, 7.2), "fill": (4.4, 2.5, 7.0)}
+_BUILD_PEAK_GB = 10.0
+
+
+def disk_needed_gb(cluster_fs_total_gb: float, *, built: dict[str, bool], archived: dict[str, bool]) -> float:
+    """What the run will write at its peak, plus the kubelet's eviction margin (2 % of the filesystem: under it the
+    node is tainted with disk pressure and no pod starts there) and 2 GB for the machine's other work."""
+    need = 0.02 * cluster_fs_total_gb + 2.0
+    for name, (image, archive, node_copy) in _DISK_GB.items():
+        need += node_copy + (0 if built[name] else image) + (0 if archived[name] else archive)
+    return need + (_BUILD_PEAK_GB if not all(built[n] for n in ("trainer", "fill")) else 0.0)
+
+
+def check_disk(cluster: RealCluster, base: str) -> None:
+    """Fail before the builds rather than fill the machine's disk on the way (a full disk fails everyone's work)."""
+    refs = {name: f"ghcr.io/pipefill/{name}:{_app_version()}" for name in images.IMAGES}
+    keys = {name: images.key_of(name, base=base, torch="cpu") for name in images.IMAGES}
+    built = {name: images.is_built(refs[name], keys[name]) for name in images.IMAGES}
+    archived = {name: images.archive_path(refs[name], keys[name]).exists() for name in images.IMAGES}
+    usage = shutil.disk_usage(cluster.root)
+    need = disk_needed_gb(usage.total / 1e9, built=built, archived=archived)
+    to_build = [name for name, done in built.items() if not done] or ["none"]
+    assert usage.free / 1e9 >= need, (
+        f"disk: {usage.free / 1e9:.1f} GB free under {cluster.root}, and this run needs about {need:.0f} GB (images to "
+        f"build: {', '.join(to_build)}; the node's copies; the kubelet's 2 % margin): free space (`buildah rmi` of "
+        "images no longer used, ~/.cache/pipefill/images) or run it where the disk has room"
+    )
+
+
 def build_and_load(cluster: RealCluster) -> dict[str, float]:
     """Build the three images (the trainer's and fill's with the CPU torch) unless buildah holds them with the same
     inputs, and import them into the node's containerd; the seconds of each step, also written to
@@ -107,6 +138,7 @@ def build_and_load(cluster: RealCluster) -> dict[str, float]:
     started = time.monotonic()
     base = images.local_base()
     timings["base"] = time.monotonic() - started
+    check_disk(cluster, base)
     for name in images.IMAGES:
         ref = f"ghcr.io/pipefill/{name}:{_app_version()}"
         started = time.monotonic()
