@@ -3,7 +3,8 @@
 Orchestration lives here, in the torch-free core, so users run the same benchmarks on their own GPU nodes with the
 ``pipefill`` command. What must run inside an image is a worker started as a process: ``pipefill_trainer.bench_worker``
 (one rank of ``pipefill bench trainer``) and ``pipefill_fill.bench_worker`` (the naive co-location runner of
-``pipefill bench colocation``); the images' runtime never imports them. :mod:`pipefill.bench.synthetic_trainer` is a
+``pipefill bench colocation``); the images' runtime never imports them. ``pipefill_operator.bench`` (``pipefill
+bench operator``) runs as a child process too: the core never imports the operator. :mod:`pipefill.bench.synthetic_trainer` is a
 channel producer standing in for a trainer (``pipefill bench fill`` and tests).
 """
 

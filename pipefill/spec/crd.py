@@ -42,6 +42,7 @@ KINDS: dict[str, CrdKind] = {
             ("Steps", "integer", ".spec.steps", "Steps to train"),
             ("Progress", "number", ".status.progress", "Percent of the steps done"),
             ("Loss", "number", ".status.loss", "Training loss of the last step reported"),
+            ("ETA", "string", ".status.estimatedCompletionTime", "When the last step should end"),
             ("Stages", "integer", ".spec.pipeline.stages", "Pipeline stages"),
             ("Schedule", "string", ".spec.pipeline.schedule", "Pipeline schedule"),
             ("Bubble", "number", ".status.bubbleFraction", "Idle fraction of step time"),

@@ -1,0 +1,70 @@
+"""The scheduling pass at 10 000 FillJobs stays within its CPU budget (#22, "bad input, tried in bulk").
+
+The cluster is the benchmark's synthetic one (:func:`pipefill.queue.synthetic.synthetic_snapshot`) scaled tenfold:
+1 000 training jobs × 8 ranks and 10 000 FillJobs, a third running. Time is this process's CPU time
+(``time.process_time``), the best of a few passes (the first fills the simulator's cache), so other work on a busy machine inflates it little. Two limits:
+
+- an absolute one, several times what a pass takes on the loaded 2-core development VM (about 1 s, 2026-11-26), so
+  it holds there and still catches a pass that became several times slower;
+- a growth one: the same cluster at a tenth of the size (100 × 8 ranks, 1 000 FillJobs) is timed too, and ten times
+  the input may cost at most 45 times the CPU (measured 18–23×; a pass quadratic in the FillJobs would take ~100×).
+
+``makespan`` is left out: it scores every kind of job on every rank capacity (docs/benchmarks.md, "Scheduler") and
+takes ~16 s of CPU per pass at this size, beyond a unit test's time; its cost at 1 000 FillJobs is the benchmark's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipefill.queue.scheduler import PassResult, schedule_pass
+from pipefill.queue.snapshot import Snapshot
+from pipefill.queue.synthetic import synthetic_snapshot
+
+_SIMPLE_POLICIES = ("fifo", "priority", "sjf", "deadline")
+_BUDGET_CPU_S = 5.0  # one pass over 10 000 FillJobs; measured ~1 s on the loaded development VM
+_MAX_GROWTH = 45.0  # CPU at 10× the input over CPU at 1×; linear-ish: ~20, quadratic: ~100
+
+
+@pytest.fixture(scope="module")
+def large() -> Snapshot:
+    return synthetic_snapshot(training_jobs=1000, ranks_per_job=8, fill_jobs=10_000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small() -> Snapshot:
+    return synthetic_snapshot(training_jobs=100, ranks_per_job=8, fill_jobs=1000, seed=0)
+
+
+def _best_cpu(snapshot: Snapshot, policy: str, passes: int) -> tuple[float, PassResult]:
+    best, result = float("inf"), None
+    for _ in range(passes):
+        c0 = time.process_time()
+        result = schedule_pass(snapshot, policy=policy)
+        best = min(best, time.process_time() - c0)
+    assert result is not None
+    return best, result
+
+
+@pytest.mark.parametrize("policy", _SIMPLE_POLICIES)
+def test_a_pass_over_ten_thousand_fill_jobs_stays_within_its_cpu_budget(
+    policy: str, large: Snapshot, small: Snapshot
+) -> None:
+    assert len(large.fill_jobs) == 10_000
+    small_s, _ = _best_cpu(small, policy, passes=3)  # first: the simulator's predictions are cached after it
+    big_s, result = _best_cpu(large, policy, passes=2)
+    # the pass did its work: placements made, and every FillJob left waiting says why
+    assert len(result.new) > 1000, len(result.new)
+    finished = {(j.namespace, j.name) for j in large.fill_jobs if not j.active}
+    waiting = [key for key, o in result.jobs.items() if not o.assignments and not o.reason and key not in finished]
+    assert not waiting, waiting[:5]
+    assert big_s <= _BUDGET_CPU_S, (
+        f"{policy}: one pass over 10 000 FillJobs took {big_s:.2f} s of CPU > {_BUDGET_CPU_S}"
+    )
+    growth = big_s / max(small_s, 1e-3)
+    assert growth <= _MAX_GROWTH, (
+        f"{policy}: 10× the FillJobs and ranks cost {growth:.0f}× the CPU ({small_s * 1e3:.0f} ms → {big_s * 1e3:.0f} ms);"
+        f" at most {_MAX_GROWTH:.0f}× — the pass has become worse than linear in its input"
+    )
