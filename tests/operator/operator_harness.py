@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill.ports import free_port
@@ -166,14 +167,7 @@ class OperatorProcess:
     ) -> float:
         """The sample's value once ``ok`` holds for it (absent counts as 0). A metric has no watch: it is read every
         50 ms, the operator's own endpoint on loopback."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = self.metric(name, labels) or 0.0
-            if ok(value):
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels or ''} stayed {value} for {timeout_s} s")
-            time.sleep(0.05)
+        return wait_for(lambda: self.metric(name, labels) or 0.0, f"{name}{labels or ''}", timeout_s, until=ok)
 
 
 class Kube:

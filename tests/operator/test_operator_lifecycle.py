@@ -4,7 +4,6 @@ pod status): children, the gang's restarts and failures, suspend, deadline, TTL,
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.children import SPEC_ANNOTATION, spec_document
@@ -227,13 +227,12 @@ def _hold_pod_creation(cp: ControlPlane, namespace: str) -> None:
 def _wait_creation_allowed(cp: ControlPlane, namespace: str, *, allowed: bool, timeout_s: float = 30) -> None:
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": namespace},
              "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while True:  # the policy informer has no event to wait on; each try is one dry-run request
-        done = cp.kubectl("create", "--dry-run=server", "-f", "-", check=False, stdin=json.dumps(probe))
-        if (done.returncode == 0) == allowed:
-            return
-        assert time.monotonic() < deadline, f"pod creation in {namespace} not {'allowed' if allowed else 'held'}"
-        time.sleep(0.2)
+
+    def dry_run() -> Any:  # one dry-run request each try: the policy informer has no event to wait on
+        return cp.kubectl("create", "--dry-run=server", "-f", "-", check=False, stdin=json.dumps(probe))
+
+    what = f"pod creation in {namespace} {'allowed' if allowed else 'held'}"
+    wait_for(dry_run, what, timeout_s, interval_s=0.2, until=lambda done: (done.returncode == 0) == allowed)
 
 
 def test_an_operator_killed_between_deleting_the_old_gang_and_creating_the_new_one_restarts_it_once(
