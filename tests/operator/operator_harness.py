@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +305,18 @@ class Kube:
             ]
         }  # fmt: skip
         self.core.patch_namespaced_pod_status(pod, namespace, {"status": status})
+
+
+@contextmanager
+def serving(servers: list[tuple[Any, threading.Thread]]) -> Iterator[None]:
+    """Yield; then stop each metrics server (``prometheus_client.start_http_server``'s server and thread)."""
+    try:
+        yield
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
