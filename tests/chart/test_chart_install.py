@@ -28,7 +28,18 @@ from chart_harness import (
     values_file,
 )
 from kubernetes import client
-from operator_harness import GROUP, PLURAL, VERSION, Kube, condition, job_manifest, operator_requests, phase, running
+from operator_harness import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Kube,
+    condition,
+    custom_pipeline,
+    job_manifest,
+    operator_requests,
+    phase,
+    running,
+)
 from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
@@ -282,13 +293,7 @@ def _every_kind_of_child(cp: ControlPlane, kube: Kube, ns: str) -> None:
              "spec": claim},
         ]
     )  # fmt: skip
-    pipeline = {
-        "stages": 2,
-        "microbatches": 4,
-        "globalBatch": 8,
-        "schedule": "custom",
-        "customSchedule": {"name": "csv"},
-    }
+    pipeline = custom_pipeline("csv")
     kube.create_job(
         ns,
         job_manifest(

@@ -58,6 +58,17 @@ def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
     return obj
 
 
+def custom_pipeline(config_map: str) -> dict[str, Any]:
+    """The ``pipeline`` of a 2-stage job of 4 microbatches whose schedule is the CSV in ConfigMap ``config_map``."""
+    return {
+        "stages": 2,
+        "microbatches": 4,
+        "globalBatch": 8,
+        "schedule": "custom",
+        "customSchedule": {"name": config_map},
+    }
+
+
 def install_identity(cp: ControlPlane, name: str, role: dict[str, Any] | None) -> Path:
     """A ServiceAccount ``pipefill-system/<name>`` bound to ``role`` (None: cluster-admin); its kubeconfig."""
     objs: list[dict[str, Any]] = [
