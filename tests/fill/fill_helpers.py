@@ -116,16 +116,18 @@ def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> subpr
     )
 
 
-def fill_on_one_cpu(tmp: Path, jobs: Path, until: Callable[[list[Event]], bool], what: str) -> list[Event]:
+def fill_on_one_cpu(
+    tmp: Path, jobs: Path, until: Callable[[list[Event]], bool], what: str, timeout_s: float = 120
+) -> list[Event]:
     """The executor (its work from ``jobs``) and a producer of 20 ms bubbles between 10 ms of compute, sharing one
-    CPU, until ``until`` holds for the fill's events (``what``: named if it never does, within 120 s); both stopped,
+    CPU, until ``until`` holds for the fill's events (``what``: named if it never does within ``timeout_s``); both stopped,
     the executor's exit checked; its events."""
     cpu = min(os.sched_getaffinity(0))
     fill = start_executor(tmp / "channel", jobs, tmp / "fill", cpu=cpu)
     producer = start_producer(tmp / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
     log = tmp / "fill" / "fill-events.jsonl"
     try:
-        wait_for(lambda: until(read_events(log)), what, 120, interval_s=0.1)
+        wait_for(lambda: until(read_events(log)), what, timeout_s, interval_s=0.1)
     finally:
         producer.send_signal(signal.SIGKILL)
         producer.communicate(timeout=10)
