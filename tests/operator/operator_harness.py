@@ -261,14 +261,10 @@ class Kube:
     ) -> list[dict[str, Any]]:
         """Wait until the job's pods (by label) satisfy ``predicate``; returns them."""
 
-        def check(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
-            return (pods,) if predicate(pods) else None  # a tuple: an empty list of pods is a match too
-
-        (result,) = self._watch(
-            self.core.list_namespaced_pod, (namespace,), check, timeout_s, f"pods of {job}",
-            label_selector=f"pipefill.io/job-name={job}",
+        return self._watch_list(
+            self.core.list_namespaced_pod, namespace, lambda pods: pods if predicate(pods) else None, timeout_s,
+            f"pods of {job}", label_selector=f"pipefill.io/job-name={job}",
         )  # fmt: skip
-        return result
 
     def wait_events(
         self, namespace: str, reasons: set[str], kind: str = "PipelineTrainingJob", timeout_s: float = 60
@@ -276,14 +272,31 @@ class Kube:
         """Until an Event of each of ``reasons`` is on an object of ``kind``; returns those Events. The operator
         posts an Event after the status it tells of, so a test that saw the status waits for the Event too."""
 
-        def check(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+        def pick(items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             found = [e for e in items if e.get("reason") in reasons]
-            return (found,) if reasons <= {e["reason"] for e in found} else None
+            return found if reasons <= {e["reason"] for e in found} else None
 
-        (result,) = self._watch(
-            self.core.list_namespaced_event, (namespace,), check, timeout_s, f"events {sorted(reasons)}",
+        return self._watch_list(
+            self.core.list_namespaced_event, namespace, pick, timeout_s, f"events {sorted(reasons)}",
             field_selector=f"involvedObject.kind={kind}",
         )  # fmt: skip
+
+    def _watch_list(
+        self,
+        api_call: Callable[..., Any],
+        namespace: str,
+        pick: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None],
+        timeout_s: float,
+        what: str,
+        **selectors: str,
+    ) -> list[dict[str, Any]]:
+        """``_watch`` of a namespace's list until ``pick`` returns a list (None: not yet), which may be empty."""
+
+        def check(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+            got = pick(items)
+            return None if got is None else (got,)  # a tuple: an empty list is a match too
+
+        (result,) = self._watch(api_call, (namespace,), check, timeout_s, what, **selectors)
         return result
 
     def wait_gone(
