@@ -41,13 +41,23 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.stop()
 
 
-@pytest.fixture
-def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+def _fresh_namespace(control_plane: ControlPlane) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    yield from _fresh_namespace(control_plane)
+
+
+@pytest.fixture
+def other_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A second fresh namespace, for a test that needs two (one it may not reach, say)."""
+    yield from _fresh_namespace(control_plane)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

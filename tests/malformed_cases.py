@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from manifests import fill_job
 
 __all__ = ["CASES", "DELETE", "FJ", "PTJ", "ROOT", "changed", "crd_schema"]
 
@@ -32,16 +33,7 @@ PTJ: dict[str, Any] = {
         "model": {"layers": 4, "hiddenSize": 64, "heads": 4},
     },
 }
-FJ: dict[str, Any] = {
-    "apiVersion": "pipefill.io/v1alpha1",
-    "kind": "FillJob",
-    "metadata": {"name": "fill"},
-    "spec": {
-        "workload": {"kind": "inference", "builtin": "encoder-inference"},
-        "output": {"path": "/out"},
-        "totalSamples": 100,
-    },
-}
+FJ: dict[str, Any] = fill_job("fill", output="/out", totalSamples=100)
 
 
 def changed(base: dict[str, Any], **changes: Any) -> dict[str, Any]:

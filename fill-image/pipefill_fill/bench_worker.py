@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from pipefill.events import CommitEvent, ExitEvent, JobEvent, ProfileEvent, WorkEvent
+from pipefill.events import CommitEvent, JobEvent, ProfileEvent, WorkEvent
 from pipefill.plan import ProfilePoint
 from pipefill.spec import FillJobPhase
 from pipefill_fill.profiler import profile_task
-from pipefill_fill.runner import Attached
+from pipefill_fill.runner import Attached, Stoppable
 from pipefill_fill.sources import ProgressReport
 from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.task import FillTask, TaskSpec
@@ -45,7 +45,7 @@ def best_batch_size(points: tuple[ProfilePoint, ...] | list[ProfilePoint], budge
     return max(fits, key=lambda p: p.items / p.step_s).batch_size if fits else None
 
 
-class NaiveRunner:
+class NaiveRunner(Stoppable):
     """Built like :class:`pipefill_fill.runner.Runner`, from what the executor attached; ``run`` returns the exit code."""
 
     def __init__(self, attached: Attached, *, work_interval_s: float = 0.1, trainer_grace_s: float = 1.0) -> None:
@@ -67,14 +67,7 @@ class NaiveRunner:
                 self._run_job(spec)
             elif not self._trainer_gone():
                 time.sleep(0.5)
-        self.events.write(ExitEvent(reason=self._stop))
-        self.source.close()
-        return 0
-
-    def _request_stop(self, why: str) -> None:
-        if not self._stop:
-            self._stop = why
-            log.info("stopping: %s", why)
+        return self._exit()
 
     def _trainer_gone(self) -> bool:
         if self.link.trainer_alive():

@@ -74,7 +74,26 @@ class Attached:
     events: EventWriter
 
 
-class Runner:
+class Stoppable:
+    """The stop of an executor's loop, the same for :class:`Runner` and the benchmark's naive runner: the first
+    reason asked for is kept (and logged); ``_exit`` records it in the event log and closes the work source."""
+
+    source: WorkSource
+    events: EventWriter
+    _stop: str = ""
+
+    def _request_stop(self, why: str) -> None:
+        if not self._stop:
+            self._stop = why
+            log.info("stopping: %s", why)
+
+    def _exit(self) -> int:
+        self.events.write(ExitEvent(reason=self._stop))
+        self.source.close()
+        return 0
+
+
+class Runner(Stoppable):
     def __init__(
         self,
         attached: Attached,
@@ -158,14 +177,7 @@ class Runner:
             self._on_bubble(bubble, woke_ns=time.monotonic_ns())
         self.jobs.shutdown()
         collect.stop()
-        self.events.write(ExitEvent(reason=self._stop))
-        self.source.close()
-        return 0
-
-    def _request_stop(self, why: str) -> None:
-        if not self._stop:
-            self._stop = why
-            log.info("stopping: %s", why)
+        return self._exit()
 
     def _on_bubble(self, bubble: Any, *, woke_ns: int) -> None:
         switch_s = max(0, woke_ns - bubble.open_ns) / 1e9

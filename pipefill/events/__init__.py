@@ -1,49 +1,9 @@
 """The event log: typed records with one writer and one reader, used by both images, the report, the live view and
 the benchmarks (format: ``docs/events.md``)."""
 
+from pipefill.events import records
 from pipefill.events.log import FILL_EVENTS, TRAINER_EVENTS, EventTail, EventWriter, parse_event, read_events
-from pipefill.events.records import (
-    EVENT_TYPES,
-    ActionEvent,
-    AssignEvent,
-    BubbleEvent,
-    CommitEvent,
-    Event,
-    ExitEvent,
-    FillEvent,
-    HoldEvent,
-    JobEvent,
-    ProfileEvent,
-    RestartEvent,
-    SliceEvent,
-    StartEvent,
-    StartupEvent,
-    StepEvent,
-    WorkEvent,
-)
+from pipefill.events.records import *  # noqa: F403  # every record type, named once in records.__all__
 
-__all__ = [
-    "EVENT_TYPES",
-    "FILL_EVENTS",
-    "TRAINER_EVENTS",
-    "ActionEvent",
-    "AssignEvent",
-    "BubbleEvent",
-    "CommitEvent",
-    "Event",
-    "EventTail",
-    "EventWriter",
-    "ExitEvent",
-    "FillEvent",
-    "HoldEvent",
-    "JobEvent",
-    "ProfileEvent",
-    "RestartEvent",
-    "SliceEvent",
-    "StartEvent",
-    "StartupEvent",
-    "StepEvent",
-    "WorkEvent",
-    "parse_event",
-    "read_events",
-]
+__all__ = ["FILL_EVENTS", "TRAINER_EVENTS", "EventTail", "EventWriter", "parse_event", "read_events"]
+__all__ += records.__all__

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from pipefill.channel import (
     ChannelBusyError,
@@ -225,10 +226,8 @@ def test_a_forked_child_does_not_keep_a_dead_trainer_alive(channel_dir: Path) ->
     try:
         assert proc.stdout is not None
         child = int(proc.stdout.readline())
-        end = time.monotonic() + 10
-        while not (channel_dir / "child-up").exists():  # the child runs Python code: it is past its fork hook
-            assert time.monotonic() < end, "the forked child did not start"
-            time.sleep(0.01)
+        # the child runs Python code: it is past its fork hook
+        wait_for((channel_dir / "child-up").exists, "the forked child to start", 10, interval_s=0.01)
         with Consumer.attach(channel_dir=channel_dir, timeout_s=10) as c:
             assert c.trainer_alive()
             proc.kill()

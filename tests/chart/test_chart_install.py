@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,7 +28,19 @@ from chart_harness import (
     values_file,
 )
 from kubernetes import client
-from operator_harness import GROUP, PLURAL, VERSION, Kube, condition, job_manifest, operator_requests, phase, running
+from operator_harness import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Kube,
+    condition,
+    custom_pipeline,
+    job_manifest,
+    operator_requests,
+    phase,
+    running,
+)
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill.lifecycle.checks import checkpoint_sharing
@@ -73,17 +84,19 @@ def _operator(cp: ControlPlane, release: str, log: Path) -> tuple[DeployedOperat
 def _get(url: str, *, timeout_s: float = 30) -> str:
     """GET ``url`` (200 expected). kopf binds its liveness endpoint a moment after the operator says it is ready,
     and a socket's binding is no event one can wait on: a refused connection is retried until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def get() -> str | None:
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
                 assert response.status == 200, url
                 text: str = response.read().decode()
                 return text
         except urllib.error.URLError as exc:
-            if not isinstance(exc.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+            if not isinstance(exc.reason, ConnectionRefusedError):
                 raise
-            time.sleep(0.1)
+            return None
+
+    return wait_for(get, f"{url} to accept connections", timeout_s, interval_s=0.1, until=lambda text: text is not None)
 
 
 def _denied(cp: ControlPlane, account: str) -> list[tuple[str, Any]]:
@@ -280,13 +293,7 @@ def _every_kind_of_child(cp: ControlPlane, kube: Kube, ns: str) -> None:
              "spec": claim},
         ]
     )  # fmt: skip
-    pipeline = {
-        "stages": 2,
-        "microbatches": 4,
-        "globalBatch": 8,
-        "schedule": "custom",
-        "customSchedule": {"name": "csv"},
-    }
+    pipeline = custom_pipeline("csv")
     kube.create_job(
         ns,
         job_manifest(

@@ -12,12 +12,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from pipefill.devcluster import BinaryMissing, ControlPlane, bins, host, node
 from pipefill.devcluster.nodeconf import NODE_LABEL, POD_PLACEMENT, NodePaths
@@ -67,13 +67,11 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 def _wait_pod(cp: ControlPlane, name: str, phases: tuple[str, ...], timeout_s: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pod: dict[str, Any] = json.loads(cp.kubectl("get", "pod", name, "-o", "json").stdout)
-        if pod["status"].get("phase") in phases:
-            return pod
-        assert time.monotonic() < deadline, f"pod {name} not in {phases} after {timeout_s} s: {pod['status']}"
-        time.sleep(0.2)
+    def pod() -> dict[str, Any]:
+        got: dict[str, Any] = json.loads(cp.kubectl("get", "pod", name, "-o", "json").stdout)
+        return got
+
+    return wait_for(pod, f"pod {name} in {phases}", timeout_s, 0.2, until=lambda p: p["status"].get("phase") in phases)
 
 
 @pytest.fixture

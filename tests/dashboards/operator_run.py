@@ -21,15 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the operator tests' harness: one way to run the operator
 
-from operator_harness import (  # noqa: E402
-    Kube,
-    OperatorProcess,
-    committed_role,
-    condition,
-    install_identity,
-    job_manifest,
-    running,
-)
+import operator_harness as harness  # noqa: E402
 
 from pipefill.devcluster import ControlPlane  # noqa: E402
 
@@ -46,8 +38,8 @@ class OperatorRun:
     def __init__(self, cp: ControlPlane, tmp: Path) -> None:
         self.cp = cp
         self.namespace = f"dash-{uuid.uuid4().hex[:8]}"
-        kubeconfig = install_identity(cp, "pipefill-operator-dashboards", committed_role())
-        self.process = OperatorProcess(kubeconfig, tmp / "operator.log", namespaces=(self.namespace,))
+        kubeconfig = harness.install_identity(cp, "pipefill-operator-dashboards", harness.committed_role())
+        self.process = harness.OperatorProcess(kubeconfig, tmp / "operator.log", namespaces=(self.namespace,))
         self.metrics_port = self.process.metrics_port
 
     def start(self) -> None:
@@ -61,14 +53,16 @@ class OperatorRun:
     def create_jobs(self) -> None:
         """The two training jobs and the FillJob; returns once the operator has run one job, refused the other and
         queued the FillJob."""
-        kube = Kube(self.cp)
-        kube.create_job(self.namespace, job_manifest("runs"))
+        kube = harness.Kube(self.cp)
+        kube.create_job(self.namespace, harness.job_manifest("runs"))
         bad_cut = {"stages": 2, "microbatches": 4, "globalBatch": 8, "layersPerStage": [1, 1]}
-        kube.create_job(self.namespace, job_manifest("refused", pipeline=bad_cut))
+        kube.create_job(self.namespace, harness.job_manifest("refused", pipeline=bad_cut))
         fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
         kube.custom.create_namespaced_custom_object("pipefill.io", "v1alpha1", self.namespace, "filljobs", fill)
-        kube.wait_pods(self.namespace, "runs", running(2))
-        kube.wait_job(self.namespace, "refused", lambda j: (condition(j, "InvalidSpec") or {}).get("status") == "True")
+        kube.wait_pods(self.namespace, "runs", harness.running(2))
+        kube.wait_job(
+            self.namespace, "refused", lambda j: (harness.condition(j, "InvalidSpec") or {}).get("status") == "True"
+        )
         name = fill["metadata"]["name"]
         self.cp.kubectl("wait", f"filljob/{name}", "-n", self.namespace, "--for=jsonpath={.status.phase}=Queued")
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 from operator_run import OPERATOR_NAMESPACE_LABEL, OperatorRun
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.local.procs import free_port
@@ -105,18 +106,16 @@ def _manifests(tmp: Path) -> list[Path]:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"prometheus exited with code {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return
+                return bool(resp.status == 200)
         except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"prometheus at {url} not ready within {timeout_s} s")
+            return False
+
+    wait_for(ready, f"prometheus at {url} to be ready", timeout_s, interval_s=0.1)
 
 
 def _scrape(job_name: str, port: int, labels: dict[str, str]) -> dict[str, Any]:

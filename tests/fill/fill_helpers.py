@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from waiting import wait_for
 
 from pipefill import env as env_names
+from pipefill.events import Event, read_events
 
 HERE = Path(__file__).resolve().parent
 
@@ -110,3 +114,23 @@ def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> subpr
         text=True,
         env=subprocess_env(),
     )
+
+
+def fill_on_one_cpu(
+    tmp: Path, jobs: Path, until: Callable[[list[Event]], bool], what: str, timeout_s: float = 120
+) -> list[Event]:
+    """The executor (its work from ``jobs``) and a producer of 20 ms bubbles between 10 ms of compute, sharing one
+    CPU, until ``until`` holds for the fill's events (``what``: named if it never does within ``timeout_s``); both stopped,
+    the executor's exit checked; its events."""
+    cpu = min(os.sched_getaffinity(0))
+    fill = start_executor(tmp / "channel", jobs, tmp / "fill", cpu=cpu)
+    producer = start_producer(tmp / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
+    log = tmp / "fill" / "fill-events.jsonl"
+    try:
+        wait_for(lambda: until(read_events(log)), what, timeout_s, interval_s=0.1)
+    finally:
+        producer.send_signal(signal.SIGKILL)
+        producer.communicate(timeout=10)
+        _, err = fill.communicate(timeout=60)
+    assert fill.returncode == 0, err
+    return read_events(log)

@@ -26,12 +26,17 @@ def _emit(store: ProgressStore, start: int, end: int) -> None:
     store.add(np.arange(start, end), np.arange(start, end, dtype=np.float32)[:, None].repeat(3, 1))
 
 
+def _commit_runs(store: ProgressStore, *ends: int) -> None:
+    """Emit and commit the samples up to each of ``ends`` in turn, from the committed pointer; each commit's state is
+    ``{"next": end}``."""
+    for end in ends:
+        _emit(store, store.committed, end)
+        store.commit(end=end, state={"next": end})
+
+
 def test_commit_then_recover(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    _emit(store, 0, 5)
-    store.commit(end=5, state={"next": 5})
-    _emit(store, 5, 9)
-    store.commit(end=9, state={"next": 9})
+    _commit_runs(store, 5, 9)
     _emit(store, 9, 12)  # never committed: lost with the process, redone after restart
     again = ProgressStore(tmp_path / "out", job="j", with_outputs=True).recover()
     assert (again.end, again.state) == (9, {"next": 9})
@@ -41,11 +46,9 @@ def test_commit_then_recover(tmp_path: Path) -> None:
 
 def test_recover_adopts_a_complete_chunk_and_removes_orphans(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    _emit(store, 0, 4)
-    store.commit(end=4, state={"next": 4})
+    _commit_runs(store, 4)
     progress = (tmp_path / "out" / "progress.json").read_bytes()
-    _emit(store, 4, 8)
-    store.commit(end=8, state={"next": 8})
+    _commit_runs(store, 8)
     (tmp_path / "out" / "progress.json").write_bytes(progress)  # crash between the chunk and the pointer
     (tmp_path / "out" / "checkpoints" / "state-000000000012.pt").write_bytes(b"x")  # crash before its chunk
     (tmp_path / "out" / "chunks" / ".chunk-000000000008-000000000012.npy.1.tmp").write_bytes(b"torn")
@@ -59,8 +62,7 @@ def test_recover_adopts_a_complete_chunk_and_removes_orphans(tmp_path: Path) -> 
 
 def test_recover_removes_a_chunk_whose_state_is_missing(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    _emit(store, 0, 4)
-    store.commit(end=4, state={"next": 4})
+    _commit_runs(store, 4)
     rows = np.load(tmp_path / "out" / "chunks" / "chunk-000000000000-000000000004.npy")
     np.save(tmp_path / "out" / "chunks" / "chunk-000000000004-000000000006.npy", rows[:2])
     got = ProgressStore(tmp_path / "out", job="j", with_outputs=True).recover()
@@ -69,10 +71,7 @@ def test_recover_removes_a_chunk_whose_state_is_missing(tmp_path: Path) -> None:
 
 def test_recover_refuses_a_gap(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    _emit(store, 0, 4)
-    store.commit(end=4, state={"next": 4})
-    _emit(store, 4, 6)
-    store.commit(end=6, state={"next": 6})
+    _commit_runs(store, 4, 6)
     (tmp_path / "out" / "chunks" / "chunk-000000000000-000000000004.npy").unlink()
     with pytest.raises(RuntimeError, match="does not continue at sample 0"):
         ProgressStore(tmp_path / "out", job="j", with_outputs=True).recover()

@@ -24,6 +24,7 @@ from kube_helpers import (
     upstream_of,
     write_status,
 )
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill.spec import FillJobPhase
@@ -45,11 +46,12 @@ def _source(cp: ControlPlane, namespace: str, identity: Identity = ME, **kw: Any
 
 def _settle(source: KubernetesSource, check: Any, what: str) -> None:
     """Wait (on the watch's own change events) until ``check()`` holds."""
-    deadline = time.monotonic() + 30
-    while not check():
-        assert time.monotonic() < deadline, f"the watch never showed {what}"
-        source.cache.wait_changed(1.0)
+
+    def changed(left_s: float) -> None:
+        source.cache.wait_changed(min(left_s, 1.0))
         source.poll()
+
+    wait_for(check, f"the watch to show {what}", 30, pause=changed)
 
 
 def test_offers_planned_jobs_assigned_to_its_pod(

@@ -4,16 +4,13 @@ given up, and a job works with the batch sizes measured so far while the larger 
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fill_helpers import start_executor, start_producer, write_job
-from waiting import wait_for
+from fill_helpers import fill_on_one_cpu, write_job
 
-from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent, read_events
+from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent
 from pipefill_fill.inbubble import PROFILE_MISSES, run_profile_steps
 
 MS = 1_000_000
@@ -85,19 +82,11 @@ PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes":
 def test_a_job_works_and_commits_with_its_first_measured_sizes_before_its_profile_is_complete(tmp_path: Path) -> None:
     """Batch 4096 fits no 20 ms bubble: while the profile gives it up, the sizes measured already do the work, and the
     first samples are committed within the job's first bubbles, before the profile record."""
-    jobs, log = tmp_path / "jobs", tmp_path / "fill" / "fill-events.jsonl"
+    jobs = tmp_path / "jobs"
     write_job(jobs, "early", total=100_000, parameters=PARAMS)
-    cpu = min(os.sched_getaffinity(0))
-    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
-    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
-    try:
-        wait_for(lambda: any(isinstance(e, ProfileEvent) for e in read_events(log)), "a profile record", 120, 0.1)
-    finally:
-        producer.send_signal(signal.SIGKILL)
-        producer.communicate(timeout=10)
-        _, err = fill.communicate(timeout=60)
-    assert fill.returncode == 0, err
-    events = read_events(log)
+    events = fill_on_one_cpu(
+        tmp_path, jobs, lambda evs: any(isinstance(e, ProfileEvent) for e in evs), "a profile record"
+    )
     profile = next(e for e in events if isinstance(e, ProfileEvent))
     assert [p["batch_size"] for p in profile.points] == [1, 2]  # 4096 given up
     before = [e for e in events if e.mono_ns < profile.mono_ns]

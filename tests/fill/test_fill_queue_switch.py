@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from fill_helpers import start_executor, start_producer, write_job
+from fill_helpers import fill_on_one_cpu, start_executor, start_producer, write_job
 from waiting import wait_for
 
 from pipefill import env
@@ -27,10 +27,13 @@ JOBS = ["q0", "q1", "q2", "q3"]
 def _wait_done(log: Path, names: list[str], timeout_s: float = 180.0, *, also: Path | None = None) -> None:
 
     def done() -> bool:
-        events = [*read_events(log), *(read_events(also) if also is not None else [])]
-        return {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"} >= set(names)
+        return _all_succeeded([*read_events(log), *(read_events(also) if also is not None else [])], names)
 
     wait_for(done, f"jobs {names} all to succeed", timeout_s, interval_s=0.1)
+
+
+def _all_succeeded(events: list[Event], names: list[str]) -> bool:
+    return {e.job for e in events if isinstance(e, JobEvent) and e.phase == "Succeeded"} >= set(names)
 
 
 def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
@@ -132,15 +135,5 @@ def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
 def _run_until_done(tmp_path: Path, names: list[str]) -> list[Event]:
     """An executor on ``tmp_path / "jobs"`` beside a synthetic trainer (20 ms bubbles) until every job of ``names``
     is done; its event log."""
-    cpu = min(os.sched_getaffinity(0))
-    fill = start_executor(tmp_path / "channel", tmp_path / "jobs", tmp_path / "fill", cpu=cpu)
-    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
-    log = tmp_path / "fill" / "fill-events.jsonl"
-    try:
-        _wait_done(log, names)
-    finally:
-        producer.send_signal(signal.SIGKILL)
-        producer.communicate(timeout=10)
-        _, err = fill.communicate(timeout=60)
-    assert fill.returncode == 0, err
-    return read_events(log)
+    until = lambda events: _all_succeeded(events, names)  # noqa: E731
+    return fill_on_one_cpu(tmp_path, tmp_path / "jobs", until, f"jobs {names} all to succeed", timeout_s=180)

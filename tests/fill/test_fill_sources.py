@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from fill_helpers import subprocess_env, write_job
+from waiting import wait_for
 
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import SliceProgress
@@ -114,9 +114,12 @@ def test_files_source_status_loses_no_concurrent_update(jobs_dir: Path) -> None:
         subprocess.Popen([sys.executable, "-c", _REPORTER, str(jobs_dir), str(r), str(go)], env=subprocess_env())
         for r in range(4)
     ]
-    while not all((jobs_dir / "a.locks" / f"slice-{Slice(64 * r, 64 * r + 64).key}.lock").exists() for r in range(4)):
-        assert all(p.poll() is None for p in procs)
-        time.sleep(0.01)
+
+    def all_claimed() -> bool:
+        assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+        return all((jobs_dir / "a.locks" / f"slice-{Slice(64 * r, 64 * r + 64).key}.lock").exists() for r in range(4))
+
+    wait_for(all_claimed, "each reporter to claim its slice", 60, interval_s=0.01)
     go.touch()
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
     status = FilesSource(jobs_dir, identity=ME).status("a")

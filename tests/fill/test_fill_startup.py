@@ -5,43 +5,25 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
-from fill_helpers import start_executor, start_producer, write_job
-from waiting import wait_for
+from fill_helpers import fill_on_one_cpu, write_job
 
-from pipefill.events import FillEvent, JobEvent, StartupEvent, read_events
+from pipefill.events import FillEvent, JobEvent, StartupEvent
 
 pytestmark = pytest.mark.slow
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
 
 
-def _wait_done(log: Path, job: str, timeout_s: float = 120.0) -> None:
-    def succeeded() -> bool:
-        return any(isinstance(e, JobEvent) and e.job == job and e.phase == "Succeeded" for e in read_events(log))
-
-    wait_for(succeeded, f"job {job} to succeed", timeout_s, interval_s=0.1)
-
-
 def test_start_up_never_runs_inside_a_bubble(tmp_path: Path) -> None:
     jobs, out = tmp_path / "jobs", tmp_path / "out" / "enc"
     write_job(jobs, "enc", total=256, parameters=PARAMS, output=out, max_parallel_ranks=2)  # 4 slices, one by one
-    cpu = min(os.sched_getaffinity(0))
-    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=cpu)
-    producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
-    log = tmp_path / "fill" / "fill-events.jsonl"
-    try:
-        _wait_done(log, "enc")
-    finally:
-        producer.send_signal(signal.SIGKILL)
-        producer.communicate(timeout=10)
-        _, err = fill.communicate(timeout=60)
-    assert fill.returncode == 0, err
-    events = read_events(log)
+    events = fill_on_one_cpu(
+        tmp_path, jobs, lambda evs: any(isinstance(e, JobEvent) and e.job == "enc" and e.phase == "Succeeded" for e in evs),
+        "job enc to succeed",
+    )  # fmt: skip
     startups = [e for e in events if isinstance(e, StartupEvent)]
     bounds = json.loads((out / "slices.json").read_text())["bounds"]  # [0, 64, 128, ...]
     assert sorted((s.slice[0], s.slice[1]) for s in startups) == list(itertools.pairwise(bounds))

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,14 +35,6 @@ try:
 except ValueError as exc:
     print(json.dumps({"error": str(exc)}))
 """
-
-
-@pytest.fixture
-def other_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _config_map(namespace: str, name: str, data: dict[str, str]) -> dict[str, object]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from hook_procs import BOOT, REPO, run_example
+from waiting import wait_for
 
 from pipefill.ports import free_port
 from pipefill_hook.version import ENV_ASSUME_TORCH, supported
@@ -115,17 +115,18 @@ def test_the_trainer_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> N
     ports = [free_port(), free_port()]
     seen: dict[int, str] = {}
 
+    def announced() -> list[int]:  # the ranks seen announcing bubbles
+        for rank, port in enumerate(ports):
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+            except OSError:
+                continue
+            if _value(text, "pipefill_trainer_bubbles_announced_total") > 0:
+                seen[rank] = text
+        return sorted(seen)
+
     def scrape() -> None:
-        deadline = time.monotonic() + 60
-        while len(seen) < 2 and time.monotonic() < deadline:
-            for rank, port in enumerate(ports):
-                try:
-                    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
-                except OSError:
-                    continue
-                if _value(text, "pipefill_trainer_bubbles_announced_total") > 0:
-                    seen[rank] = text
-            time.sleep(0.05)
+        wait_for(announced, f"both ranks to serve announced bubbles on {ports}", 60, until=lambda got: got == [0, 1])
 
     args = [*ARGS[:-1], "300"]
     run_example(tmp_path, args, hook=True, rank_env=lambda r: {"PIPEFILL_METRICS_PORT": str(ports[r])}, during=scrape)

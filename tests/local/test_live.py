@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from manifests import fill_job
 from rich.console import Console
 from test_local_run import _job
 from waiting import wait_for
@@ -34,21 +35,10 @@ FILL_TOTAL = 256
 
 
 def _fill(tmp: Path) -> Path:
-    doc = {
-        "apiVersion": "pipefill.io/v1alpha1",
-        "kind": "FillJob",
-        "metadata": {"name": "embed-tiny"},
-        "spec": {
-            "workload": {
-                "kind": "inference",
-                "builtin": "encoder-inference",
-                "parameters": {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
-            },
-            "output": {"path": str(tmp / "fill-out")},
-            "totalSamples": FILL_TOTAL,
-            "hostSelector": {"matchLabels": {"pipefill.io/fill-pool": "demo"}},
-        },
-    }
+    doc = fill_job(
+        "embed-tiny", output=str(tmp / "fill-out"), parameters={"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
+        totalSamples=FILL_TOTAL, hostSelector={"matchLabels": {"pipefill.io/fill-pool": "demo"}},
+    )  # fmt: skip
     path = tmp / "fill.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -38,6 +38,11 @@ def _local(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     )  # type: ignore[call-overload, no-any-return]
 
 
+def _start_local(*args: str) -> subprocess.Popen[str]:
+    """``pipefill local ARGS`` started, its output (stdout and stderr) in one pipe."""
+    return subprocess.Popen([*LOCAL_ARGS, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = _local("-f", str(_job(tmp_path, steps=100, fill=False)), "--out", str(out), "--steps", "8")
@@ -95,12 +100,7 @@ def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) ->
 
 def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with subprocess.Popen(
-        [*LOCAL_ARGS, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as proc:
+    with _start_local("-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out)) as proc:
         try:
             events = out / "ranks" / "0" / "trainer" / "events.jsonl"
             wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
@@ -139,21 +139,9 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     fill = yaml.safe_load((ROOT / "examples" / "fill-inference.yaml").read_text())
     fill["spec"]["output"]["path"] = str(tmp_path / "fill-out")
     (tmp_path / "fill.yaml").write_text(yaml.safe_dump(fill))
-    with subprocess.Popen(
-        [
-            *LOCAL_ARGS,
-            "-f",
-            str(_job(tmp_path, steps=100000, fill=True)),
-            "-f",
-            str(tmp_path / "fill.yaml"),
-            "--out",
-            str(out),
-            "--metrics-port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    job = _job(tmp_path, steps=100000, fill=True)
+    with _start_local(
+        "-f", str(job), "-f", str(tmp_path / "fill.yaml"), "--out", str(out), "--metrics-port", "0"
     ) as proc:
         try:
             events = out / "ranks" / "1" / "trainer" / "events.jsonl"

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from waiting import wait_for
+
 from pipefill import env
 from pipefill.children import FILL_ACCOUNT
 from pipefill.devcluster import ControlPlane
@@ -41,8 +43,10 @@ class RankExecutor:
         pid, stat = str(self.executor.pid), Path(f"/proc/{self.executor.pid}/stat")
         for _ in range(500):
             self.executor.send_signal(signal.SIGSTOP)
-            while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):  # stopped: it holds what it holds
-                time.sleep(0.001)
+            state = lambda: stat.read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
+            wait_for(
+                state, f"executor {pid} to stop", 10, 0.001, until=lambda s: s in ("T", "t")
+            )  # it holds what it holds
             holders = [line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" not in line]
             if not any(len(f) > 4 and f[1] == "FLOCK" and f[4] == pid for f in holders):
                 return

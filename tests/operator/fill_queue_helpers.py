@@ -11,21 +11,14 @@ from typing import Any
 
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
+from manifests import fill_job
 from operator_harness import GROUP, VERSION, Kube, OperatorProcess
 from urllib3.exceptions import ProtocolError
 
 FILL_PLURAL = "filljobs"
 
-FILL: dict[str, Any] = {
-    "apiVersion": "pipefill.io/v1alpha1",
-    "kind": "FillJob",
-    "metadata": {"name": "embed"},
-    "spec": {
-        "workload": {"kind": "inference", "builtin": "encoder-inference"},
-        "output": {"path": "/data/out"},  # a volume every rank pod mounts (a relative path is not split)
-        "totalSamples": 1024,
-    },
-}
+# the output: a volume every rank pod mounts (a relative path is not split)
+FILL: dict[str, Any] = fill_job("embed", output="/data/out", totalSamples=1024)
 
 
 def fill_manifest(name: str, *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

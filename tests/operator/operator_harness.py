@@ -16,13 +16,15 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill.ports import free_port
@@ -54,6 +56,17 @@ def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
     obj["metadata"]["name"] = name
     obj["spec"].update(copy.deepcopy(spec))
     return obj
+
+
+def custom_pipeline(config_map: str) -> dict[str, Any]:
+    """The ``pipeline`` of a 2-stage job of 4 microbatches whose schedule is the CSV in ConfigMap ``config_map``."""
+    return {
+        "stages": 2,
+        "microbatches": 4,
+        "globalBatch": 8,
+        "schedule": "custom",
+        "customSchedule": {"name": config_map},
+    }
 
 
 def install_identity(cp: ControlPlane, name: str, role: dict[str, Any] | None) -> Path:
@@ -166,14 +179,7 @@ class OperatorProcess:
     ) -> float:
         """The sample's value once ``ok`` holds for it (absent counts as 0). A metric has no watch: it is read every
         50 ms, the operator's own endpoint on loopback."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = self.metric(name, labels) or 0.0
-            if ok(value):
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name}{labels or ''} stayed {value} for {timeout_s} s")
-            time.sleep(0.05)
+        return wait_for(lambda: self.metric(name, labels) or 0.0, f"{name}{labels or ''}", timeout_s, until=ok)
 
 
 class Kube:
@@ -255,14 +261,10 @@ class Kube:
     ) -> list[dict[str, Any]]:
         """Wait until the job's pods (by label) satisfy ``predicate``; returns them."""
 
-        def check(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
-            return (pods,) if predicate(pods) else None  # a tuple: an empty list of pods is a match too
-
-        (result,) = self._watch(
-            self.core.list_namespaced_pod, (namespace,), check, timeout_s, f"pods of {job}",
-            label_selector=f"pipefill.io/job-name={job}",
+        return self._watch_list(
+            self.core.list_namespaced_pod, namespace, lambda pods: pods if predicate(pods) else None, timeout_s,
+            f"pods of {job}", label_selector=f"pipefill.io/job-name={job}",
         )  # fmt: skip
-        return result
 
     def wait_events(
         self, namespace: str, reasons: set[str], kind: str = "PipelineTrainingJob", timeout_s: float = 60
@@ -270,14 +272,31 @@ class Kube:
         """Until an Event of each of ``reasons`` is on an object of ``kind``; returns those Events. The operator
         posts an Event after the status it tells of, so a test that saw the status waits for the Event too."""
 
-        def check(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+        def pick(items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             found = [e for e in items if e.get("reason") in reasons]
-            return (found,) if reasons <= {e["reason"] for e in found} else None
+            return found if reasons <= {e["reason"] for e in found} else None
 
-        (result,) = self._watch(
-            self.core.list_namespaced_event, (namespace,), check, timeout_s, f"events {sorted(reasons)}",
+        return self._watch_list(
+            self.core.list_namespaced_event, namespace, pick, timeout_s, f"events {sorted(reasons)}",
             field_selector=f"involvedObject.kind={kind}",
         )  # fmt: skip
+
+    def _watch_list(
+        self,
+        api_call: Callable[..., Any],
+        namespace: str,
+        pick: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None],
+        timeout_s: float,
+        what: str,
+        **selectors: str,
+    ) -> list[dict[str, Any]]:
+        """``_watch`` of a namespace's list until ``pick`` returns a list (None: not yet), which may be empty."""
+
+        def check(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]] | None:
+            got = pick(items)
+            return None if got is None else (got,)  # a tuple: an empty list is a match too
+
+        (result,) = self._watch(api_call, (namespace,), check, timeout_s, what, **selectors)
         return result
 
     def wait_gone(
@@ -310,6 +329,18 @@ class Kube:
             ]
         }  # fmt: skip
         self.core.patch_namespaced_pod_status(pod, namespace, {"status": status})
+
+
+@contextmanager
+def serving(servers: list[tuple[Any, threading.Thread]]) -> Iterator[None]:
+    """Yield; then stop each metrics server (``prometheus_client.start_http_server``'s server and thread)."""
+    try:
+        yield
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

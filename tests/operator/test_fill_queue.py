@@ -24,7 +24,7 @@ from fill_queue_helpers import (
     status,
 )
 from kubernetes.client.rest import ApiException
-from operator_harness import GROUP, VERSION, Kube, OperatorProcess, job_manifest, phase, running
+from operator_harness import GROUP, VERSION, Kube, OperatorProcess, custom_pipeline, job_manifest, phase, running
 
 from pipefill.queue import plan_slices
 
@@ -302,13 +302,7 @@ def test_a_custom_schedules_ranks_are_predicted_from_its_configmap(
     operators()
     csv = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n"
     kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "sched"}, "data": {"schedule.csv": csv}})
-    pipeline = {
-        "stages": 2,
-        "microbatches": 4,
-        "globalBatch": 8,
-        "schedule": "custom",
-        "customSchedule": {"name": "sched"},
-    }
+    pipeline = custom_pipeline("sched")
     big = {"layers": 24, "hiddenSize": 2048, "heads": 16, "seqLen": 2048, "vocabSize": 50304}  # bubbles ≥ the floor
     _host(kube, namespace, "host", model=big, pipeline=pipeline)
     fill = Fill(kube, namespace)

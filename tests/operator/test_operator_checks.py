@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
+from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running, serving
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from pipefill.devcluster import ControlPlane
@@ -218,13 +218,8 @@ def _rank_endpoints(pods: list[dict[str, Any]]) -> Iterator[None]:
         ip = pod["status"]["podIP"]
         servers.append(start_http_server(ports["trainer-metrics"], addr=ip, registry=trainer))
         servers.append(start_http_server(ports["fill-metrics"], addr=ip, registry=fill))
-    try:
+    with serving(servers):
         yield
-    finally:
-        for server, thread in servers:
-            server.shutdown()
-            server.server_close()
-            thread.join()
 
 
 def test_status_comes_from_the_ranks_metrics_endpoints(

@@ -4,7 +4,6 @@ pod status): children, the gang's restarts and failures, suspend, deadline, TTL,
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 from operator_harness import Kube, OperatorProcess, condition, job_manifest, operator_requests, phase, running
+from waiting import wait_for
 
 from pipefill import env
 from pipefill.children import SPEC_ANNOTATION, spec_document
@@ -169,9 +169,7 @@ def test_a_retryable_trainer_exit_restarts_the_whole_gang_once(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest())
-    pods = kube.wait_pods(namespace, "train", running(2))
-    kube.wait_job(namespace, "train", phase("Running"))
+    pods, _ = _running_job(kube, namespace)
     seen: list[str] = []
     kube.end_trainer(namespace, "train-1", 75, "rendezvous with rank 0 timed out")
     job = kube.wait_job(
@@ -224,25 +222,34 @@ def _hold_pod_creation(cp: ControlPlane, namespace: str) -> None:
     _wait_creation_allowed(cp, namespace, allowed=False)
 
 
+def _job_pods(kube: Kube, namespace: str, **spec: Any) -> list[dict[str, Any]]:
+    """Job "train" (``job_manifest(**spec)``) created: its 2 pods, once Running."""
+    kube.create_job(namespace, job_manifest(**spec))
+    return kube.wait_pods(namespace, "train", running(2))
+
+
+def _running_job(kube: Kube, namespace: str, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Job "train" (``job_manifest(**spec)``) created, once its 2 pods and then the job are Running: pods, job."""
+    pods = _job_pods(kube, namespace, **spec)
+    return pods, kube.wait_job(namespace, "train", phase("Running"))
+
+
 def _wait_creation_allowed(cp: ControlPlane, namespace: str, *, allowed: bool, timeout_s: float = 30) -> None:
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": namespace},
              "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while True:  # the policy informer has no event to wait on; each try is one dry-run request
-        done = cp.kubectl("create", "--dry-run=server", "-f", "-", check=False, stdin=json.dumps(probe))
-        if (done.returncode == 0) == allowed:
-            return
-        assert time.monotonic() < deadline, f"pod creation in {namespace} not {'allowed' if allowed else 'held'}"
-        time.sleep(0.2)
+
+    def dry_run() -> Any:  # one dry-run request each try: the policy informer has no event to wait on
+        return cp.kubectl("create", "--dry-run=server", "-f", "-", check=False, stdin=json.dumps(probe))
+
+    what = f"pod creation in {namespace} {'allowed' if allowed else 'held'}"
+    wait_for(dry_run, what, timeout_s, interval_s=0.2, until=lambda done: (done.returncode == 0) == allowed)
 
 
 def test_an_operator_killed_between_deleting_the_old_gang_and_creating_the_new_one_restarts_it_once(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     operator = start_operator()
-    kube.create_job(namespace, job_manifest())
-    kube.wait_pods(namespace, "train", running(2))
-    kube.wait_job(namespace, "train", phase("Running"))
+    _running_job(kube, namespace)
     _hold_pod_creation(control_plane, namespace)  # the new gang cannot be created: the operator is caught between
     kube.end_trainer(namespace, "train-0", 143)
     kube.wait_pods(namespace, "train", lambda pods: not pods)
@@ -265,8 +272,7 @@ def test_an_exhausted_backoff_limit_fails_the_job_with_the_reason(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest(runPolicy={"backoffLimit": 1, "terminationGracePeriodSeconds": 5}))
-    kube.wait_pods(namespace, "train", running(2))
+    _job_pods(kube, namespace, runPolicy={"backoffLimit": 1, "terminationGracePeriodSeconds": 5})
     kube.end_trainer(namespace, "train-0", 75)
     kube.wait_pods(namespace, "train", running(2, generation=1))
     kube.end_trainer(namespace, "train-1", 137, "killed")
@@ -283,9 +289,7 @@ def test_a_permanent_exit_fails_the_job_whatever_its_peer_exits_with(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     operator = start_operator()
-    kube.create_job(namespace, job_manifest())
-    kube.wait_pods(namespace, "train", running(2))
-    kube.wait_job(namespace, "train", phase("Running"))
+    _running_job(kube, namespace)
     operator.stop()  # both exits are seen at once: no order to race on
     kube.end_trainer(namespace, "train-0", 75)
     kube.end_trainer(namespace, "train-1", 1, "ValueError: bad batch")
@@ -303,8 +307,7 @@ def test_fill_sidecar_restarts_are_reported_and_the_job_keeps_running(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest())
-    kube.wait_pods(namespace, "train", running(2))
+    _job_pods(kube, namespace)
     kube.restart_fill(namespace, "train-1", 2)
     job = kube.wait_job(namespace, "train", lambda j: _status(j).get("fillRestarts") == 2)
     assert _status(job)["phase"] == "Running" and _status(job)["restarts"] == 0
@@ -316,8 +319,7 @@ def test_suspend_deletes_the_pods_and_resume_starts_a_new_generation(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest())
-    kube.wait_pods(namespace, "train", running(2))
+    _job_pods(kube, namespace)
     kube.patch_job(namespace, "train", {"spec": {"runPolicy": {"suspend": True}}})
     kube.wait_pods(namespace, "train", lambda pods: not pods)
     job = kube.wait_job(namespace, "train", phase("Suspended"))
@@ -333,8 +335,7 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest(runPolicy={"activeDeadlineSeconds": 3, "terminationGracePeriodSeconds": 5}))
-    kube.wait_pods(namespace, "train", running(2))
+    _job_pods(kube, namespace, runPolicy={"activeDeadlineSeconds": 3, "terminationGracePeriodSeconds": 5})
     job = kube.wait_job(namespace, "train", phase("Failed"), timeout_s=30)
     assert (condition(job, "Failed") or {}).get("reason") == "DeadlineExceeded"
     kube.wait_pods(namespace, "train", lambda pods: not pods)
@@ -377,9 +378,7 @@ def test_deleting_the_job_leaves_nothing_behind_and_never_waits_on_a_finalizer(
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest())
-    kube.wait_pods(namespace, "train", running(2))
-    job = kube.wait_job(namespace, "train", phase("Running"))
+    _, job = _running_job(kube, namespace)
     assert not job["metadata"].get("finalizers")
     control_plane.kubectl("delete", "ptj", "train", "-n", namespace, "--wait=true", "--timeout=20s")
     for kind in ("pods", *CHILD_KINDS[:-1]):
@@ -392,9 +391,7 @@ def test_an_evicted_rank_restarts_the_gang_without_counting_against_the_backoff_
     control_plane: ControlPlane, kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
     start_operator()
-    kube.create_job(namespace, job_manifest(runPolicy={"backoffLimit": 0, "terminationGracePeriodSeconds": 5}))
-    kube.wait_pods(namespace, "train", running(2))
-    kube.wait_job(namespace, "train", phase("Running"))
+    _running_job(kube, namespace, runPolicy={"backoffLimit": 0, "terminationGracePeriodSeconds": 5})
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "train-0", "namespace": namespace}}
     kube.core.create_namespaced_pod_eviction("train-0", namespace, eviction)
     job = kube.wait_job(

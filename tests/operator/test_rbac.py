@@ -30,6 +30,7 @@ from operator_harness import (
     operator_requests,
     phase,
     running,
+    serving,
 )
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -50,13 +51,8 @@ def _serve_trainer_metrics(pods: list[dict[str, Any]], step: int) -> Iterator[No
         Gauge("pipefill_trainer_step", "", registry=registry).set(step)
         port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
         servers.append(start_http_server(port, addr=pod["status"]["podIP"], registry=registry))
-    try:
+    with serving(servers):
         yield
-    finally:
-        for server, thread in servers:
-            server.shutdown()
-            server.server_close()
-            thread.join()
 
 
 def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorProcess) -> None:
@@ -136,12 +132,15 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
 
 
 def _run(cp: ControlPlane, kube: Kube, kubeconfig: Path, log: Path, namespace: str) -> None:
+    """The scenario in a namespace of its own (deleted after), under an operator with ``kubeconfig``'s identity."""
+    cp.kubectl("create", "namespace", namespace)
     operator = OperatorProcess(kubeconfig, log, status_interval_s=1.0)
     operator.start()
     try:
         _scenario(cp, kube, namespace, operator)
     finally:
         operator.stop()
+        cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def test_the_committed_cluster_role_is_what_the_operator_uses(
@@ -149,12 +148,7 @@ def test_the_committed_cluster_role_is_what_the_operator_uses(
 ) -> None:
     name = "pipefill-operator-audit"
     kubeconfig = install_identity(control_plane, name, None)  # cluster-admin: every request succeeds and is seen
-    namespace = "rbac-derive"
-    control_plane.kubectl("create", "namespace", namespace)
-    try:
-        _run(control_plane, kube, kubeconfig, tmp_path / "derive.log", namespace)
-    finally:
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    _run(control_plane, kube, kubeconfig, tmp_path / "derive.log", "rbac-derive")
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{name}"
     derived = cluster_role(rules_from_audit(control_plane.audit_events(), user))
     (tmp_path / "clusterrole.yaml").write_text(yaml.safe_dump(derived, sort_keys=False))
@@ -171,11 +165,7 @@ def test_the_operator_runs_everything_under_the_committed_role_without_a_403(
     control_plane: ControlPlane, kube: Kube, operator_kubeconfig: Path, tmp_path: Path
 ) -> None:
     namespace = "rbac-check"
-    control_plane.kubectl("create", "namespace", namespace)
-    try:
-        _run(control_plane, kube, operator_kubeconfig, tmp_path / "check.log", namespace)
-    finally:
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    _run(control_plane, kube, operator_kubeconfig, tmp_path / "check.log", namespace)
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:pipefill-operator"
     requests = operator_requests(control_plane, user, namespace=namespace)
     assert len(requests) > 20  # it did work there

@@ -6,22 +6,14 @@ from __future__ import annotations
 
 from pipefill.queue import FillJobPhase, Identity, ProgressReport, merged_status, plan_of_record
 from pipefill.queue.slices import Slice
-from pipefill.spec.fillstatus import (
-    Assignment,
-    BubbleClassReport,
-    ProfileEntry,
-    RankBubbles,
-    SliceProgress,
-    UnfitReason,
-    UnfitReport,
-)
+from pipefill.spec import fillstatus as fs
 
 ME, OTHER = Identity("gpt", 0), Identity("gpt", 1)
 PLAN = [{"start": 0, "end": 50, "committed": 0}, {"start": 50, "end": 100, "committed": 50}]
 
 
-def _held(who: Identity, *slices: tuple[int, int], epoch: int = 1) -> list[Assignment]:
-    return [Assignment(who.training_job, who.rank, a, b, epoch=epoch) for a, b in slices]
+def _held(who: Identity, *slices: tuple[int, int], epoch: int = 1) -> list[fs.Assignment]:
+    return [fs.Assignment(who.training_job, who.rank, a, b, epoch=epoch) for a, b in slices]
 
 
 def test_assignments_held_and_final_phases() -> None:
@@ -50,7 +42,7 @@ def test_commit_pointers_only_advance_within_the_plan() -> None:
         FillJobPhase.RUNNING,
         0,
         100,
-        slices=(SliceProgress(0, 50, 30), SliceProgress(50, 100, 70), SliceProgress(0, 10, 10)),
+        slices=(fs.SliceProgress(0, 50, 30), fs.SliceProgress(50, 100, 70), fs.SliceProgress(0, 10, 10)),
     )
     new = merged_status(old, ahead, identity=ME, held=None)
     assert new is not None and new["slices"] == [
@@ -58,18 +50,20 @@ def test_commit_pointers_only_advance_within_the_plan() -> None:
         {"start": 50, "end": 100, "committed": 70},
     ]  # [0, 10) is not in the plan of record: ignored; the bounds never change
     assert new["samplesDone"] == 50 and new["progress"] == 50.0
-    behind = ProgressReport(FillJobPhase.RUNNING, 0, 100, slices=(SliceProgress(0, 50, 10),))  # read before a commit
+    behind = ProgressReport(FillJobPhase.RUNNING, 0, 100, slices=(fs.SliceProgress(0, 50, 10),))  # read before a commit
     again = merged_status(new, behind, identity=OTHER, held=None)
     assert again is not None and again["slices"] == new["slices"] and again["samplesDone"] == 50
     assert plan_of_record(again) == (Slice(0, 50), Slice(50, 100)) and plan_of_record({}) == ()
 
 
 def test_unfit_profile_and_bubble_classes_per_rank() -> None:
-    mine = UnfitReport("gpt", 0, UnfitReason.BUBBLE_TOO_SHORT, "no bubble long enough", 2.5, 4.0, 1 << 30, 1 << 20)
+    mine = fs.UnfitReport(
+        "gpt", 0, fs.UnfitReason.BUBBLE_TOO_SHORT, "no bubble long enough", 2.5, 4.0, 1 << 30, 1 << 20
+    )
     theirs = {"trainingJob": "gpt", "rank": 1, "reason": "NotEnoughMemory", "message": "x"}
     old = {"phase": "Running", "unfit": [theirs], "bubbleClasses": [{"trainingJob": "gpt", "rank": 0, "classes": []}]}
-    profile = (ProfileEntry(8, 4.0, 2 << 20), ProfileEntry(1, 1.5, 1 << 20))
-    bubbles = RankBubbles("gpt", 0, [BubbleClassReport(2.5, 4.0, 1 << 30)])
+    profile = (fs.ProfileEntry(8, 4.0, 2 << 20), fs.ProfileEntry(1, 1.5, 1 << 20))
+    bubbles = fs.RankBubbles("gpt", 0, [fs.BubbleClassReport(2.5, 4.0, 1 << 30)])
     report = ProgressReport(FillJobPhase.QUEUED, 0, 100, unfit=mine, profile=profile, bubbles=bubbles)
     new = merged_status(old, report, identity=ME, held=None)
     assert new is not None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from manifests import fill_job
 
 from pipefill.events import BubbleEvent, read_events
 
@@ -21,21 +22,10 @@ def test_the_bubbles_of_a_hugging_face_job_are_announced_and_filled(tmp_path: Pa
     job = yaml.safe_load((ROOT / "examples" / "hf-demo.yaml").read_text())
     job["spec"]["steps"] = 40
     job["spec"]["checkpoint"] = {"path": str(tmp_path / "ckpt"), "intervalSteps": 0}
-    fill = {
-        "apiVersion": "pipefill.io/v1alpha1",
-        "kind": "FillJob",
-        "metadata": {"name": "embed-tiny"},
-        "spec": {
-            "workload": {
-                "kind": "inference",
-                "builtin": "encoder-inference",
-                "parameters": {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
-            },
-            "output": {"path": str(tmp_path / "fill-out")},
-            "totalSamples": 256,
-            "hostSelector": {"matchLabels": {"pipefill.io/fill-pool": "demo"}},
-        },
-    }
+    fill = fill_job(
+        "embed-tiny", output=str(tmp_path / "fill-out"), parameters={"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
+        totalSamples=256, hostSelector={"matchLabels": {"pipefill.io/fill-pool": "demo"}},
+    )  # fmt: skip
     files = [tmp_path / "job.yaml", tmp_path / "fill.yaml"]
     files[0].write_text(yaml.safe_dump(job))
     files[1].write_text(yaml.safe_dump(fill))
