@@ -8,7 +8,9 @@ or a failed start fails the run (it must never skip there); elsewhere those test
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -58,6 +60,23 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
 def other_namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A second fresh namespace, for a test that needs two (one it may not reach, say)."""
     yield from _fresh_namespace(control_plane)
+
+
+_PROFILES: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The fill's profile cache of this session alone, for every process the tests start: by default it lives in the
+    machine's temp directory, so a test passed or failed by what earlier runs left there (a fresh clone's CI starts
+    with none)."""
+    if "PIPEFILL_FILL_PROFILE_DIR" not in os.environ:
+        _PROFILES.append(tempfile.mkdtemp(prefix="pipefill-test-profiles-"))
+        os.environ["PIPEFILL_FILL_PROFILE_DIR"] = _PROFILES[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _PROFILES:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -77,6 +77,20 @@ def test_a_job_whose_steps_overrun_is_planned_with_a_larger_margin() -> None:
     assert margin.extra_s() == 0.0  # it comes back when the steps do
 
 
+def test_a_margin_that_leaves_no_room_for_a_step_ages_out() -> None:
+    """Bubbles the margin leaves no step in are offered, not worked: they show nothing new, and the outliers that
+    set the margin go after ``window`` of them, so the job tries again (a job sat at one sample per 30 s)."""
+    margin = Margin(warm=4, window=32)
+    for _ in range(4):
+        margin.record(BubbleOutcome(spans_ns=[(0, 3 * MS)]), deadline_ns=0, room_ns=MS)
+    assert abs(margin.extra_s() - 0.002) < 1e-9
+    for _ in range(28):
+        margin.record(BubbleOutcome(), deadline_ns=0, room_ns=MS)  # no step fitted
+    assert abs(margin.extra_s() - 0.002) < 1e-9 and len(margin) == 4  # still within the window
+    margin.record(BubbleOutcome(), deadline_ns=0, room_ns=MS)
+    assert margin.extra_s() == 0.0 and len(margin) == 3  # the oldest of them went: fewer than warm
+
+
 def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1) -> FillEvent:
     return FillEvent(
         id=0, kind="steady", open_ns=0, expected_end_ns=0, woke_ns=0, yielded_ns=0, job=job, steps=steps,
