@@ -57,7 +57,9 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
         try:
-            wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=100)
+            # a rank's fill can crawl for a minute (its deadlines planned before the bubble opens: see the session 12
+            # note on #31); the order of the claims is what is checked here, so the wait is long
+            wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=240)
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=60)
         finally:
