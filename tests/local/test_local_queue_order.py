@@ -52,14 +52,20 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     out = tmp_path / "out"
     job = _job(tmp_path, steps=100000, fill=True)
     files = ["-f", str(job), "-f", str(_fill(tmp_path, "routine", 0)), "-f", str(_fill(tmp_path, "urgent", 10))]
-    # one fill job per rank at a time: the urgent job's two slices hold both ranks until it is done
+    # one fill job per rank at a time: the urgent job's two slices take both ranks first
     child_env = {**os.environ, env.FILL_MAX_ACTIVE_JOBS: "1"}
     args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
         try:
             # a rank's fill can crawl for a minute (its deadlines planned before the bubble opens: see the session 12
             # note on #31); the order of the claims is what is checked here, so the wait is long
-            wait_for(lambda: _status(out, "routine").get("phase") == "Succeeded", "routine Succeeded", timeout_s=240)
+            # once the urgent job's first slice is committed its rank is free and takes the routine job while the
+            # other rank may still be on the urgent job's second slice: wait for both
+            wait_for(
+                lambda: all(_status(out, name).get("phase") == "Succeeded" for name in ("urgent", "routine")),
+                "both FillJobs Succeeded",
+                timeout_s=240,
+            )
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=60)
         finally:
