@@ -155,19 +155,23 @@ class Dispatcher:
         # never larger than the most efficient batch that fits the memory (by the step times measured since the
         # profile: a profile taken on a busy machine can be far off); smaller ones as the time left requires
         max_batch = max(points, key=lambda p: p.items / model.base_s(p.batch_size)).batch_size
-        extra_ns = int(1e9 * min(a.margin.extra_s(), offered_s / 2))  # a job whose steps overran: planned earlier
+        budget_s = self.settings.overrun_budget_s
+        extra_s = a.margin.extra_s(budget_s)
+        extra_ns = int(1e9 * min(extra_s, offered_s / 2))  # a job whose steps overran: planned earlier
         if extra_ns and not a.margin.warned:
             a.margin.warned = True
             log.warning(
-                "job %s: its last step of a bubble would end up to %.2f ms past the bubble's expected end (99th "
-                "percentile of the last %d bubbles) with the guard of %.2f ms; its bubbles are planned %.2f ms "
-                "shorter from now on "
-                "(PIPEFILL_FILL_GUARD_MS sets the guard of every job)",
+                "job %s: its last steps of a bubble ran past the bubble's expected end by more than the guard of "
+                "%.2f ms allows (over its last %d worked bubbles, %.0f µs a bubble on average with no margin); its "
+                "bubbles are planned %.2f ms shorter from now on, the smallest margin that brings that mean within "
+                "the overrun budget of %.0f µs (PIPEFILL_FILL_GUARD_MS sets the guard of every job, "
+                "PIPEFILL_FILL_OVERRUN_BUDGET_US the budget)",
                 name,
-                a.margin.extra_s() * 1e3,
-                len(a.margin),
                 self.settings.guard_s * 1e3,
+                len(a.margin),
+                a.margin.mean_past_s() * 1e6,
                 extra_ns / 1e6,
+                budget_s * 1e6,
             )
         with _guard(name):
             out = run_steps(

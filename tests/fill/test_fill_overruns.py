@@ -16,10 +16,11 @@ from pipefill.local.report import overrun_causes
 from pipefill.local.stats import overrun_summary
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.overruns import Margin, overrun_cause
-from pipefill_fill.predict import StepModel
+from pipefill_fill.predict import OVERRUN_BUDGET_S, StepModel
 from pipefill_fill.task import FillTask
 
 MS = 1_000_000
+BUDGET_S = OVERRUN_BUDGET_S  # the default overrun budget, 50 µs
 
 
 class _Blind(StepModel):
@@ -70,7 +71,8 @@ def test_a_job_whose_steps_overrun_is_planned_with_a_larger_margin() -> None:
         margin.record(first, deadline_ns=0, room_ns=MS)  # a first call says nothing of the steps to come
     assert margin.extra_s() == 0.0 and len(margin) == 15  # not before it has seen enough
     margin.record(late, deadline_ns=0, room_ns=MS)
-    assert abs(margin.extra_s() - 0.002) < 1e-9  # 3 ms past the deadline, 1 ms of it inside the room left
+    # 3 ms past the deadline, 1 ms of it inside the room left: every bubble 2 ms late, less the 50 µs budget
+    assert abs(margin.extra_s() - (0.002 - BUDGET_S)) < 1e-9
     on_time = BubbleOutcome(spans_ns=[(0, MS // 2)])
     for _ in range(128):
         margin.record(on_time, deadline_ns=0, room_ns=MS)
@@ -83,12 +85,29 @@ def test_a_margin_that_leaves_no_room_for_a_step_ages_out() -> None:
     margin = Margin(warm=4, window=32)
     for _ in range(4):
         margin.record(BubbleOutcome(spans_ns=[(0, 3 * MS)]), deadline_ns=0, room_ns=MS)
-    assert abs(margin.extra_s() - 0.002) < 1e-9
+    assert abs(margin.extra_s() - (0.002 - BUDGET_S)) < 1e-9
     for _ in range(28):
         margin.record(BubbleOutcome(), deadline_ns=0, room_ns=MS)  # no step fitted
-    assert abs(margin.extra_s() - 0.002) < 1e-9 and len(margin) == 4  # still within the window
+    assert abs(margin.extra_s() - (0.002 - BUDGET_S)) < 1e-9 and len(margin) == 4  # still within the window
     margin.record(BubbleOutcome(), deadline_ns=0, room_ns=MS)
     assert margin.extra_s() == 0.0 and len(margin) == 3  # the oldest of them went: fewer than warm
+
+
+def test_a_margin_is_the_smallest_that_keeps_the_expected_overrun_within_the_budget() -> None:
+    """Not a high quantile: two steps descheduled for 2 ms in 128 bubbles (a shared core) cost 31 µs a bubble on
+    average and leave the bubbles whole; a 99th percentile planned every bubble 2 ms shorter (the co-location
+    benchmark's recovery fell from 0.74 to 0.45). More of them raise the margin just enough."""
+    margin = Margin(warm=16)
+    on_time = BubbleOutcome(spans_ns=[(0, MS // 2)])  # ends 1.5 ms before the end: 0.5 ms after the deadline
+    late = BubbleOutcome(spans_ns=[(0, 3 * MS)])  # 2 ms past the room left
+    for i in range(128):
+        margin.record(late if i in (40, 90) else on_time, deadline_ns=0, room_ns=MS)
+    assert margin.extra_s() == 0.0 and abs(margin.mean_past_s() - 2 * 0.002 / 128) < 1e-12
+    for _ in range(2):
+        margin.record(late, deadline_ns=0, room_ns=MS)  # four late of 128: 8 ms of overrun, 6.4 ms allowed
+    assert abs(margin.extra_s() - (0.008 - 128 * BUDGET_S) / 4) < 1e-9  # 0.4 ms: those four then owe 6.4 ms
+    assert margin.extra_s(budget_s=0.0) == pytest.approx(0.002)  # no budget: the worst of them
+    assert margin.extra_s(budget_s=0.001) == 0.0  # a budget above the mean: none
 
 
 def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1) -> FillEvent:
@@ -120,9 +139,10 @@ def test_a_job_planned_with_a_margin_is_warned_about_once(
         for i in range(3):
             now = time.monotonic_ns()
             _, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * MS), now + 49 * MS, 0.05)
-            # planned 2 ms earlier; each fill's own outcome is learnt too, so on a loaded machine a later margin can
-            # be larger, never smaller
-            assert (out.margin_ns >= 2 * MS if i else out.margin_ns == 2 * MS) and out.steps
-            assert all(start < now + 47 * MS for start, _ in out.spans_ns)  # none started past the earlier deadline
-    warnings = [r for r in caplog.records if "planned 2.00 ms shorter" in r.getMessage()]
+            # planned 1.95 ms earlier (2 ms late every time, less the 50 µs budget); each fill's own outcome is learnt
+            # too and moves it a little
+            assert abs(out.margin_ns - 1.95 * MS) < (0.1 * MS if i else 1000) and out.steps
+            # none started past the earlier deadline
+            assert all(start < now + 49 * MS - out.margin_ns for start, _ in out.spans_ns)
+    warnings = [r for r in caplog.records if "planned 1.95 ms shorter" in r.getMessage()]
     assert len(warnings) == 1 and "job enc" in warnings[0].getMessage()
