@@ -70,9 +70,6 @@ class BubbleOutcome:
     """[start, end] of offload mode's copies to and from the device"""
     startup_steps: set[int] = field(default_factory=set)
     """indices (in ``spans_ns``) of first calls: profiling steps, a batch size the slice had not run yet"""
-    interrupted_steps: set[int] = field(default_factory=set)
-    """indices (in ``spans_ns``) of steps the step model found interrupted (:data:`~pipefill_fill.predict.INTERRUPTED`
-    times their base or more: the process was descheduled, on a shared core most often by its trainer resuming)"""
     kinds: list[str] = field(default_factory=list)
     """what each span was (the ``fill`` record's ``span_kinds``): w a whole step, p a piece, c a piece of a batch an
     earlier bubble left in flight, x a piece past the planned end (continuation), m a profiling measurement"""
@@ -87,7 +84,6 @@ class BubbleOutcome:
     def extend(self, other: BubbleOutcome) -> None:
         """Add ``other`` (the steps of the job the rest of the bubble was handed to) after these."""
         self.startup_steps |= {len(self.spans_ns) + i for i in other.startup_steps}
-        self.interrupted_steps |= {len(self.spans_ns) + i for i in other.interrupted_steps}
         self.steps += other.steps
         self.kinds += other.kinds
         self.pieces += other.pieces
@@ -245,8 +241,7 @@ def _run(
     _sync(device)
     end = clock()
     cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9
-    if model.record(batch_size, cost_s / nxt.share, kind):  # a piece: as the step it is that share of
-        out.interrupted_steps.add(len(out.spans_ns))
+    model.record(batch_size, cost_s / nxt.share, kind)  # a piece: as the step it is that share of
     if task.first_call:
         out.startup_steps.add(len(out.spans_ns))
     out.spans_ns.append((start, end))

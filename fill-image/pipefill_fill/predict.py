@@ -162,8 +162,7 @@ class StepModel:
     def predict_s(self, batch_size: int, kind: str = "") -> float:
         return self.base_s(batch_size) * self.factor(kind)
 
-    def record(self, batch_size: int, duration_s: float, kind: str = "") -> bool:
-        """Account for a step; whether it was interrupted (:data:`INTERRUPTED`: left out of the quantiles)."""
+    def record(self, batch_size: int, duration_s: float, kind: str = "") -> None:
         now, duration_s = self.clock(), max(0.0, duration_s)
         self.cold_refusals = 0
         sizes = self.sizes
@@ -177,7 +176,7 @@ class StepModel:
         ratio = duration_s / max(1e-9, self.base_s(batch_size))
         if ratio > INTERRUPTED:
             self.interrupted += 1  # descheduled: no batch size predicts that; the anchors' medians saw it
-            return True
+            return
         for key in (kind, "") if kind else ("",):
             window = self._ratios.get(key)
             if window is None:
@@ -186,7 +185,6 @@ class StepModel:
             self._update(key, window, now)
         if not self._expires_ns:
             self._expires_ns = now + self.horizon_ns + 1
-        return False
 
     def _reanchor(self, now_ns: int) -> None:
         """Each anchor's time: its profiled median × the median ratio of its recent steps (the nearest anchor's that

@@ -110,20 +110,6 @@ def test_a_margin_is_the_smallest_that_keeps_the_expected_overrun_within_the_bud
     assert margin.extra_s(budget_s=0.001) == 0.0  # a budget above the mean: none
 
 
-def test_a_step_the_step_model_found_interrupted_sets_no_margin() -> None:
-    """On a shared core a step the trainer took the core from (its bubble closed early) runs several times its length
-    past the expected end: that is the bubble-end model's to learn, not the workload's margin."""
-    margin = Margin(warm=16)
-    stretched = BubbleOutcome(spans_ns=[(0, MS // 2), (MS // 2, 6 * MS)], interrupted_steps={1})
-    for _ in range(32):
-        margin.record(stretched, deadline_ns=0, room_ns=MS)
-    assert len(margin) == 0 and margin.extra_s() == 0.0
-    model = StepModel({4: 0.001})
-    for _ in range(8):
-        assert not model.record(4, 0.001)
-    assert model.record(4, 0.004) and model.interrupted == 1  # 4 × its base: descheduled
-
-
 def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1) -> FillEvent:
     return FillEvent(
         id=0, kind="steady", open_ns=0, expected_end_ns=0, woke_ns=0, yielded_ns=0, job=job, steps=steps,
