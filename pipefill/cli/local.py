@@ -213,7 +213,9 @@ def _summary(report: dict[str, Any]) -> str:
 
     rows = report["fill_jobs"].items()
     fills = ", ".join(
-        f"{n} {r['committed']}/{r['total']} {r['phase']}{_overruns(r)}" for n, r in rows if r.get("started", True)
+        f"{n} {r['committed']}/{r['total']} {r['phase']}{_paused(r)}{_overruns(r)}"
+        for n, r in rows
+        if r.get("started", True)
     )
     queued = [f"{n} {r['committed']}/{r['total']} {r['phase']}" for n, r in rows if not r.get("started", True)]
     if queued:  # never started: queued behind the others, not lost
@@ -233,6 +235,13 @@ def _conditions(report: dict[str, Any]) -> str:
     return (
         f"phase {status.get('phase', '?')}, generation {status.get('generation', 0)}: {conditions or 'no conditions'}"
     )
+
+
+def _paused(row: dict[str, Any]) -> str:
+    """A started job back in the queue (the training ended, or its slices were released) is not lost: say so."""
+    if row["phase"] not in ("Queued", "Pending") or not row["committed"]:
+        return ""
+    return f" (waits for a training job's bubbles; its {row['committed']} committed are kept)"
 
 
 def _overruns(row: dict[str, Any]) -> str:

@@ -56,3 +56,20 @@ def test_queued_jobs_are_listed_with_their_position(tmp_path: Path) -> None:
     markdown = Path(files["report.md"]).read_text()
     assert "| last | 0 | 1024 | Queued: position 3 of 3 waiting" in markdown
     assert set(json.loads(Path(files["report.json"]).read_text())["fill_jobs"]) == set(rows)
+
+
+def test_a_started_job_back_in_the_queue_says_it_waits_and_keeps_its_work(tmp_path: Path) -> None:
+    """When the training ends first, a FillJob goes back to Queued (as on a cluster): the summary says its work is
+    kept, not lost (the demo read "embed-corpus 1804/16384 Queued")."""
+    job = load_training_job(_job(tmp_path, steps=1, fill=True))
+    work = tmp_path / "filljobs"
+    work.mkdir()
+    _fill(work, "embed", total=16384, priority=0)
+    (work / "embed.status.json").write_text(json.dumps({"phase": "Queued", "samplesDone": 1804}))
+    with EventWriter(rank_log_paths(tmp_path, 0)[1]) as log:
+        log.write(CommitEvent(job="embed", end=1804, bytes=1, commit_s=0.0))
+    summary = _summary(build_report(job, tmp_path, outcome={"code": 0, "reason": "training finished"}))
+    assert "embed 1804/16384 Queued (waits for a training job's bubbles; its 1804 committed are kept)" in summary
+    (work / "embed.status.json").write_text(json.dumps({"phase": "Succeeded", "samplesDone": 16384}))
+    summary = _summary(build_report(job, tmp_path, outcome={"code": 0, "reason": "training finished"}))
+    assert "embed 16384/16384 Succeeded" in summary and "waits for" not in summary
