@@ -8,6 +8,7 @@ import datetime
 from typing import Any
 
 import pytest
+from operator_harness import job_manifest
 
 from pipefill.lifecycle import Decision, Observed, decide, observe_pod
 from pipefill.lifecycle.conditions import find
@@ -23,19 +24,8 @@ PULL_ERROR = f'failed to pull and unpack image "{IMAGE}": failed to resolve refe
 
 
 def _job(**run_policy: Any) -> PipelineTrainingJob:
-    job = parse(
-        {
-            "apiVersion": "pipefill.io/v1alpha1",
-            "kind": "PipelineTrainingJob",
-            "metadata": {"name": "j"},
-            "spec": {
-                "model": {"preset": "gpt-tiny"},
-                "pipeline": {"stages": 2, "microbatches": 4, "globalBatch": 8},
-                "trainerImage": IMAGE,
-                "runPolicy": run_policy,
-            },
-        }
-    )
+    """The cluster tests' 2-rank job, with the trainer image the kubelet cannot pull."""
+    job = parse(job_manifest("j", trainerImage=IMAGE, runPolicy=run_policy))
     assert isinstance(job, PipelineTrainingJob)
     return job
 
