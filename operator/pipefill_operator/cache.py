@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipefill.children import JOB_LABEL
+from pipefill.lifecycle.images import BLOCKED_REASONS
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 from pipefill_operator.kube import ApiError, Kube, Resource, resource_of
 
@@ -76,10 +77,20 @@ def _ports(containers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _stuck(status: dict[str, Any]) -> bool:
+    return ((status.get("state") or {}).get("waiting") or {}).get("reason") in BLOCKED_REASONS
+
+
+def _container_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A container's status as the lifecycle reads it; the image only of one that cannot start (images.py)."""
+    keys = ("name", "state", "restartCount")
+    return _pick(status, (*keys, "image") if _stuck(status) else keys)
+
+
 def project_pod(body: Any) -> dict[str, Any]:
     """The fields of a rank pod that anything in the operator reads: identity, our labels, the owner's uid, the
-    deletion mark; phase, reason, message, IP, the DisruptionTarget condition and the trainer's and fill executor's
-    container states; the metrics ports."""
+    deletion mark; phase, reason, message, IP, the DisruptionTarget condition, the trainer's and fill executor's
+    container states and those of any container that cannot start (with its image); the metrics ports."""
     meta, status, spec = body.get("metadata") or {}, body.get("status") or {}, body.get("spec") or {}
     projected_meta = _pick(meta, ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp"))
     projected_meta["labels"] = _pick(meta.get("labels") or {}, _LABELS)
@@ -89,9 +100,7 @@ def project_pod(body: Any) -> dict[str, Any]:
     if conditions:
         projected_status["conditions"] = conditions
     for field in ("containerStatuses", "initContainerStatuses"):
-        kept = [
-            _pick(s, ("name", "state", "restartCount")) for s in status.get(field) or () if s.get("name") in _CONTAINERS
-        ]
+        kept = [_container_status(s) for s in status.get(field) or () if s.get("name") in _CONTAINERS or _stuck(s)]
         if kept:
             projected_status[field] = kept
     projected_spec = {"containers": _ports(spec.get("containers") or ())}

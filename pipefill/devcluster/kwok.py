@@ -16,6 +16,7 @@ __all__ = [
     "GPUS_PER_NODE",
     "GPU_PRODUCT",
     "GPU_RESOURCE",
+    "MANUAL_KUBELET",
     "NODE_LABEL_SELECTOR",
     "POD_CIDR",
     "kwok_config",
@@ -154,6 +155,11 @@ startTime: {{ $now | Quote }}
 """
 
 
+MANUAL_KUBELET = "devcluster.pipefill.dev/manual-kubelet"
+"""A pod annotated with this (any value) is not started by kwok: a test plays its kubelet from the start, e.g. one
+whose image cannot be pulled (the pod stays Pending) and later can."""
+
+
 def _stage(name: str, kind: str, expressions: list[dict[str, Any]], nxt: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "kwok.x-k8s.io/v1alpha1",
@@ -211,6 +217,7 @@ def kwok_config(*, server_address: str, lease_s: int = NODE_LEASE_S) -> list[dic
                 {"key": ".spec.nodeName", "operator": "Exists"},
                 {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
                 {"key": ready_status, "operator": "NotIn", "values": ["True"]},
+                {"key": f'.metadata.annotations["{MANUAL_KUBELET}"]', "operator": "DoesNotExist"},
             ],
             {"statusTemplate": _POD_RUNNING},
         ),

@@ -2,8 +2,9 @@
 
 ``exitcodes`` classifies a trainer's exit the same way on both runners; ``observe`` reads a rank pod's status;
 ``gang`` decides the next status and actions of the whole gang (``sidecars``: when a fill executor that exited starts
-again where nobody else restarts it); ``checks`` finds what admission cannot; ``volumes``
-names the user's objects the pods mount and which are missing; and ``conditions`` keeps metav1-style conditions. Nothing here talks to the API server or starts a process.
+again where nobody else restarts it; ``images``: which containers cannot start); ``checks`` finds what admission
+cannot; ``volumes`` names the user's objects the pods mount and which are missing; and ``conditions`` keeps
+metav1-style conditions. Nothing here talks to the API server or starts a process.
 """
 
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_code, exit_text

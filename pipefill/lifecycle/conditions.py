@@ -22,6 +22,7 @@ class ConditionType:
     WAITING = "Waiting"
     CHECKPOINTS_SHARED = "CheckpointsShared"
     SPEC_CHANGE_PENDING = "SpecChangePending"
+    START_BLOCKED = "StartBlocked"
 
 
 def rfc3339(moment: datetime.datetime) -> str:

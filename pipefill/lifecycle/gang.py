@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pipefill.lifecycle.conditions import ConditionType as C
 from pipefill.lifecycle.conditions import find, is_true, rfc3339, set_condition
 from pipefill.lifecycle.exitcodes import ExitClass, classify, exit_text
+from pipefill.lifecycle.images import start_blocked
 from pipefill.lifecycle.observe import PodView
-from pipefill.lifecycle.sidecars import fill_restarts_due
+from pipefill.lifecycle.sidecars import fill_restarts_due, restarted_text
 from pipefill.lifecycle.specchange import spec_change
 from pipefill.spec import JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus
 
@@ -356,6 +357,11 @@ class _Step:
             # a restarted gang is Restarting until all of its ranks run again
             restarting = is_true(self.s.conditions, C.RESTARTING)
             self.s.phase = JobPhase.RESTARTING if restarting else JobPhase.PENDING
+        # containers that cannot start (an image, a container's config): StartBlocked, an Event per problem
+        report = start_blocked(current, find(self.s.conditions, C.START_BLOCKED), started=running)
+        self.d.events += [Event("Warning", reason, message) for reason, message in report.events]
+        if report.condition is not None:
+            self.cond(C.START_BLOCKED, *report.condition)
 
     def spec_change(self, current: list[PodView]) -> None:
         """An edit is not taken silently: SpecChangePending names what waits for the next gang (specchange.py)."""
@@ -373,11 +379,9 @@ class _Step:
     def fill_restarted(self, current: list[PodView]) -> None:
         total = sum(p.fill_restarts for p in current)
         if total > self.s.fill_restarts:
-            grew = [_restarted(p) for p in current if p.fill_restarts]
+            grew = ", ".join(restarted_text(p) for p in current if p.fill_restarts)
             self.event(
-                "Warning",
-                "FillExecutorRestarted",
-                f"fill-executor sidecars restarted ({', '.join(grew)}); training goes on",
+                "Warning", "FillExecutorRestarted", f"fill-executor sidecars restarted ({grew}); training goes on"
             )
         self.s.fill_restarts = total
 
@@ -385,11 +389,6 @@ class _Step:
         self.d.restart_fill, wait_s = fill_restarts_due(current, self.obs.now)
         if wait_s is not None:
             self.requeue(wait_s)
-
-
-def _restarted(pod: PodView) -> str:
-    last = "" if pod.fill_last_exit is None else f", last {exit_text(pod.fill_last_exit)}"
-    return f"rank {pod.rank}: {pod.fill_restarts}{last}"
 
 
 def decide(

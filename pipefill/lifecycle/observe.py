@@ -2,7 +2,8 @@
 
 Only the pod's status is read, never its logs: the trainer's exit code and termination message (the kubelet keeps the
 end of the log there, ``FallbackToLogsOnError``), whether it is running, the fill sidecar's restart count, and the
-signs of a disruption (``DisruptionTarget``, an eviction by the kubelet).
+signs of a disruption (``DisruptionTarget``, an eviction by the kubelet), and the containers that cannot start
+(:mod:`pipefill.lifecycle.images`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from pipefill.lifecycle.images import StuckContainer, stuck_containers
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 
 __all__ = ["DISRUPTION_REASONS", "FillExit", "PodView", "Termination", "observe_pod"]
@@ -58,6 +60,7 @@ class PodView:
     failure: str | None = None  # the pod failed without a trainer exit code (e.g. rejected by the kubelet)
     pod_ip: str | None = None
     spec_generation: int | None = None  # the job's metadata.generation the pod was built from (None: not labelled)
+    stuck: tuple[StuckContainer, ...] = ()  # containers waiting on an image pull or a create that fails (images.py)
 
 
 def _container(statuses: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
@@ -113,6 +116,7 @@ def observe_pod(pod: dict[str, Any]) -> PodView | None:
         failure=failure,
         pod_ip=status.get("podIP"),
         spec_generation=_int_or_none(labels.get(SPEC_GENERATION_LABEL)),
+        stuck=stuck_containers(status),
     )
 
 

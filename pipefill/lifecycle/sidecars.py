@@ -17,9 +17,10 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 
+from pipefill.lifecycle.exitcodes import exit_text
 from pipefill.lifecycle.observe import FillExit, PodView
 
-__all__ = ["FILL_RESTART_BACKOFF_S", "FillExit", "fill_restarts_due"]
+__all__ = ["FILL_RESTART_BACKOFF_S", "FillExit", "fill_restarts_due", "restarted_text"]
 
 FILL_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Seconds from an executor's exit to its next start, by how often it restarted in this generation (the last value
@@ -42,3 +43,9 @@ def fill_restarts_due(pods: Sequence[PodView], now: datetime.datetime) -> tuple[
         else:
             wait_s = left_s if wait_s is None else min(wait_s, left_s)
     return sorted(due), wait_s
+
+
+def restarted_text(pod: PodView) -> str:
+    """How often ``pod``'s fill executor restarted and how it last ended, for the FillExecutorRestarted Event."""
+    last = "" if pod.fill_last_exit is None else f", last {exit_text(pod.fill_last_exit)}"
+    return f"rank {pod.rank}: {pod.fill_restarts}{last}"

@@ -228,7 +228,7 @@ class PipelineTrainingJobStatus:
     )
     conditions: list[Condition] = field(
         doc="Created, Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, Waiting, CheckpointsShared, "
-        "SpecChangePending.",
+        "SpecChangePending, StartBlocked.",
         max_items=16,
         default_factory=list,
     )
