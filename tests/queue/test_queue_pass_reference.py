@@ -24,20 +24,18 @@ from pipefill.queue.synthetic import synthetic_snapshot
 def _reference_gains(
     state: State, kinds: dict[int, _Kind], best: dict[int, list[float]]
 ) -> dict[tuple[int, int], float]:
+    """Rank by rank (the order of the gains does not matter: the pass sorts and heaps them)."""
     gains = {}
     for ki, kind in kinds.items():
-        d = kind.job.demand_id
-        for cap_id, hosts in kind.job.group.by_cap.items():
-            speed = state.rates.speed(d, cap_id)
-            if speed <= 0:
-                continue
-            kind.fastest = max(kind.fastest, speed)
-            for host in hosts:
+        for host in kind.job.group.hosts:
+            speed = state.rates.speed(kind.job.demand_id, host.cap_id)
+            if speed > 0:
+                kind.fastest = max(kind.fastest, speed)
                 kind.speed[host.order] = speed
-                if host.order in best:
-                    gain = _gain(state, d, host, best[host.order]) if host.work else speed
-                    if gain > 0:
-                        gains[ki, host.order] = gain
+                free = host.order in best
+                gain = (_gain(state, kind.job.demand_id, host, best[host.order]) if host.work else speed) if free else 0
+                if gain > 0:
+                    gains[ki, host.order] = gain
     return gains
 
 
