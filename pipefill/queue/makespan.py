@@ -123,13 +123,21 @@ def _initial_gains(state: State, kinds: dict[int, _Kind], best: dict[int, list[f
             if speed <= 0:
                 continue
             kind.fastest = max(kind.fastest, speed)
-            for host in hosts:
-                kind.speed[host.order] = speed
-                b = best.get(host.order)
+            rates = state.rates.per_class(d, cap_id)
+            known = state.rates.caps[cap_id].known
+            for host in hosts:  # kinds × hosts: _gain inlined, with what is equal for the capacity taken out
+                order = host.order
+                kind.speed[order] = speed
+                b = best.get(order)
                 if b is not None:
-                    gain = _gain(state, d, host, b) if host.work else speed
+                    if not host.work:
+                        gain = speed
+                    elif known:
+                        gain = sum(v for v, x in zip(rates, b, strict=True) if x <= 0)
+                    else:
+                        continue  # one job at a time on a rank whose bubbles are not known (_gain: 0)
                     if gain > 0:
-                        gains[ki, host.order] = gain
+                        gains[ki, order] = gain
     return gains
 
 

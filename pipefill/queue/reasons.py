@@ -16,7 +16,7 @@ from pipefill.queue.fit import why_unfit
 from pipefill.queue.state import Host, Job, State
 from pipefill.spec.common import LabelSelector
 
-__all__ = ["CODES", "Memo", "format_selector", "why_waiting"]
+__all__ = ["CODES", "Memo", "format_selector", "free_fitting_ranks", "why_waiting"]
 
 _LIST_AT_MOST = 3
 
@@ -34,11 +34,13 @@ Why = tuple[str, str]  # (code, text)
 
 @dataclass
 class Memo:
-    """What jobs of one pass share: answers per (group, profile, unfit, pods), per group, free hosts per group."""
+    """What jobs of one pass share: answers per (group, profile, unfit, pods), per group, free hosts per group and
+    how many fit per (group, profile)."""
 
     reasons: dict[tuple[Any, ...], Why] = field(default_factory=dict)
     selectors: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    free: dict[tuple[Any, ...], list[Host]] = field(default_factory=dict)
+    free: dict[tuple[Any, ...], _FreeRanks] = field(default_factory=dict)
+    fitting: dict[tuple[Any, ...], int] = field(default_factory=dict)  # (group key, demand id) -> free ranks that fit
 
 
 def why_waiting(state: State, job: Job, policy: str, memo: Memo) -> Why:
@@ -67,14 +69,7 @@ def _funnel(state: State, job: Job, policy: str, memo: Memo) -> Why:
         details = "; ".join(f"{u.training_job}/{u.rank}: {u.reason}" for u in v.unfit[:_LIST_AT_MOST])
         return UNFIT, f"every eligible rank reported this job unfit ({details})"
     fits = state.rates.fits
-    free = memo.free.get(job.group.key)
-    if free is None:
-        free = memo.free[job.group.key] = [h for h in job.group.hosts if h.load < state.max_jobs]
-    free_fitting = sum(
-        1
-        for h in free
-        if (h.tj.name, h.rank.rank) not in unfit and h.rank.pod_uid not in job.pods and fits(job.demand_id, h.cap_id)
-    )
+    free_fitting = free_fitting_ranks(state, job, memo)
     if free_fitting and policy == "makespan":
         return POLICY, job.note or (
             f"waiting: on the {free_fitting} free ranks that fit, other jobs use every bubble class the job could "
@@ -96,6 +91,42 @@ def _funnel(state: State, job: Job, policy: str, memo: Memo) -> Why:
     return NO_FITTING_BUBBLE, (
         f"no bubble class of the {len(reported)} eligible ranks fits the job ({h.name}: {why_unfit(job.demand, h.cap)})"
     )
+
+
+def free_fitting_ranks(state: State, job: Job, memo: Memo) -> int:
+    """How many free ranks of the job's group fit it, less those that reported it unfit and those it holds. Counted
+    per rank capacity once per (group, profile), then corrected by the few ranks the job excludes: counting every
+    free rank per waiting job made a pass quadratic (makespan leaves many jobs waiting beside free ranks)."""
+    group, fits = job.group, state.rates.fits
+    free = memo.free.get(group.key)
+    if free is None:
+        free = memo.free[group.key] = _FreeRanks.of(group.hosts, state.max_jobs)
+    total = memo.fitting.get((group.key, job.demand_id))
+    if total is None:
+        total = sum(n for cap_id, n in free.by_cap.items() if fits(job.demand_id, cap_id))
+        memo.fitting[group.key, job.demand_id] = total
+    excluded = {id(h): h for name_rank in job.unfit for h in free.by_name_rank.get(name_rank, ())}
+    excluded.update((id(h), h) for uid in job.pods for h in free.by_uid.get(uid, ()))
+    return total - sum(1 for h in excluded.values() if fits(job.demand_id, h.cap_id))
+
+
+@dataclass
+class _FreeRanks:
+    """A group's free ranks: how many per capacity, and each by (training job, rank) and by pod uid."""
+
+    by_cap: dict[int, int] = field(default_factory=dict)
+    by_name_rank: dict[tuple[str, int], list[Host]] = field(default_factory=dict)
+    by_uid: dict[str, list[Host]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, hosts: Iterable[Host], max_jobs: int) -> _FreeRanks:
+        out = cls()
+        for h in hosts:
+            if h.load < max_jobs:
+                out.by_cap[h.cap_id] = out.by_cap.get(h.cap_id, 0) + 1
+                out.by_name_rank.setdefault((h.tj.name, h.rank.rank), []).append(h)
+                out.by_uid.setdefault(h.rank.pod_uid, []).append(h)
+        return out
 
 
 def _selectors(state: State, job: Job) -> str:

@@ -9,8 +9,11 @@ The cluster is the benchmark's synthetic one (:func:`pipefill.queue.synthetic.sy
 - a growth one: the same cluster at a tenth of the size (100 × 8 ranks, 1 000 FillJobs) is timed too, and ten times
   the input may cost at most 45 times the CPU (measured 18–23×; a pass quadratic in the FillJobs would take ~100×).
 
-``makespan`` is left out: it scores every kind of job on every rank capacity (docs/benchmarks.md, "Scheduler") and
-takes ~16 s of CPU per pass at this size, beyond a unit test's time; its cost at 1 000 FillJobs is the benchmark's.
+``makespan`` has limits of its own: it scores every kind of job (profile × eligibility group, a few hundred here) on
+every rank of its group, so its pass is kinds × ranks, several times a simple policy's. Measured on the loaded
+development VM (2026-11-27, load 5–7): 3.1–3.9 s and 16–19× its pass at a tenth the size. Before the waiting jobs' count of
+free ranks was taken per rank capacity (reasons.py), its pass was quadratic in the waiting jobs: 7.0–9.6 s and 39–40×,
+which the growth limit of 30× catches.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from pipefill.queue.scheduler import PassResult, schedule_pass
 from pipefill.queue.snapshot import Snapshot
 from pipefill.queue.synthetic import synthetic_snapshot
 
-_SIMPLE_POLICIES = ("fifo", "priority", "sjf", "deadline")
-_BUDGET_CPU_S = 5.0  # one pass over 10 000 FillJobs; measured ~1 s on the loaded development VM
-_MAX_GROWTH = 45.0  # CPU at 10× the input over CPU at 1×; linear-ish: ~20, quadratic: ~100
+_POLICIES = ("fifo", "priority", "sjf", "deadline", "makespan")
+_BUDGET_CPU_S = {"makespan": 10.0}  # one pass over 10 000 FillJobs; measured ~1 s (makespan 3.9 s) on the loaded VM
+_DEFAULT_BUDGET_CPU_S = 5.0
+_MAX_GROWTH = {"makespan": 30.0}  # CPU at 10× the input over CPU at 1×; linear-ish: ~20 (makespan 16), quadratic: ~100
+_DEFAULT_MAX_GROWTH = 45.0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def _best_cpu(snapshot: Snapshot, policy: str, passes: int) -> tuple[float, Pass
     return best, result
 
 
-@pytest.mark.parametrize("policy", _SIMPLE_POLICIES)
+@pytest.mark.parametrize("policy", _POLICIES)
 def test_a_pass_over_ten_thousand_fill_jobs_stays_within_its_cpu_budget(
     policy: str, large: Snapshot, small: Snapshot
 ) -> None:
@@ -60,11 +65,10 @@ def test_a_pass_over_ten_thousand_fill_jobs_stays_within_its_cpu_budget(
     finished = {(j.namespace, j.name) for j in large.fill_jobs if not j.active}
     waiting = [key for key, o in result.jobs.items() if not o.assignments and not o.reason and key not in finished]
     assert not waiting, waiting[:5]
-    assert big_s <= _BUDGET_CPU_S, (
-        f"{policy}: one pass over 10 000 FillJobs took {big_s:.2f} s of CPU > {_BUDGET_CPU_S}"
-    )
-    growth = big_s / max(small_s, 1e-3)
-    assert growth <= _MAX_GROWTH, (
+    budget_s = _BUDGET_CPU_S.get(policy, _DEFAULT_BUDGET_CPU_S)
+    assert big_s <= budget_s, f"{policy}: one pass over 10 000 FillJobs took {big_s:.2f} s of CPU > {budget_s}"
+    growth, max_growth = big_s / max(small_s, 1e-3), _MAX_GROWTH.get(policy, _DEFAULT_MAX_GROWTH)
+    assert growth <= max_growth, (
         f"{policy}: 10× the FillJobs and ranks cost {growth:.0f}× the CPU ({small_s * 1e3:.0f} ms → {big_s * 1e3:.0f} ms);"
-        f" at most {_MAX_GROWTH:.0f}× — the pass has become worse than linear in its input"
+        f" at most {max_growth:.0f}× — the pass has become worse than linear in its input"
     )
