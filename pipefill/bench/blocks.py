@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from pipefill.bench.colocation_run import (
-    BenchError,
     gpu_samplers,
     gpu_utilization,
     manifests,
@@ -33,6 +32,7 @@ from pipefill.bench.colocation_run import (
     run_processes,
 )
 from pipefill.bench.paired import Block, blocks_of, bootstrap_ci, hold_label, pair_slowdowns
+from pipefill.bench.runs import BenchError
 from pipefill.channel import hold_fill
 from pipefill.channel.nextopen import NextOpen
 from pipefill.events import BubbleEvent, Event, EventTail, HoldEvent, StepEvent, read_events

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from pipefill.bench.blocks import run_blocks
-from pipefill.bench.colocation_run import BenchError, launch, manifests
+from pipefill.bench.colocation_run import launch, manifests
 from pipefill.bench.machine import describe_machine, visible_gpus
+from pipefill.bench.runs import in_root
 from pipefill.spec import SpecError
 
 __all__ = ["MODES", "TARGETS", "main"]
@@ -297,15 +298,9 @@ def main(argv: list[str]) -> int:
             )
             return 2
     machine = describe_machine(cores_used=a.cores if a.device == "cpu" else None, gpus=gpus)
-    root = a.keep or Path(tempfile.mkdtemp(prefix="pipefill-colocation-"))
-    try:
-        runs = _run_all(a, root)
-    except BenchError as exc:
-        print(f"pipefill bench colocation: {exc}", file=sys.stderr)
+    runs = in_root("colocation", a.keep, lambda root: _run_all(a, root))
+    if runs is None:
         return 1
-    finally:
-        if a.keep is None:
-            shutil.rmtree(root, ignore_errors=True)
     machine["load_avg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     where = f"one per {'GPU' if gpus else 'core'}"
     out = {

@@ -26,6 +26,7 @@ import yaml
 
 from pipefill import env
 from pipefill.bench.nvml import UtilizationSampler
+from pipefill.bench.runs import BenchError
 from pipefill.events import (
     BubbleEvent,
     CommitEvent,
@@ -45,7 +46,6 @@ from pipefill.local.stats import RankStats, merged
 from pipefill.spec import FillJob, PipelineTrainingJob, parse, to_obj
 
 __all__ = [
-    "BenchError",
     "gpu_samplers",
     "gpu_utilization",
     "launch",
@@ -84,10 +84,6 @@ spec:
   output: {{path: {out}}}
   totalSamples: {a.fill_samples}
 """
-
-
-class BenchError(RuntimeError):
-    """A run that cannot be measured: a trainer failed or timed out, or logged too few steps."""
 
 
 def manifests(

@@ -29,11 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +38,7 @@ import yaml
 
 from pipefill.bench.fill_jobs import REPO
 from pipefill.bench.machine import describe_machine
+from pipefill.bench.runs import in_root, run_logged
 
 __all__ = ["CONFIGS", "TARGETS", "analyze", "main"]
 
@@ -93,11 +91,8 @@ def _run(config: str, steps: int, unit: int, directory: Path, timeout_s: float) 
         (directory / "fills.yaml").write_text(yaml.safe_dump_all(fills, sort_keys=False), encoding="utf-8")
         argv += ["-f", "fills.yaml"]
     argv += ["--steps", str(steps), "--plain", "--metrics-port", "0", "--out", f"runs/{_JOB}"]
-    with (directory / "output.log").open("w") as log:
-        done = subprocess.run(argv, cwd=directory, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        tail = (directory / "output.log").read_text(encoding="utf-8", errors="replace")[-2000:]
-        raise RuntimeError(f"pipefill local ({config}) exited with {done.returncode}: {tail}")
+    what = f"pipefill local ({config}) in {directory}"
+    run_logged(argv, cwd=directory, log=directory / "output.log", timeout_s=timeout_s, what=what)
     return analyze(directory / "runs" / _JOB)
 
 
@@ -217,25 +212,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
     p.add_argument("--unit", type=int, default=256, help="samples: 50 × this in all, per configuration (256)")
     p.add_argument("--timeout-s", type=float, default=900, help="a run taking longer is an error (default 900)")
-    p.add_argument("--keep", metavar="DIR", help="keep every run's directory under DIR (default: removed)")
+    p.add_argument("--keep", type=Path, metavar="DIR", help="keep every run's directory under DIR (default: removed)")
     args = p.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
     if bad or not configs or args.reps < 1 or args.steps < 10 or args.unit < 4:
         p.error(f"--configs {args.configs!r} (of {', '.join(CONFIGS)}), --reps ≥ 1, --steps ≥ 10, --unit ≥ 4")
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="pipefill-bench-fill-queue-"))
     load_before = [round(x, 2) for x in os.getloadavg()]
-    reps: list[dict[str, dict[str, Any]]] = []
-    try:
+
+    def run_all(root: Path) -> list[dict[str, dict[str, Any]]]:
+        reps = []
         for rep in range(args.reps):
             order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
             reps.append({c: _run(c, args.steps, args.unit, root / f"rep{rep}-{c}", args.timeout_s) for c in order})
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(json.dumps({"benchmark": "fill-queue", "error": str(exc)}))
+        return reps
+
+    reps = in_root("fill-queue", args.keep, run_all, error_json=True)
+    if reps is None:
         return 1
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     result = {
         "benchmark": "fill-queue",
         "config": {"steps": args.steps, "samples": 50 * args.unit, "reps": args.reps, "training": str(_TRAINING)},

@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,19 +40,16 @@ from pipefill.bench import hook_clock
 from pipefill.bench.fill_jobs import REPO
 from pipefill.bench.machine import describe_machine
 from pipefill.bench.paired import Block, bootstrap_ci, pair_slowdowns
+from pipefill.bench.runs import BenchError, failure, in_root, log_tail, run_logged
 from pipefill.events import TRAINER_EVENTS, BubbleEvent, read_events
 from pipefill.ports import free_port
 from pipefill.usercommand import HOOK_ENV, hook_pythonpath, local_argv
 
-__all__ = ["BenchError", "main"]
+__all__ = ["main"]
 
 WORKLOADS = ("pipelining", "torchtitan")
 _CORE = str(Path(importwatch.__file__).resolve().parents[1])
 """the directory holding the ``pipefill`` package"""
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not measure what it reports (a rank failed, no step was timed, nothing announced)."""
 
 
 @dataclass(frozen=True)
@@ -178,9 +174,8 @@ def run_once(a: argparse.Namespace, run_dir: Path, *, hook: bool) -> RunResult:
     mode = "hooked" if hook else "unhooked"
     for rank, code in enumerate(codes):
         if code != 0:
-            tail = (run_dir / f"output{rank}.log").read_text(errors="replace")[-3000:]
-            why = f"ran past --timeout-s {a.timeout_s:g}" if code is None else f"exited {code}"
-            raise BenchError(f"{mode} run in {run_dir}: rank {rank} {why}:\n{tail}")
+            tail = log_tail(run_dir / f"output{rank}.log")
+            raise BenchError(f"{mode} run in {run_dir}: rank {rank} {failure(code, a.timeout_s)}:\n{tail}")
     step_s = _step_times(run_dir, a.world, skip=a.skip_steps)
     if not step_s:
         raise BenchError(f"{mode} run in {run_dir}: no optimizer step after the first {a.skip_steps} was timed")
@@ -261,16 +256,8 @@ def _local(a: argparse.Namespace, directory: Path, *, ours: bool) -> dict[str, A
     (directory / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     argv = [sys.executable, "-m", "pipefill", "local", "-f", "job.yaml", "-f", "examples/fill-inference.yaml",
             "--plain", "--metrics-port", "0", "--out", "runs/out"]  # fmt: skip
-    try:
-        with (directory / "output.log").open("w") as log:
-            done = subprocess.run(argv, cwd=directory, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout_s)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"pipefill local in {directory} ran past --timeout-s {a.timeout_s:g}") from None
-    if done.returncode != 0:
-        tail = (directory / "output.log").read_text(errors="replace")[-3000:]
-        raise BenchError(
-            f"pipefill local of {'our trainer' if ours else 'the hooked command'} exited {done.returncode}: {tail}"
-        )
+    what = f"pipefill local of {'our trainer' if ours else 'the hooked command'} in {directory}"
+    run_logged(argv, cwd=directory, log=directory / "output.log", timeout_s=a.timeout_s, what=what)
     report = json.loads((directory / "runs" / "out" / "report.json").read_text())
     keys = ("bubble_recovery", "announced_recovery", "bubble_fraction", "step_s_median", "steps")
     return {"trainer": "ours" if ours else "hooked command", **{k: report[k] for k in keys}}
@@ -302,28 +289,30 @@ def summarize(runs: list[RunResult]) -> dict[str, Any]:
     }
 
 
+def _run_all(a: argparse.Namespace, root: Path) -> tuple[list[RunResult], dict[str, Any], list[str]]:
+    """The A B A B … A runs, then (``--recovery``) both jobs under ``pipefill local``; and the workload's command."""
+    runs = [
+        run_once(a, root / f"run{i:02d}-{'hooked' if i % 2 else 'plain'}", hook=bool(i % 2))
+        for i in range(2 * a.pairs + 1)
+    ]
+    recovery: dict[str, Any] = {}
+    if a.recovery:
+        recovery = {"hooked": _local(a, root / "recovery-hooked", ours=False),
+                    "ours": _local(a, root / "recovery-ours", ours=True)}  # fmt: skip
+    return runs, recovery, workload_argv(a, root)
+
+
 def main(argv: list[str]) -> int:
     a = _args(argv)
-    root = a.keep if a.keep is not None else Path(tempfile.mkdtemp(prefix="pipefill-bench-hook-"))
     machine = describe_machine(cores_used=sorted(os.sched_getaffinity(0))[: a.world], gpus=[])
-    runs: list[RunResult] = []
-    recovery: dict[str, Any] = {}
-    try:
-        for i in range(2 * a.pairs + 1):  # A B A B … A
-            runs.append(run_once(a, root / f"run{i:02d}-{'hooked' if i % 2 else 'plain'}", hook=bool(i % 2)))
-        if a.recovery:
-            recovery = {"hooked": _local(a, root / "recovery-hooked", ours=False),
-                        "ours": _local(a, root / "recovery-ours", ours=True)}  # fmt: skip
-    except BenchError as exc:
-        print(f"pipefill bench hook: {exc}", file=sys.stderr)
+    done = in_root("hook", a.keep, functools.partial(_run_all, a))
+    if done is None:
         return 1
-    finally:
-        if a.keep is None:
-            shutil.rmtree(root, ignore_errors=True)
+    runs, recovery, command = done
     result = {
         **summarize(runs),
         "recovery": recovery if a.recovery else None,
-        "command": shlex.join(workload_argv(a, root)),
+        "command": shlex.join(command),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "json"},
         "machine": machine,
     }

@@ -130,10 +130,9 @@ def test_local_processes_run_the_command_with_this_pythons_hook(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_pipefill_local_runs_the_command_hooked_and_a_filljob_works_in_its_bubbles(tmp_path: Path) -> None:
-    obj = _demo()
-    # bubbles long enough for the fill (the default model's are ~0.1 ms)
-    args = ["--schedule", "1F1B", "--microbatches", "4", "--steps", "150"]
-    obj["spec"]["trainer"]["args"] = [*args, "--width", "1024", "--batch", "256"]
+    obj = _demo()  # the demo's own model and schedule: bubbles of several ms, long enough for the fill
+    args = obj["spec"]["trainer"]["args"]
+    args[args.index("--steps") + 1] = "150"
     _, out = run_local(tmp_path, obj, steps=150)
     for rank in (0, 1):
         events = read_events(out / "ranks" / str(rank) / "trainer" / "events.jsonl")
