@@ -49,7 +49,7 @@ from pipefill_fill.sources.base import (
     assignment_gone,
 )
 from pipefill_fill.sources.reporter import Reporter, Transient
-from pipefill_fill.sources.watch import PLURAL, FillJobCache
+from pipefill_fill.sources.watch import PLURAL, WATCH_TIMEOUT_S, FillJobCache
 from pipefill_fill.work import Slice, TaskSpec
 
 __all__ = ["KubernetesSource"]
@@ -73,7 +73,7 @@ class KubernetesSource(FollowsAssignments, WorkSource):
         namespace: str | None = None,
         api: client.CustomObjectsApi | None = None,
         label_selector: str | None = None,
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
         request_timeout_s: tuple[float, float] = REQUEST_TIMEOUT_S,
     ) -> None:
         self.identity = identity

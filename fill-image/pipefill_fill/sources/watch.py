@@ -4,7 +4,7 @@ One background thread lists the FillJobs once (one request), then watches from t
 bookmarks (one long request, which the API server ends after ``watch_timeout_s``; the next watch resumes from the last
 resourceVersion seen, a bookmark's included). A watch answered with 410 Gone (the resourceVersion is older than what
 the API server keeps) starts over with a fresh list. An idle executor thus makes one request per ``watch_timeout_s``
-(5 minutes by default), not one per poll; the executor reads the cache with no request at all. Errors (the API server
+(:data:`WATCH_TIMEOUT_S` by default), not one per poll; the executor reads the cache with no request at all. Errors (the API server
 restarting, a network cut) are retried with a growing delay, up to ``max_backoff_s``, keeping the last good view.
 
 The thread only reads and replaces whole objects under a lock; the executor's single working thread reads
@@ -26,11 +26,15 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from pipefill.spec import GROUP, VERSION
 
-__all__ = ["PLURAL", "FillJobCache"]
+__all__ = ["PLURAL", "WATCH_TIMEOUT_S", "FillJobCache"]
 
 log = logging.getLogger("pipefill_fill")
 
 PLURAL = "filljobs"
+
+WATCH_TIMEOUT_S = 300
+"""Seconds one watch request lasts before the API server ends it and the next one starts: an idle executor's request
+period (target: at most 2 requests a minute). The one default of the cache and of the Kubernetes work source."""
 
 
 class FillJobCache:
@@ -42,7 +46,7 @@ class FillJobCache:
         namespace: str,
         *,
         label_selector: str = "",
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
         max_backoff_s: float = 30.0,
     ) -> None:
         self.api, self.namespace, self.label_selector = api, namespace, label_selector
