@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipefill.children import JOB_LABEL
-from pipefill.lifecycle.images import BLOCKED_REASONS
+from pipefill.lifecycle.images import is_stuck
 from pipefill.pods import GENERATION_LABEL, RANK_LABEL, SPEC_GENERATION_LABEL
 from pipefill_operator.kube import ApiError, Kube, Resource, resource_of
 
@@ -77,14 +77,10 @@ def _ports(containers: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _stuck(status: dict[str, Any]) -> bool:
-    return ((status.get("state") or {}).get("waiting") or {}).get("reason") in BLOCKED_REASONS
-
-
 def _container_status(status: dict[str, Any]) -> dict[str, Any]:
     """A container's status as the lifecycle reads it; the image only of one that cannot start (images.py)."""
     keys = ("name", "state", "restartCount")
-    return _pick(status, (*keys, "image") if _stuck(status) else keys)
+    return _pick(status, (*keys, "image") if is_stuck(status) else keys)
 
 
 def project_pod(body: Any) -> dict[str, Any]:
@@ -100,7 +96,7 @@ def project_pod(body: Any) -> dict[str, Any]:
     if conditions:
         projected_status["conditions"] = conditions
     for field in ("containerStatuses", "initContainerStatuses"):
-        kept = [_container_status(s) for s in status.get(field) or () if s.get("name") in _CONTAINERS or _stuck(s)]
+        kept = [_container_status(s) for s in status.get(field) or () if s.get("name") in _CONTAINERS or is_stuck(s)]
         if kept:
             projected_status[field] = kept
     projected_spec = {"containers": _ports(spec.get("containers") or ())}

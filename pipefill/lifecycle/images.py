@@ -29,6 +29,7 @@ __all__ = [
     "PULL_REASONS",
     "StartBlocked",
     "StuckContainer",
+    "is_stuck",
     "start_blocked",
     "stuck_containers",
 ]
@@ -65,14 +66,19 @@ class StuckContainer:
     message: str  # the kubelet's
 
 
+def is_stuck(entry: Mapping[str, Any]) -> bool:
+    """Whether a container status ``entry`` waits for a reason that keeps it from starting (:data:`BLOCKED_REASONS`)."""
+    return ((entry.get("state") or {}).get("waiting") or {}).get("reason") in BLOCKED_REASONS
+
+
 def stuck_containers(status: Mapping[str, Any]) -> tuple[StuckContainer, ...]:
     """The containers of a pod's ``status`` (init containers first, as the kubelet starts them) that cannot start."""
     out = []
     for field in ("initContainerStatuses", "containerStatuses"):
         for entry in status.get(field) or ():
-            waiting = (entry.get("state") or {}).get("waiting") or {}
-            reason = str(waiting.get("reason") or "")
-            if reason in BLOCKED_REASONS:
+            if is_stuck(entry):
+                waiting = entry["state"]["waiting"]
+                reason = str(waiting["reason"])
                 message = " ".join(str(waiting.get("message") or "").split())[:_KUBELET_CHARS]
                 out.append(StuckContainer(str(entry.get("name", "")), str(entry.get("image") or ""), reason, message))
     return tuple(out)
