@@ -199,6 +199,12 @@ def _run_one(
         "jobs_succeeded": sorted(
             e.job for e in fill_log if isinstance(e, JobEvent) and e.phase == "Succeeded" and e.job in names
         ),
+        # why a job failed (a workload unfit for the bubbles, a package the machine lacks): the run says, not just 0
+        "jobs_failed": {
+            e.job: e.message or ""
+            for e in fill_log
+            if isinstance(e, JobEvent) and e.phase == "Failed" and e.job in names
+        },
         "overrun_past_close_s": round(summary["fill_overrun_past_close_s"], 6),
         "wakeup_p50_ms": round(quantile(wake, 0.5), 3),
         "wakeup_p99_ms": round(quantile(wake, 0.99), 3),

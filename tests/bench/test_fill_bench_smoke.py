@@ -51,6 +51,7 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert out["mode"] == "life" and out["workload"] == {"name": "user-code"} and out["total"] == 2000
     (run,) = out["runs"]
     assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
+    assert run["jobs_failed"] == {}, run["jobs_failed"]
     assert run["samples"] >= 4000  # every sample of both jobs (profiling steps are not counted as work)
     assert set(run["per_job"]) == {"life-0", "life-1"} and all(j["bubbles"] > 0 for j in run["per_job"].values())
     assert sum(j["bubbles"] for j in run["per_job"].values()) >= run["bubbles_used"]  # hand-offs count for both

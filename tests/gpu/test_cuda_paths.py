@@ -115,6 +115,9 @@ def test_a_replayed_stage_trains_on_the_gpu_and_its_fill_attached_by_uuid_works_
     cmd = [
         sys.executable, "-m", "pipefill", "bench", "colocation", "--device", "cuda", "--quick", "--replay-stages", "0",
         "--fill-offload", "--reps", "1", "--warmup-s", "3", "--json", "--keep", str(tmp_path),
+        # the quick stage (hidden 128, one block) waits tens of microseconds on a GPU, under the 1 ms announcement
+        # floor (H200, session 14: nothing announced, recovery 0): a stage whose waits are milliseconds of kernels
+        "--layers-per-stage", "2", "--hidden", "1024", "--heads", "16", "--seq", "512", "--fill-hidden", "256",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=290)
     assert done.returncode == 0, done.stderr[-4000:]
