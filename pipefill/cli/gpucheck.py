@@ -69,10 +69,11 @@ def _pipefill(*args: str) -> list[str]:
     return _py("-m", "pipefill", *args)
 
 
-# The replayed pipeline of parts 2 and 3: 8 stages of 4 decoder blocks (hidden 1024, 512 tokens, 4 samples per
-# microbatch): F and B of a stage take milliseconds on an H100, so its bubbles are milliseconds of real kernels.
-_GPU_MODEL = ["--layers-per-stage", "4", "--hidden", "1024", "--heads", "16", "--seq", "512", "--microbatch-size", "4"]
-_GPU_FILL = ["--fill-layers", "4", "--fill-hidden", "512", "--fill-samples", "20000000"]
+# The replayed pipeline of parts 2 and 3: 8 stages of 4 decoder blocks (hidden 2048, 1 024 tokens, 8 samples per
+# microbatch, ~0.8 TFLOP per block and microbatch forward): the GPU, not the host, is what trainer and fill share (at
+# hidden 1024 and 512 tokens an H100 ran a kernel 20 % of the time: host-bound; docs/benchmarks.md, "On a GPU").
+_GPU_MODEL = ["--layers-per-stage", "4", "--hidden", "2048", "--heads", "16", "--seq", "1024", "--microbatch-size", "8"]
+_GPU_FILL = ["--fill-layers", "4", "--fill-hidden", "1024", "--fill-samples", "20000000"]
 
 
 def plan(part: int, device: str, out: Path) -> list[Step]:
@@ -86,7 +87,7 @@ def plan(part: int, device: str, out: Path) -> list[Step]:
         ]
     if part == 2:
         keep = out / "colocation"
-        sizes = [*_GPU_MODEL, *_GPU_FILL, "--block-pairs", "8", "--block-steps", "6", "--reps", "2", "--steps", "20"]
+        sizes = [*_GPU_MODEL, *_GPU_FILL, "--block-pairs", "8", "--block-steps", "6", "--reps", "2", "--steps", "16"]
         common = ["--schedules", "1f1b", "--microbatches", "8", "--replay", "--replay-stages", "0"]
         argv = _pipefill("bench", "colocation", "--device", device, *common, "--json", "--keep", str(keep))
         argv += [*sizes, "--warmup-s", "4"] if gpu else ["--quick", "--warmup-s", "1"]
@@ -98,10 +99,10 @@ def plan(part: int, device: str, out: Path) -> list[Step]:
             mps_env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(mps / "log")}
             sizes = [*_GPU_MODEL, *_GPU_FILL, "--block-pairs", "6", "--block-steps", "6", "--reps", "1"]
             colocation = _pipefill("bench", "colocation", "--device", "cuda", "--schedules", "1f1b", "--microbatches")
-            colocation += ["8", "--replay-stages", "0", "--steps", "20", "--warmup-s", "4", "--json", *sizes]
+            colocation += ["8", "--replay-stages", "0", "--steps", "16", "--warmup-s", "4", "--json", *sizes]
             steps += [
                 Step("mps-start", ["nvidia-cuda-mps-control", "-d"], 30, env=mps_env),
-                Step("colocation-mps", colocation, 240, json_out=True, env=mps_env),
+                Step("colocation-mps", colocation, 300, json_out=True, env=mps_env),
                 Step("mps-stop", ["sh", "-c", "echo quit | nvidia-cuda-mps-control"], 30, env=mps_env, always=True),
             ]
         fill = (
