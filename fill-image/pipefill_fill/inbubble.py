@@ -9,8 +9,8 @@ Rules (docs/fill.md, "Guarantees"):
   bubbles to their end, so a commit left for the end would rarely fit), or after the last step when time is left —
   the last commit of a slice too, which otherwise waits for the next bubble where it fits (the end-of-step bubble is
   usually the longest). Its file part (write, fsync, rename) is the commit writer's, off this thread
-  (:mod:`pipefill_fill.commits`). A commit that fit no bubble's start for :data:`DEFER_BUBBLES` bubbles in a row is
-  made at the next one's start anyway: work must become durable.
+  (:mod:`pipefill_fill.commits`). A commit that fit no bubble's start for :data:`DEFER_BUBBLES` bubbles in a row, or
+  for :data:`DEFER_S`, is made at the next one's start anyway: work must become durable.
 """
 
 from __future__ import annotations
@@ -28,11 +28,15 @@ from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
-__all__ = ["DEFER_BUBBLES", "PROFILE_MISSES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+__all__ = ["DEFER_BUBBLES", "DEFER_S", "PROFILE_MISSES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
 
 DEFER_BUBBLES = 64
 """Bubbles in a row a due commit may wait for one whose start fits its device part; then it is made at a start anyway
 (its overrun, if any, is recorded with the cause ``commit``)."""
+DEFER_S = 1.0
+"""And at most this long: where bubbles are few (a rank with one or two a step, steps of a second) or their planned
+ends fall at their starts (a loaded machine), 64 of them are a minute, for which a finished slice would hold its
+job's completion and, meanwhile, its seat."""
 
 
 PROFILE_MISSES = 8
@@ -154,9 +158,10 @@ def run_steps(
         out.transfers_ns.append((t, clock()))
         out.transfer_ns += out.transfers_ns[-1][1] - t
     if task.commit_due() and is_open(bubble.id):  # what earlier bubbles did, before steps fill this one to its end
-        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or task.deferred >= DEFER_BUBBLES:
+        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or _deferred_enough(task, clock):
             _commit(task, out, commit_estimate, clock)
         else:
+            task.deferred_since_ns = clock() if task.deferred == 0 else task.deferred_since_ns
             task.deferred += 1
     while True:
         if task.done():
@@ -252,6 +257,12 @@ def _run(
     out.items += items
     out.busy_ns += end - start
     return items <= 0 and task.in_flight() is None
+
+
+def _deferred_enough(task: FillTask, clock: Callable[[], int]) -> bool:
+    """Whether a due commit has waited long enough for a bubble that fits it: :data:`DEFER_BUBBLES` or
+    :data:`DEFER_S`."""
+    return task.deferred >= DEFER_BUBBLES or (task.deferred > 0 and clock() - task.deferred_since_ns >= DEFER_S * 1e9)
 
 
 def _fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool:

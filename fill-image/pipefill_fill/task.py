@@ -85,6 +85,7 @@ class FillTask:
         self.writer: CommitWriter | None = None  # the executor's; None: commits are written at once
         self.inflight: Pending | None = None  # the commit staged and not yet settled (at most one)
         self.deferred = 0  # bubbles in a row whose start found a commit due that did not fit
+        self.deferred_since_ns = 0  # the first of them (monotonic)
         self._shapes: set[int] = set()  # batch sizes stepped since the slice was opened
         self.first_call = False  # the last step was the first of its batch size
         self.reused = False  # the workload's reuse hook was given an earlier instance (open)

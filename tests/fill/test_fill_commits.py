@@ -13,7 +13,7 @@ import numpy as np
 from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, open_task, stub_dispatcher
 from fill_helpers import HERE, subprocess_env, write_job
 
-from pipefill_fill.inbubble import DEFER_BUBBLES
+from pipefill_fill.inbubble import DEFER_BUBBLES, DEFER_S
 from pipefill_fill.store import ProgressStore, read_outputs, read_pointer
 
 
@@ -49,6 +49,19 @@ def test_a_commit_that_fits_no_bubble_is_made_after_the_limit(jobs_dir: Path) ->
         assert not bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=1 + i).commits_ns
     assert task.deferred == DEFER_BUBBLES and task.committed == 0
     assert bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=99).commits_ns  # made at a bubble's start anyway
+    assert task.settle() is not None and task.durable and task.committed == 16 and task.deferred == 0
+
+
+def test_a_commit_that_fits_no_bubble_waits_at_most_a_second(jobs_dir: Path) -> None:
+    task = open_task(write_job(jobs_dir, "enc", total=16, parameters=PARAMS))
+    bubble(task, left_s=60.0, commit_s=3600.0)
+    for i in range(3):
+        assert not bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=1 + i).commits_ns
+    assert task.deferred == 3 and task.committed == 0
+    first = task.deferred_since_ns
+    assert 0 < time.monotonic_ns() - first < DEFER_S * 1e9  # the first deferral's time, kept across the others
+    task.deferred_since_ns = first - int(DEFER_S * 1e9)  # as if that first one was a second ago: few bubbles since
+    assert bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=9).commits_ns  # made at a bubble's start anyway
     assert task.settle() is not None and task.durable and task.committed == 16 and task.deferred == 0
 
 
