@@ -28,7 +28,15 @@ from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.task import FillTask
 
-__all__ = ["DEFER_BUBBLES", "DEFER_S", "PROFILE_MISSES", "BubbleOutcome", "OpenBubble", "run_profile_steps", "run_steps"]
+__all__ = [
+    "DEFER_BUBBLES",
+    "DEFER_S",
+    "PROFILE_MISSES",
+    "BubbleOutcome",
+    "OpenBubble",
+    "run_profile_steps",
+    "run_steps",
+]
 
 DEFER_BUBBLES = 64
 """Bubbles in a row a due commit may wait for one whose start fits its device part; then it is made at a start anyway
