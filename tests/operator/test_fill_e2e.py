@@ -21,6 +21,7 @@ import torch
 from fill_e2e_helpers import RankExecutor, start_rank
 from fill_queue_helpers import Fill, fill_manifest, scheduled, start_queue_operator, status
 from operator_harness import GROUP, VERSION, Kube, job_manifest, phase, running
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill.events import CommitEvent, JobEvent, SliceEvent, read_events
@@ -114,16 +115,12 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
     first = [by_pod[p["metadata"]["name"]] for p in hosts["first"]]
     frozen, other = first
 
-    def frozen_midway(obj: dict[str, Any]) -> bool:  # the frozen one has committed part of the slice it holds
-        mine = {(a["start"], a["end"]) for a in status(obj).get("assignments") or () if a["podUID"] == frozen.uid}
-        return any(
-            s["start"] < s["committed"] < s["end"] for s in status(obj)["slices"] if (s["start"], s["end"]) in mine
-        )
-
-    for _ in range(5):  # the status lags the executor: it may have finished that slice by the time it is frozen
-        fill.wait("embed", frozen_midway, timeout_s=180)
+    # caught by its own log, not the status: the status lags by a report (2 s) and a slice can start and end
+    # between two reports, so waiting for the status to show the frozen one mid-slice could wait for good
+    for _ in range(20):
+        wait_for(lambda: _midway(frozen), "the frozen executor part way through a slice (its log)", timeout_s=60)
         frozen.freeze_between_commits()  # a lost node: the process outlives its pod and hears nothing
-        midway = _midway(frozen)  # by its own log, which is ahead of the status
+        midway = _midway(frozen)  # still part way once frozen (it may have finished that slice meanwhile)
         if midway:
             break
         frozen.signal(signal.SIGCONT)
