@@ -1,5 +1,5 @@
-"""``pipefill bench operator`` end to end at a scale that fits the suite: 150 jobs × 8 ranks on 150 kwok nodes
-(1 200 rank pods, as many as the nodes have GPUs). Every job must be Running — the benchmark's "lost" job was one gang
+"""``pipefill bench operator`` end to end at a scale that fits the suite: 100 jobs × 8 ranks on 100 kwok nodes
+(800 rank pods, as many as the nodes have GPUs; the thread races of issue #29 showed at 30 jobs of 4). Every job must be Running — the benchmark's "lost" job was one gang
 8 GPUs short, because the control plane tainted one of its nodes, and this run fails so —, the operator must log no
 ERROR and no traceback (its thread races and the fill pass broken under them showed up there first), and the control
 plane's directory must go afterwards (unless --keep). Benchmarks are not tests: nothing here asserts on speed; the time limit only keeps a stuck run from hanging
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.timeout(420)
-def test_150_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
+def test_100_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
     control_plane: ControlPlane,  # the gate: a control plane can start here (else the test skips, or fails in CI)
     tmp_path: Path,
 ) -> None:
     del control_plane
-    args = ["--nodes", "150", "--jobs", "150", "--ranks", "8", "--timeout", "300", "--json"]
+    args = ["--nodes", "100", "--jobs", "100", "--ranks", "8", "--timeout", "300", "--json"]
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "operator", *args],
         env={**os.environ, "TMPDIR": str(tmp_path)},
@@ -37,7 +37,7 @@ def test_150_jobs_of_8_ranks_all_run_and_the_operator_logs_no_error(
     result = json.loads(done.stdout) if done.stdout.strip() else {}
     assert result, done.stderr[-3000:]
     assert result["operator_log_errors"] == 0, result["operator_log_first_errors"]
-    assert result["all_running"] and result["jobs_running"] == 150 and result["pods"] == 1200, result
+    assert result["all_running"] and result["jobs_running"] == 100 and result["pods"] == 800, result
     assert done.returncode == 0, done.stderr[-3000:]
     assert result["reconciles"] > 0 and result["operator_peak_rss_mib"] > 0
     # creates are a count, not a speed: per job 8 pods and the Service (the namespace's fill identity once); the

@@ -128,7 +128,8 @@ def test_the_trainer_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> N
     def scrape() -> None:
         wait_for(announced, f"both ranks to serve announced bubbles on {ports}", 60, until=lambda got: got == [0, 1])
 
-    args = [*ARGS[:-1], "120"]  # enough steps for a scrape to find both ranks announcing (300: 20 s more for nothing)
+    # enough steps for a scrape to find both ranks announcing (300 steps of the default width: 20 s more for nothing)
+    args = [*ARGS[:-1], "120", "--width", "256", "--batch", "64"]
     run_example(tmp_path, args, hook=True, rank_env=lambda r: {"PIPEFILL_METRICS_PORT": str(ports[r])}, during=scrape)
     assert sorted(seen) == [0, 1], "no rank served announced bubbles on its metrics port"
     for text in seen.values():
