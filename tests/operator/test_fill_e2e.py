@@ -26,7 +26,7 @@ from waiting import wait_for
 from pipefill.devcluster import ControlPlane
 from pipefill.events import CommitEvent, JobEvent, SliceEvent, read_events
 from pipefill.spec import parse
-from pipefill_fill.store import read_outputs
+from pipefill_fill.store import read_outputs, read_pointer
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.work import Slice
 
@@ -71,15 +71,17 @@ def _reference(tmp_path: Path, manifest: dict[str, Any]) -> bytes:
     return (tmp_path / "reference" / "outputs.npy").read_bytes()
 
 
-def _midway(executor: RankExecutor) -> set[tuple[int, int]]:
-    """The slices ``executor`` has committed part of and not all, by its own event log."""
-    position: dict[tuple[int, int], int] = {}
-    for e in read_events(executor.out / "fill-events.jsonl"):
-        if isinstance(e, CommitEvent) and e.slice and e.position is not None:
-            position[(e.slice[0], e.slice[1])] = e.position
-        elif isinstance(e, SliceEvent) and e.phase == "done":
-            position[(e.start, e.end)] = e.end
-    return {(a, b) for (a, b), p in position.items() if a < p < b}
+def _midway(executor: RankExecutor, storage: Path) -> set[tuple[int, int]]:
+    """The slices ``executor`` claimed whose commit pointer in the storage is past their start and short of their
+    end. The storage, not the executor's log: its commit writer moves the pointer before the filling thread logs the
+    commit, so an executor frozen between the two has, by its log, a slice part done that is already complete."""
+    claimed = {
+        (e.start, e.end)
+        for e in read_events(executor.out / "fill-events.jsonl")
+        if isinstance(e, SliceEvent) and e.phase == "claimed"
+    }
+    pointers = {k: read_pointer(storage / "slices" / Slice(*k).key, start=k[0]) for k in claimed}
+    return {(a, b) for (a, b), (p, done) in pointers.items() if a < p < b and not done}
 
 
 def _committed(obj: dict[str, Any]) -> int:
@@ -115,12 +117,13 @@ def test_a_split_job_survives_a_deleted_host_with_identical_outputs(world: World
     first = [by_pod[p["metadata"]["name"]] for p in hosts["first"]]
     frozen, other = first
 
-    # caught by its own log, not the status: the status lags by a report (2 s) and a slice can start and end
+    # caught by the storage, not the status: the status lags by a report (2 s) and a slice can start and end
     # between two reports, so waiting for the status to show the frozen one mid-slice could wait for good
+    storage = tmp_path / "storage" / "embed"
     for _ in range(20):
-        wait_for(lambda: _midway(frozen), "the frozen executor part way through a slice (its log)", timeout_s=60)
+        wait_for(lambda: _midway(frozen, storage), "the frozen executor part way through a slice", timeout_s=60)
         frozen.freeze_between_commits()  # a lost node: the process outlives its pod and hears nothing
-        midway = _midway(frozen)  # still part way once frozen (it may have finished that slice meanwhile)
+        midway = _midway(frozen, storage)  # still part way once frozen (it may have finished that slice meanwhile)
         if midway:
             break
         frozen.signal(signal.SIGCONT)
