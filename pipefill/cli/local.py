@@ -19,12 +19,12 @@ from pipefill.local.manifests import load_manifests
 from pipefill.local.report import overrun_causes, write_report
 from pipefill.local.runner import LocalRun, describe_error
 from pipefill.queue import POLICIES
-from pipefill.spec import SpecError, to_obj
+from pipefill.spec import PipelineTrainingJob, SpecError, to_obj
 
 if TYPE_CHECKING:
     from pipefill.local.metrics import ChildrenCollector, MetricsEndpoint
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "header", "run"]
 
 _METRICS_PORT = 9400
 """Default port of the aggregated metrics endpoint; when it is taken, a free one is used (and printed)."""
@@ -93,6 +93,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def header(job: PipelineTrainingJob, *, device: str, out_dir: Path) -> str:
+    """The run's first line. A job with its own command (``spec.trainer``) has the schedule its command builds, not
+    ``spec.pipeline.schedule`` (whose default would be named otherwise)."""
+    pipeline = job.spec.pipeline
+    trainer = job.spec.trainer
+    how = f"its own command ({trainer.command[0]})" if trainer is not None else f"schedule {pipeline.schedule.value}"
+    return f"{job.name}: {pipeline.stages} stages × {pipeline.data_parallel} replicas, {how}, device {device}, output {out_dir}"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         manifests = load_manifests(args.filename)
@@ -107,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out or Path("runs") / job.name
     cores = len(os.sched_getaffinity(0))
     stages = job.spec.pipeline.stages
-    print(
-        f"{job.name}: {stages} stages × {job.spec.pipeline.data_parallel} replicas, schedule {job.spec.pipeline.schedule.value}, device {args.device}, output {out_dir}"
-    )
+    print(header(job, device=args.device, out_dir=out_dir))
     if args.device == "cpu" and stages > cores:
         print(f"note: {stages} stages on {cores} cores: several stages share a core, so timings are not a GPU's")
     try:  # the live view and the endpoint need the 'local' extra (rich, prometheus-client); the other commands do not

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from hook_procs import run_local
 
+from pipefill.cli.local import header
 from pipefill.events import BubbleEvent, read_events
 from pipefill.local.procs import local_processes
 from pipefill.pods import rank_containers, rank_pod
@@ -111,6 +112,14 @@ def test_without_the_hook_the_command_runs_as_is() -> None:
 def test_our_trainer_is_unchanged() -> None:
     (plan,) = [p for p in rank_containers(load_file(ROOT / "examples" / "cpu-demo.yaml")[0], 0) if p.name == "trainer"]  # type: ignore[arg-type]
     assert plan.argv == ["python", "-m", "pipefill_trainer"] and "LOCAL_RANK" not in plan.env
+
+
+def test_pipefill_local_names_the_command_not_a_schedule_it_does_not_run(tmp_path: Path) -> None:
+    job = _job(_demo())
+    line = header(job, device="cpu", out_dir=tmp_path)
+    assert "its own command (python)" in line and "schedule" not in line, line
+    ours = load_file(ROOT / "examples" / "cpu-demo.yaml")[0]
+    assert "schedule 1f1b," in header(ours, device="cpu", out_dir=tmp_path)  # type: ignore[arg-type]
 
 
 def test_local_processes_run_the_command_with_this_pythons_hook(tmp_path: Path) -> None:
