@@ -169,7 +169,8 @@ def run_steps(
         if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or _deferred_enough(task, clock):
             _commit(task, out, commit_estimate, clock)
         else:
-            task.deferred_since_ns = clock() if task.deferred == 0 else task.deferred_since_ns
+            if task.deferred == 0:
+                task.deferred_since_ns = clock()
             task.deferred += 1
     while True:
         if task.done():
