@@ -186,7 +186,9 @@ class Dispatcher:
                 kind=str(getattr(bubble, "kind", "")),
                 any_size=any_size,
                 budget_s=self.settings.overrun_budget_s,
-                offloader=a.offloader if self.settings.offload else None,
+                # offload starts with the complete profile (JobRunner.profiled moves the state to the host): the
+                # early model's steps while it is measured leave the state where the profiling steps need it
+                offloader=a.offloader if self.settings.offload and a.profile is not None else None,
                 transfer_estimate=a.transfer_estimate,
                 cost_clock=self.jobs.step_clock,
                 pieces=pieces,

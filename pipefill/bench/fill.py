@@ -18,7 +18,9 @@ Per configuration, in the same run: **recovery** = the fill's step time inside t
 the idle-time account of ``pipefill local``'s report (:class:`pipefill.local.idle.IdleAccount`, the synthetic trainer
 writes the trainer's ``bubble`` records); **overrun** = how long after a bubble's expected end the fill yielded
 (p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running.
-Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield).
+Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield), and
+the worst bubbles with what a cause needs (``worst_overruns``: the last step, the time it had, a commit's write
+on the writer thread meanwhile).
 Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped and the benchmark exits 1
 naming what it waited for. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
 is killed.
@@ -45,13 +47,14 @@ from pipefill.events import (
     FILL_EVENTS,
     TRAINER_EVENTS,
     BubbleEvent,
+    CommitEvent,
     EventTail,
     FillEvent,
     JobEvent,
     ProfileEvent,
     read_events,
 )
-from pipefill.local.stats import RankStats, merged, overrun_summary, quantile
+from pipefill.local.stats import RankStats, merged, overrun_summary, quantile, worst_overruns
 from pipefill.parent import signal_on_parent_death
 
 __all__ = ["main"]
@@ -194,6 +197,8 @@ def _run_one(
         "overrun_p99_ms": overruns["overrun_p99_ms"],
         "overrun_max_ms": overruns["overrun_max_ms"],
         "overrun_causes": overruns["causes"],
+        # the worst bubbles with what their cause needs (the last step, the time it had, a commit being written)
+        "worst_overruns": worst_overruns(used, (e for e in fill_log if isinstance(e, CommitEvent))),
         # a job's bubbles: its own and those handed to it mid-bubble (a small job may run only in those)
         "per_job": {n: overrun_summary(b for b in used if n in (b.job, b.handoff)) for n in names} if a.life else None,
         "jobs_succeeded": sorted(

@@ -13,10 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from pipefill.events import BubbleEvent, Event, FillEvent, StepEvent
+from pipefill.events import BubbleEvent, CommitEvent, Event, FillEvent, StepEvent
 from pipefill.local.idle import WORK, IdleAccount, breakdown_rows
 
-__all__ = ["RankStats", "merged", "overrun_summary", "quantile"]
+__all__ = ["RankStats", "merged", "overrun_summary", "quantile", "worst_overruns"]
 
 
 def quantile(values: Iterable[float], q: float) -> float:
@@ -42,6 +42,38 @@ def overrun_summary(bubbles: Iterable[FillEvent]) -> dict[str, Any]:
         "past_guard": sum(causes.values()),
         "causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
     }
+
+
+def worst_overruns(bubbles: Iterable[FillEvent], commits: Iterable[CommitEvent], n: int = 8) -> list[dict[str, Any]]:
+    """The ``n`` bubbles that overran most, each with what a cause needs: the last step (its kind, batch size and
+    length), the time the planner had left for it when it started (``slack_ms``: deadline − its start; a step longer
+    than that is what overran), the margin, how far into the run it fell, and whether a commit's file part was being
+    written on the writer thread meanwhile (``writing``: it shares the process, and so the GIL, with the steps)."""
+    worked = sorted((b for b in bubbles if b.steps and b.spans_ns), key=lambda b: -b.overrun_s)[:n]
+    first = min((b.open_ns for b in worked), default=0)
+    writes = [(c.mono_ns - int(c.write_s * 1e9), c.mono_ns) for c in commits if c.write_s > 0]
+    rows = []
+    for b in worked:
+        start, end = b.spans_ns[-1]
+        kinds, sizes = b.span_kinds, b.batch_sizes
+        rows.append(
+            {
+                "overrun_ms": round(b.overrun_s * 1e3, 3),
+                "cause": b.overrun_cause,
+                "stop": b.stop,
+                "job": b.job,
+                "at_s": round((b.open_ns - first) / 1e9, 3),
+                "steps": b.steps,
+                "last_kind": kinds[-1] if len(kinds) == len(b.spans_ns) else None,
+                "last_batch": sizes[-1] if len(sizes) == len(b.spans_ns) else None,
+                "last_ms": round((end - start) / 1e6, 3),
+                "slack_ms": round((b.deadline_ns - start) / 1e6, 3) if b.deadline_ns is not None else None,
+                "margin_ms": round(b.margin_s * 1e3, 3),
+                "commits": len(b.commits_ns),
+                "writing": any(w0 < end and start < w1 for w0, w1 in writes),
+            }
+        )
+    return rows
 
 
 def merged(*logs: Iterable[Event]) -> list[Event]:

@@ -57,6 +57,9 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert sum(j["bubbles"] for j in run["per_job"].values()) >= run["bubbles_used"]  # hand-offs count for both
     assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
     assert set(run["overrun_causes"]) <= {"step", "start-up", "commit", "transfer", "yield"}
+    worst = run["worst_overruns"]  # the worst worked bubbles, worst first, the last one's step named
+    assert 0 < len(worst) <= 8 and worst[0]["overrun_ms"] == run["overrun_max_ms"], worst
+    assert all(w["last_ms"] > 0 and w["steps"] > 0 for w in worst), worst
 
 
 def test_bench_fill_refuses_an_unknown_load() -> None:

@@ -11,9 +11,9 @@ import pytest
 from commit_helpers import PARAMS, Bubble, open_task, run_bubble, stub_dispatcher
 from fill_helpers import write_job
 
-from pipefill.events import FillEvent
+from pipefill.events import CommitEvent, FillEvent
 from pipefill.local.report import overrun_causes
-from pipefill.local.stats import overrun_summary
+from pipefill.local.stats import overrun_summary, worst_overruns
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.overruns import Margin, overrun_cause
 from pipefill_fill.predict import OVERRUN_BUDGET_S, StepModel
@@ -124,6 +124,28 @@ def test_the_summary_gives_quantiles_and_causes() -> None:
     assert got["bubbles"] == 100 and got["overrun_p50_ms"] == 0.1 and got["overrun_max_ms"] == 9.0
     assert got["overrun_p99_ms"] == 9.0 and got["causes"] == {"commit": 2, "step": 1}
     assert overrun_causes(got) == "3: commit 2, step 1"
+
+
+def test_the_worst_overruns_name_the_last_step_the_time_it_had_and_a_write_beside_it() -> None:
+    def bubble(open_ms: int, overrun_ms: float, last: tuple[int, int]) -> FillEvent:
+        return FillEvent(
+            id=open_ms, kind="steady", open_ns=open_ms * MS, expected_end_ns=(open_ms + 10) * MS, woke_ns=open_ms * MS,
+            yielded_ns=last[1] * MS, job="a", steps=2, items=10, used_s=0.008, overrun_s=overrun_ms / 1e3,
+            overrun_cause="step" if overrun_ms > 0.5 else None, spans_ns=[(open_ms * MS, last[0] * MS), (last[0] * MS, last[1] * MS)],
+            batch_sizes=[8, 3], span_kinds="ww", deadline_ns=(open_ms + 9) * MS, margin_s=0.001, wall_s=0.0,
+            mono_ns=0, pid=1,
+        )  # fmt: skip
+
+    events = [bubble(0, 0.0, (4, 9)), bubble(100, 6.0, (105, 116)), bubble(200, 2.0, (207, 212))]
+    # a commit's file part written on the writer thread from 110 to 130 ms: beside the first overrunning step only
+    commit = CommitEvent(job="a", end=10, bytes=1, commit_s=0.0, write_s=0.02, wall_s=0.0, mono_ns=130 * MS, pid=1)
+    worst = worst_overruns(events, [commit], n=2)
+    assert [w["overrun_ms"] for w in worst] == [6.0, 2.0]  # the worst first, only n
+    assert worst[0] == {
+        "overrun_ms": 6.0, "cause": "step", "stop": None, "job": "a", "at_s": 0.0, "steps": 2, "last_kind": "w",
+        "last_batch": 3, "last_ms": 11.0, "slack_ms": 4.0, "margin_ms": 1.0, "commits": 0, "writing": True,
+    }  # fmt: skip
+    assert worst[1]["at_s"] == 0.1 and worst[1]["slack_ms"] == 2.0 and worst[1]["writing"] is False
 
 
 def test_a_job_planned_with_a_margin_is_warned_about_once(
