@@ -59,24 +59,15 @@ PART ?= all
 gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/gpu.md); DEVICE=cpu: the dry run
 	$(BIN)/pipefill gpu-check --part $(PART) --device $(or $(DEVICE),cuda) --out runs/gpu-check
 
-# The Go binaries (a fresh machine: ~10 min of both cores) build in the background at idle priority while lint and the
-# tests that need none run (phase 1); then the build's rest in the foreground, and the tests that need them (phase 2:
-# markers cluster, node and bins). A phase that fails does not stop the other; the exit code is the worse one.
-PHASE2 := cluster or node or bins
-test: ## lint and the tests: those needing no Go binary while the binaries build (cached), then the rest
-	@$(MAKE) --no-print-directory -j3 lint prometheus-bin cluster-bins-background
-	@rc=0; $(BIN)/pytest -q --durations=15 -m "not ($(PHASE2))" || rc=$$?; \
-	  $(PYTHON) -P pipefill/devcluster/bins.py || exit $$?; \
-	  $(BIN)/pytest -q --durations=15 -m "$(PHASE2)" || rc=$$?; exit $$rc
+test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
+	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
+	$(BIN)/pytest -q --durations=25
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
 # runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed
 # here when missing and we are root).
 cluster-bins: libseccomp ## build the control plane (etcd, kube-*, kwok), helm and the real node (kubelet, containerd, runc, pause) from Go modules (cached)
 	$(PYTHON) -P pipefill/devcluster/bins.py
-
-cluster-bins-background: libseccomp
-	@$(PYTHON) -P pipefill/devcluster/bins.py --background
 
 libseccomp:
 	@pkg-config --exists libseccomp 2>/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq libseccomp-dev >/dev/null 2>&1 \
@@ -159,4 +150,4 @@ clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
-.PHONY: cluster-bins cluster-bins-background libseccomp cluster cluster-node cluster-down chart-check gpu-check e2e
+.PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check e2e

@@ -12,9 +12,7 @@ runc shim, ``ctr`` and the loopback CNI plugin) and runc come from upstream like
 and an unchanged module is never rebuilt.
 
 ``python3 -P pipefill/devcluster/bins.py`` builds them all with the standard library alone (this file imports nothing
-else), so ``make test`` builds them while pip fills the venv. With ``--background`` it starts that build in a detached
-process at idle CPU priority and returns: ``make test`` runs the tests that need no Go binary meanwhile, then runs
-``bins.py`` again in the foreground, which waits for the background build (the lock) and builds what is left.
+else), so ``make test`` builds them while pip fills the venv.
 """
 
 from __future__ import annotations
@@ -249,36 +247,6 @@ def _try_lock(lock: IO[str]) -> bool:
     return True
 
 
-def _idle_priority() -> None:
-    """This process and its children (``go build``) run only on cores nothing else wants: SCHED_IDLE (nice 19 where
-    that is refused), so the tests beside the build lose no time to it."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
-
-
-def _background(names: tuple[str, ...]) -> int:
-    """Start building the missing modules of ``names`` in a detached process at idle priority, its output in
-    ``<bins>/build.log``; returns at once (nothing missing: nothing started)."""
-    missing = [n for n in names if not (_out_dir(MODULES[n]) / ".complete").exists()]
-    if not missing:
-        return 0
-    log_path = bins_dir() / "build.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as out:
-        subprocess.Popen(
-            [sys.executable, "-P", __file__, *missing],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # not stopped with the make that started it: its work is cached for the next
-            preexec_fn=_idle_priority,
-        )
-    print(f"building {', '.join(missing)} in the background at idle priority (log: {log_path})", file=sys.stderr)
-    return 0
-
-
 def _main(names: tuple[str, ...]) -> int:
     """Build ``names``; a real-node module that fails is reported and skipped (its tests then skip, say why, and fail
     with CI=true), the control plane's is fatal."""
@@ -297,5 +265,4 @@ def _main(names: tuple[str, ...]) -> int:
 
 
 if __name__ == "__main__":  # `make cluster-bins`: no venv needed
-    _args = tuple(a for a in sys.argv[1:] if a != "--background")
-    sys.exit((_background if "--background" in sys.argv[1:] else _main)(_args or tuple(MODULES)))
+    sys.exit(_main(tuple(sys.argv[1:]) or tuple(MODULES)))

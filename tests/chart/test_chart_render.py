@@ -23,8 +23,6 @@ from pipefill.lifecycle.checks import checkpoint_sharing
 from pipefill.pods import rank_pod
 from pipefill.spec import KINDS, crd, parse
 
-pytestmark = pytest.mark.bins  # helm renders it: make test's second phase, once the Go binaries are built
-
 OPERATOR_RULES = yaml.safe_load((ROOT / "operator" / "rbac" / "clusterrole.yaml").read_text())["rules"]
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
 Grant = tuple[str, str, str]

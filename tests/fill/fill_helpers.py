@@ -17,6 +17,15 @@ from pipefill import env as env_names
 from pipefill.events import Event, read_events
 
 HERE = Path(__file__).resolve().parent
+STARTED: list[subprocess.Popen[str]] = []
+"""every process the helpers below started: the folder's conftest kills those still running after each test (a test
+stopped by pytest-timeout, or failed before its own clean-up, would otherwise leave a producer and an executor
+spinning on the core the next tests pin to, and fail them too)"""
+
+
+def _started(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    STARTED.append(proc)
+    return proc
 
 
 def write_job(
@@ -77,11 +86,13 @@ def start_producer(
     args += ["--count", str(count), "--warmup-bubbles", str(warmup)]
     args += ["--cpu", str(cpu)] if cpu is not None else []
     args += ["--log", str(log)] if log is not None else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipefill.bench.synthetic_trainer", *args],
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        text=True,
+    return _started(
+        subprocess.Popen(
+            [sys.executable, "-m", "pipefill.bench.synthetic_trainer", *args],
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     )
 
 
@@ -101,18 +112,22 @@ def start_executor(
     )
     if cpu is not None:
         env[env_names.CPU_AFFINITY] = str(cpu)
-    return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
+    return _started(
+        subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
+    )
 
 
 def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> subprocess.Popen[str]:
     """``_drive.py``: one job run to completion without bubbles, a commit every ``every`` steps (``mode``: partial
     steps, see its docstring), pipes for its READY/DONE lines."""
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "_drive.py"), str(manifest), str(batch), str(every), *([mode] if mode else [])],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
+    return _started(
+        subprocess.Popen(
+            [sys.executable, str(HERE / "_drive.py"), str(manifest), str(batch), str(every), *([mode] if mode else [])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+        )
     )
 
 
