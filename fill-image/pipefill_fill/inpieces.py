@@ -2,8 +2,8 @@
 :mod:`pipefill_fill.pieces`): the next piece of the batch in flight when it fits the time left; else a whole batch
 sized to the time left, as for any workload; else — no whole batch fits — a new batch started in pieces, of the size
 the plan at piece granularity gives this bubble's class or the short bubbles of the last ones, the shorter
-(:func:`pipefill.plan.plan_pieces`, on the step times the step model has learnt; :meth:`PieceCosts.planning_class_s`),
-or smaller when its first piece does not fit what is left.
+(:func:`pipefill.plan.plan_pieces`, on the step times the step model has learnt; :meth:`PieceCosts.planning_class_s`)
+— this bubble's class when no piece fits the short ones —, or smaller when its first piece does not fit what is left.
 
 A piece is predicted as its share of its batch's step (the profile's piece times) times the step model's base, and
 fits by the step's rule (expected overrun within the budget). A batch in flight whose next piece fits no fresh bubble
@@ -118,7 +118,9 @@ def next_work(
     if not costs or task.pieces is None:
         return None
     points = costs.plan_points(model, max_batch)
-    plan = plan_pieces(costs.planning_class_s(class_s), points)
+    # planned for the short bubbles seen; when no piece fits those, for this bubble's own class: the batch then goes
+    # on in the long bubbles only (without this, a job whose pieces fit only the long bubbles never ran at all)
+    plan = plan_pieces(costs.planning_class_s(class_s), points) or plan_pieces(class_s, points)
     if plan is None:
         return None
     for p in reversed(points):  # the planned size, or the largest smaller one whose first piece fits what is left

@@ -207,7 +207,8 @@ def test_a_profile_measured_to_a_slice_end_marks_no_slice_done_early(tmp_path: P
     while not ref.done():
         ref.step(64)
     assert ref.finish()
-    producer = start_producer(channel, bubbles_ms="20,10,20", count=10**6, cpu=CPUS[0])
+    # 40 ms: a whole step of 64 (15-23 ms on a 2-vCPU CI machine) fits with room, the 7 steps of its profile do not
+    producer = start_producer(channel, bubbles_ms="40,10,40", count=10**6, cpu=CPUS[0])
     fill = start_executor(channel, jobs, tmp_path / "fill-0", cpu=CPUS[0])
 
     def committed_or_over() -> bool:

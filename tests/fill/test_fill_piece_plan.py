@@ -112,3 +112,19 @@ def test_a_batch_started_in_a_long_bubbles_tail_is_planned_for_the_short_bubbles
     planned = plan_pieces(costs.planning_class_s(20 * MS), POINTS)
     unplanned = plan_pieces(20 * MS, POINTS)
     assert planned is not None and unplanned is not None and (planned.batch_size, unplanned.batch_size) == (16, 64)
+
+
+def test_pieces_that_fit_only_the_long_bubbles_run_in_the_long_bubbles() -> None:
+    # one batch size whose pieces (13.4 and 9.2 ms, as measured on a CI machine) fit the 19 ms of the long bubbles
+    # but not the 9 ms of the short ones, a third of them: planned for the short ones only, it never ran at all
+    costs = PieceCosts([ProfilePoint(64, 22.6 * MS, 80, piece_s=(13.4 * MS, 9.2 * MS))])
+    for duration_ms in (19.0, 9.0, 19.0) * 10:
+        costs.note_class(duration_ms * MS)
+    model = StepModel({64: 22.6 * MS}, cold_ratio=1.0)
+
+    def nxt(left_ms: float, class_ms: float) -> Next | None:
+        return next_work(_task(), model, costs, left_s=left_ms * MS, class_s=class_ms * MS, max_batch=64)
+
+    assert nxt(19.0, 19.0) == Next(64, piece=True, share=pytest.approx(13.4 / 22.6))
+    assert nxt(9.0, 9.0) is None  # the short bubbles wait: no piece of it fits them
+    assert nxt(12.0, 19.0) is None  # nor what is left of a long one, short of the first piece
