@@ -7,7 +7,8 @@ the plan at piece granularity gives this bubble's class or the short bubbles of 
 
 A piece is predicted as its share of its batch's step (the profile's piece times) times the step model's base, and
 fits by the step's rule (expected overrun within the budget). A batch in flight whose next piece fits no fresh bubble
-for :data:`FLIGHT_MISSES` bubbles in a row is dropped: nothing of it was committed, and it is redone.
+for :data:`FLIGHT_MISSES` bubbles in a row, none of the last bubbles long enough for it either, is dropped: nothing of
+it was committed, and it is redone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pipefill_fill.task import FillTask
 __all__ = ["FLIGHT_MISSES", "Next", "PieceCosts", "continue_work", "next_work"]
 
 FLIGHT_MISSES = 8
-"""Fresh bubbles in a row the next piece of a batch in flight may not fit before the batch is dropped."""
+"""Fresh bubbles in a row the next piece of a batch in flight may not fit (nor any of the last bubbles' lengths)
+before the batch is dropped."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class PieceCosts:
             return class_s
         ordered = sorted(self._classes)
         return min(class_s, ordered[len(ordered) // 10])
+
+    def longest_class_s(self) -> float:
+        """The longest usable length of the last bubbles (0.0 before any): a batch in flight whose next piece fits
+        one of those waits for the next such bubble instead of counting a miss (long bubbles may come one in ten)."""
+        return max(self._classes, default=0.0)
 
     def __bool__(self) -> bool:
         return bool(self.points)
@@ -102,11 +109,12 @@ def next_work(
     flight = task.in_flight() if costs else None
     if flight is not None and costs is not None:
         share = costs.share(flight.batch_size, flight.done, flight.pieces)
-        if model.fits(model.base_s(flight.batch_size) * share, left_s, kind, budget_s=budget_s):
+        piece_s = model.base_s(flight.batch_size) * share
+        if model.fits(piece_s, left_s, kind, budget_s=budget_s):
             task.flight_misses = 0
             return Next(flight.batch_size, piece=True, share=share)
-        if not fresh:
-            return None
+        if not fresh or model.fits(piece_s, costs.longest_class_s(), kind, budget_s=budget_s):
+            return None  # the bubble's tail, or a bubble shorter than one of the last ones that holds the piece
         task.flight_misses += 1
         if task.flight_misses < FLIGHT_MISSES or task.pieces is None:
             return None

@@ -94,10 +94,10 @@ def test_the_batch_in_flight_goes_on_first_and_is_dropped_after_the_misses() -> 
     assert _next(task, 5.0, 20.0) == Next(16, piece=True, share=0.5)  # its second piece, not a whole batch
     assert _next(task, 0.5, 1.0) is None and task.flight_misses == 0  # not fresh: the bubble's tail
     for _ in range(FLIGHT_MISSES - 1):
-        assert _next(task, 0.5, 1.0, fresh=True) is None  # its piece (0.6 ms) fits no fresh bubble of 0.5
+        assert _next(task, 0.5, 0.5, fresh=True) is None  # its piece (0.6 ms) fits no fresh bubble of 0.5
     assert task.dropped == 0 and task.flight_misses == FLIGHT_MISSES - 1
     # dropped (redone later): a whole batch fits, of 2 (0.4 + 0.2 / 3 ms; 3 would take 0.53)
-    assert _next(task, 0.5, 1.0, fresh=True) == Next(2)
+    assert _next(task, 0.5, 0.5, fresh=True) == Next(2)
     assert task.dropped == 1 and task.flight is None and task.flight_misses == 0
 
 
@@ -128,3 +128,20 @@ def test_pieces_that_fit_only_the_long_bubbles_run_in_the_long_bubbles() -> None
     assert nxt(19.0, 19.0) == Next(64, piece=True, share=pytest.approx(13.4 / 22.6))
     assert nxt(9.0, 9.0) is None  # the short bubbles wait: no piece of it fits them
     assert nxt(12.0, 19.0) is None  # nor what is left of a long one, short of the first piece
+
+
+def test_a_batch_in_flight_waits_for_the_next_long_bubble_when_long_ones_are_rare() -> None:
+    # its next piece (0.6 ms) fits only the 1 ms bubbles, one in ten: the short ones (0.5 ms) between them are not
+    # misses, so the batch is never dropped (and redone) before the next long bubble
+    costs, task = PieceCosts(POINTS), _task(Flight(16, 2, 1, carry=None))
+    model = StepModel({p.batch_size: p.step_s for p in POINTS}, cold_ratio=1.0)
+
+    def nxt(class_ms: float) -> Next | None:
+        left = class_ms * MS
+        return next_work(task, model, costs, left_s=left, class_s=left, max_batch=64, fresh=True)
+
+    assert nxt(1.0) == Next(16, piece=True, share=0.5)
+    for _ in range(3 * FLIGHT_MISSES):
+        assert nxt(0.5) is None
+    assert task.dropped == 0 and task.flight_misses == 0
+    assert nxt(1.0) == Next(16, piece=True, share=0.5)
