@@ -35,6 +35,7 @@ __all__ = [
     "FILL_SPIN_US",
     "FILL_STORAGE_DIR",
     "JOB_NAME",
+    "LOCAL_PRELOAD",
     "LOG_LEVEL",
     "METRICS_PORT",
     "MODEL_CODE_DIR",
@@ -68,6 +69,7 @@ PARENT_PID = "PIPEFILL_PARENT_PID"  # set by pipefill local: the process gets SI
 CPU_AFFINITY = "PIPEFILL_CPU_AFFINITY"  # CPU list ("0" or "0,1") to pin the process to; unset: no pinning
 DEVICE = "PIPEFILL_DEVICE"  # "cpu", "cuda" or "cuda:N"; unset: cuda when available, else cpu
 OUT_DIR = "PIPEFILL_OUT_DIR"  # where a container writes its event log and trace (local runs and debugging)
+LOCAL_PRELOAD = "PIPEFILL_LOCAL_PRELOAD"  # pipefill local: "0": each child imports torch itself (launcher.py)
 LOG_LEVEL = "PIPEFILL_LOG_LEVEL"  # the fill executor's logging level (DEBUG, INFO, WARNING, ERROR); default INFO
 
 # Trainer container only (plus torch.distributed's own RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)

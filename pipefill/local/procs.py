@@ -13,17 +13,19 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from pipefill import env
+from pipefill.local.launcher import Forked, Launcher
 from pipefill.pods import rank_containers
 from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
 from pipefill.usercommand import local_argv, local_command_env
 
-__all__ = ["LocalProcess", "free_port", "local_processes", "schedule_file", "stop_all"]
+__all__ = ["LocalProcess", "child_environment", "free_port", "local_processes", "schedule_file", "stop_all"]
 
 
 @dataclass
@@ -36,7 +38,8 @@ class LocalProcess:
     env: dict[str, str]
     out_dir: Path
     metrics_port: int
-    popen: subprocess.Popen[bytes] | None = None
+    launcher: Launcher | None = field(default=None, repr=False)  # forks it preloaded where it can (launcher.py)
+    child: subprocess.Popen[bytes] | Forked | None = None
     restarts: int = 0
     log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -46,8 +49,12 @@ class LocalProcess:
 
     def start(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(self.out_dir / "output.log", "ab")  # noqa: SIM115 (kept open while the process runs)
-        self.popen = subprocess.Popen(
+        log = self.out_dir / "output.log"
+        self.child = None if self.launcher is None else self.launcher.launch(self.argv, self.env, log)
+        if self.child is not None:
+            return
+        self.log = open(log, "ab")  # noqa: SIM115 (kept open while the process runs)
+        self.child = subprocess.Popen(
             self.argv,
             env=self.env,
             stdout=self.log,
@@ -56,12 +63,16 @@ class LocalProcess:
         )
 
     def poll(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
+        return None if self.child is None else self.child.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit status once it ended (``subprocess.TimeoutExpired`` after ``timeout`` s); None: never started."""
+        return None if self.child is None else self.child.wait(timeout)
 
     def signal(self, signum: int) -> None:
-        if self.popen is not None and self.popen.poll() is None:
+        if self.child is not None and self.child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signum)
+                os.killpg(self.child.pid, signum)
 
     def close(self) -> None:
         if self.log is not None:
@@ -95,6 +106,16 @@ def _cpu_for(rank: int, stages: int) -> str:
     return str(cpus[(rank % stages) % len(cpus)])
 
 
+def child_environment(container: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A child's environment: this process's, its container's, then unbuffered output, one OpenMP thread and tied to
+    this process (pipefill.parent). A launcher started with ``child_environment()`` can fork every child whose
+    container adds no start-up variable (launcher.py)."""
+    child = dict(os.environ)
+    child.update(container or {})
+    child.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", env.PARENT_PID: str(os.getpid())})
+    return child
+
+
 def local_processes(
     job: PipelineTrainingJob,
     *,
@@ -105,15 +126,16 @@ def local_processes(
     master_port: int,
     device: str = "cpu",
     pin: bool = True,
+    launcher: Launcher | None = None,
 ) -> list[LocalProcess]:
-    """Every container of every rank, fill executors first (as native sidecars start first)."""
+    """Every container of every rank, fill executors first (as native sidecars start first); ``launcher``: started
+    preloaded where it can (else with ``Popen``)."""
     procs: list[LocalProcess] = []
     for rank in range(job.world_size):
         channel = channel_root / f"rank{rank}"
         channel.mkdir(parents=True, exist_ok=True)
         for plan in rank_containers(job, rank):
-            child = dict(os.environ)
-            child.update(plan.env)
+            child = child_environment(plan.env)
             port = free_port()
             rank_out = out_dir / "ranks" / str(rank) / plan.name
             child.update(
@@ -122,9 +144,6 @@ def local_processes(
                     env.METRICS_PORT: str(port),
                     env.OUT_DIR: str(rank_out),
                     env.DEVICE: device,
-                    "PYTHONUNBUFFERED": "1",
-                    "OMP_NUM_THREADS": "1",
-                    env.PARENT_PID: str(os.getpid()),  # it ends with this runner (pipefill.parent)
                 }
             )
             if pin and device == "cpu":
@@ -145,7 +164,7 @@ def local_processes(
             if plan.name == "trainer" and job.spec.trainer is not None:  # the user's command (pipefill.usercommand)
                 local_command_env(job, child, master_port=master_port)
             argv = local_argv(plan.argv)
-            procs.append(LocalProcess(rank, plan.name, argv, child, rank_out, port))
+            procs.append(LocalProcess(rank, plan.name, argv, child, rank_out, port, launcher))
     procs.sort(key=lambda p: (p.container != "fill-executor", p.rank))
     return procs
 
@@ -161,6 +180,5 @@ def stop_all(procs: list[LocalProcess], *, grace_s: float = 10.0) -> None:
             time.sleep(0.05)
         for p in group:
             p.signal(signal.SIGKILL)
-            if p.popen is not None:
-                p.popen.wait()
+            p.wait()
             p.close()

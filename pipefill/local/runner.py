@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from pipefill import env
 from pipefill.env import fill_max_active_jobs
 from pipefill.lifecycle import Decision, Observed, decide, exit_code
 from pipefill.lifecycle.checks import spec_problems
@@ -30,7 +32,15 @@ from pipefill.lifecycle.conditions import ConditionType, find
 from pipefill.lifecycle.exitcodes import exit_text as describe_exit
 from pipefill.local.adapter import LocalGang
 from pipefill.local.fillqueue import LocalQueue
-from pipefill.local.procs import LocalProcess, free_port, local_processes, model_code_dir, schedule_file
+from pipefill.local.launcher import Launcher
+from pipefill.local.procs import (
+    LocalProcess,
+    child_environment,
+    free_port,
+    local_processes,
+    model_code_dir,
+    schedule_file,
+)
 from pipefill.local.report import FILL_WORK_DIR
 from pipefill.spec import FillJob, JobPhase, PipelineTrainingJob, PipelineTrainingJobStatus, SpecError, to_obj
 
@@ -42,6 +52,7 @@ _POLL_S = 0.2
 CONFIG_MAPS_DIR = "configmaps"
 STATUS_FILE = "status.json"  # under --out: the PipelineTrainingJob status, as the operator would write it
 EVENTS_FILE = "events.jsonl"  # under --out: the Events the operator would post, one JSON object a line
+LAUNCHER_LOG = "launcher.log"  # under --out: the output of the preloaded launcher the children are forked from
 _JOB_GENERATION = 1  # metadata.generation: the manifest is read once, so the spec never changes during a run
 
 
@@ -133,7 +144,9 @@ class LocalRun:
         """The fill executors' work source: the FillJob manifests and their ``<job>.status.json``."""
         return self.out_dir / FILL_WORK_DIR
 
-    def _spawner(self, spec_file: Path, work_dir: Path, channel_root: Path) -> Callable[[], list[LocalProcess]]:
+    def _spawner(
+        self, spec_file: Path, work_dir: Path, channel_root: Path, launcher: Launcher | None
+    ) -> Callable[[], list[LocalProcess]]:
         def spawn() -> list[LocalProcess]:  # one rendezvous port per generation, as a new gang's pods rendezvous anew
             return local_processes(
                 self.job,
@@ -144,6 +157,7 @@ class LocalRun:
                 master_port=free_port(),
                 device=self.device,
                 pin=self.pin,
+                launcher=launcher,
             )
 
         return spawn
@@ -187,8 +201,11 @@ class LocalRun:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         (self.out_dir / EVENTS_FILE).unlink(missing_ok=True)
+        launcher = None  # torch imported once, each child forked from it (launcher.py); "0": each imports it
+        if os.environ.get(env.LOCAL_PRELOAD, "1") != "0":
+            launcher = Launcher(child_environment(), self.out_dir / LAUNCHER_LOG)
         self.gang = gang = LocalGang(
-            self.job, out_dir=self.out_dir, spawn=self._spawner(spec_file, work_dir, channel_root)
+            self.job, out_dir=self.out_dir, spawn=self._spawner(spec_file, work_dir, channel_root, launcher)
         )
         gang.restarts = self.outcome.process_restarts
         problems = spec_problems(self.job, schedule_csv=self.schedule_csv)  # admission's checks passed already
@@ -226,6 +243,8 @@ class LocalRun:
             return self.outcome
         finally:
             gang.stop()
+            if launcher is not None:
+                launcher.close()
             shutil.rmtree(channel_root, ignore_errors=True)
             if queue is not None:  # the executors' last reports in: the status as the cluster's once the job ends
                 queue.pass_once([], running=False)

@@ -14,6 +14,7 @@ import yaml
 from waiting import wait_for
 
 from pipefill.events import ActionEvent, StepEvent, read_events
+from pipefill.local.report import rank_log_paths
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,18 +117,18 @@ def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> Non
 
 
 def _child_pid(out: Path, rank: int, container: str) -> int | None:
-    """The pid of the local process that runs ``container`` of ``rank`` (found by its PIPEFILL_OUT_DIR)."""
-    want = f"PIPEFILL_OUT_DIR={out / 'ranks' / str(rank) / container}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want in environ:
-            return int(entry.name)
-    return None
+    """The pid of the live local process that runs ``container`` of ``rank``: the last its event log names (a child
+    forked from the preloaded launcher has the launcher's /proc environ, so that does not tell)."""
+    trainer_log, fill_log = rank_log_paths(out, rank)
+    events = read_events(trainer_log if container == "trainer" else fill_log)
+    if not events:
+        return None
+    pid = events[-1].pid
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:  # gone
+        return None
+    return None if state == "Z" else pid
 
 
 def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_job(tmp_path: Path) -> None:
@@ -160,6 +161,10 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
             wait_for(lambda: len(steps()) > steps_then + 2, "training on", timeout_s=90)
             trainer_pid = _child_pid(out, 1, "trainer")
             assert trainer_pid is not None
+            # forked from the run's preloaded launcher (torch imported once), shown in ps as its own command
+            parent = int(Path(f"/proc/{trainer_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert b"pipefill.local.launcher" in Path(f"/proc/{parent}/cmdline").read_bytes()
+            assert b"-m pipefill_trainer" in Path(f"/proc/{trainer_pid}/cmdline").read_bytes()
             os.kill(trainer_pid, signal.SIGKILL)
             wait_for(
                 lambda: _child_pid(out, 1, "trainer") not in (None, trainer_pid), "a new trainer", timeout_s=90

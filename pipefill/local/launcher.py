@@ -1,0 +1,317 @@
+"""A preloaded interpreter that forks the local run's Python children: torch is imported once per run, not per process.
+
+Every trainer and fill executor of ``pipefill local`` is ``python -m <module>``, and each spent its first 2.5-3.5 CPU
+seconds importing torch (PyPI's CUDA build, measured in docs/benchmarks.md): four such imports start a 2-stage run,
+and each gang restart or executor restart pays again. The runner starts this launcher once: it imports torch (and
+numpy) and waits on a socket; each child is a ``fork()`` of it that becomes ``python -m <module>`` with the child's own
+arguments, environment, working directory and log, in a session of its own, as ``subprocess.Popen`` would start it.
+Its pages of torch are shared with the launcher's until written.
+
+What could differ from a fresh interpreter is what is read at interpreter or torch start-up; a child whose start-up
+variables (``PYTHON*``, ``TORCH*``, ``OMP_*``, ``LD_*``, ... below) differ from the launcher's, or that is not
+``<this python> -m <module>``, is started by ``Popen`` instead, as is every child when the launcher is down. The
+launcher starts no thread (``OMP_NUM_THREADS=1``), so ``fork()`` is safe, and it never touches a GPU: CUDA initializes
+in the child. numpy's global generator is reseeded in each child, as a fresh process seeds it.
+
+The launcher is the children's parent: it reaps them and reports each exit status (``Popen.returncode``'s form) to
+the runner, which still signals their process groups itself. It ends with the runner (``PIPEFILL_PARENT_PID``), and
+a child whose parent is the launcher is tied to the launcher, so a killed runner still stops every child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import runpy
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipefill import env
+
+__all__ = ["Forked", "Launcher", "startup_variables"]
+
+_logger = logging.getLogger("pipefill")
+
+PRELOAD = ("torch", "torch.distributed", "numpy")  # what every trainer and fill executor imports first
+# Read when the interpreter, libc, OpenMP/BLAS or torch start: a child must see what the launcher saw.
+_STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "LD_", "MALLOC", "GLIBC")
+_READY_TIMEOUT_S = 60.0  # torch's import: 3 s on an idle 2-core machine, far longer under load
+_REPLY_TIMEOUT_S = 10.0
+
+
+def startup_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables read at interpreter or torch start-up: equal for a launcher and its children."""
+    return {k: v for k, v in environ.items() if k.startswith(_STARTUP_PREFIXES)}
+
+
+class Forked:
+    """A child forked by the launcher: the part of ``subprocess.Popen`` the runner uses (pid, poll, wait)."""
+
+    def __init__(self, launcher: Launcher, pid: int) -> None:
+        self.launcher, self.pid = launcher, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.launcher.exit_status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            self.launcher.read(min(left, 0.5) if left is not None else 0.5)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class Launcher:
+    """The runner's side: starts the launcher process and asks it for children. Not thread-safe (the runner's loop
+    alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash)."""
+
+    def __init__(self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD) -> None:
+        self.environ = dict(environ)
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        self._buf = b""
+        self._exits: dict[int, int] = {}
+        self._ready: bool | None = None  # None: not heard from yet
+        self._waiting = False  # launch() waits for the reply to a start
+        self._reply: dict[str, Any] | None = None
+        self._closed = False  # its socket reached EOF: it exited, and no exit is reported any more
+        self.down = ""  # why it starts no more children, once it does not
+        self._warned = False
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
+                env=self.environ,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        theirs.close()
+
+    def _messages(self, timeout: float) -> list[dict[str, Any]]:
+        """What arrived within ``timeout`` seconds (0: what is there now); at EOF the launcher is down for good."""
+        if self._closed:
+            return []
+        readable, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
+        if readable:
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError as exc:
+                data, self.down = b"", f"its socket failed: {exc}"
+            if not data:
+                self._closed = True
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=5)
+                self.down = self.down or f"it exited ({self._proc.returncode})"
+            self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        return [json.loads(line) for line in lines if line]
+
+    def read(self, timeout: float = 0.0) -> None:
+        """Take in what the launcher said within ``timeout`` seconds: exits are kept for :meth:`exit_status`, the
+        reply to a start for :meth:`launch`. A child started after its start was given up on is killed."""
+        for message in self._messages(timeout):
+            if "exit" in message:
+                self._exits[int(message["exit"])] = int(message["code"])
+            elif "ready" in message:
+                self._ready = bool(message["ready"])
+                if not self._ready:
+                    self.down = str(message.get("error", "its preload failed"))
+            elif self._waiting:
+                self._reply = message
+            elif "pid" in message:  # too late: the runner started it with Popen meanwhile
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(int(message["pid"]), signal.SIGKILL)
+
+    def ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
+        """Whether the launcher has preloaded and takes requests (waits up to ``timeout`` seconds for it)."""
+        deadline = time.monotonic() + timeout
+        while self._ready is None and not self.down and time.monotonic() < deadline:
+            self.read(deadline - time.monotonic())
+        if self._ready is None and not self.down:
+            self.down = f"not ready after {timeout:.0f} s"
+        return bool(self._ready) and not self.down
+
+    def module_of(self, argv: list[str], environ: Mapping[str, str]) -> str | None:
+        """The module a child would run, where the launcher can start it: ``<this python> -m <module> ...`` with the
+        launcher's start-up variables; None: start it with ``Popen``."""
+        if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or argv[2].startswith("-"):
+            return None
+        return argv[2] if startup_variables(environ) == startup_variables(self.environ) else None
+
+    def launch(self, argv: list[str], environ: Mapping[str, str], log: Path) -> Forked | None:
+        """Fork ``argv`` with ``environ``, its output appended to ``log``; None where the launcher cannot start it
+        (the caller starts it with ``Popen``)."""
+        module = self.module_of(argv, environ)
+        if module is None:
+            return None
+        if not self.ready():
+            if not self._warned:
+                self._warned = True
+                _logger.warning("the preloaded launcher is down (%s): each process imports torch itself", self.down)
+            return None
+        request = {"module": module, "argv": argv, "env": dict(environ), "cwd": os.getcwd(), "log": str(log)}
+        try:
+            self._sock.sendall(json.dumps(request).encode() + b"\n")
+        except OSError as exc:
+            self.down = f"its socket failed: {exc}"
+            return None
+        deadline = time.monotonic() + _REPLY_TIMEOUT_S
+        self._waiting, self._reply = True, None
+        try:
+            while self._reply is None and not self._closed and time.monotonic() < deadline:
+                self.read(deadline - time.monotonic())
+        finally:
+            self._waiting = False
+        reply, self._reply = self._reply, None
+        if reply is not None and "pid" in reply:
+            return Forked(self, int(reply["pid"]))
+        self.down = str(reply.get("error", reply)) if reply is not None else self.down or "no reply to a start"
+        return None
+
+    def exit_status(self, pid: int) -> int | None:
+        """How child ``pid`` ended (``Popen.returncode``'s form), None while it runs. Where the launcher is gone, so is
+        the report: its children, tied to it, got SIGTERM; one that has ended is reported as ended by SIGTERM."""
+        self.read()
+        if pid in self._exits:
+            return self._exits[pid]
+        if self._closed:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                self._exits[pid] = -signal.SIGTERM
+                return self._exits[pid]
+            except PermissionError:
+                pass
+        return None
+
+    def close(self) -> None:
+        """End the launcher (call once its children ended: it stops taking requests and exits)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# The launcher process ----------------------------------------------------------------------------------------------
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the runner is gone: the loop sees EOF next
+        sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _become(request: dict[str, Any], launcher_pid: int) -> None:
+    """In a fresh fork: the child ``Popen`` would have started (own session, output to its log, its environment)."""
+    os.setsid()
+    fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(null)
+    with contextlib.suppress(ImportError):  # ps, top and pgrep -f show the child's own command line (not in images)
+        from setproctitle import setproctitle
+
+        setproctitle(shlex.join(request["argv"]))  # before the environment changes: it needs the original one
+    os.chdir(request["cwd"])
+    environ = dict(request["env"])
+    if environ.get(env.PARENT_PID):  # tied to its parent, this launcher, which is tied to the runner
+        environ[env.PARENT_PID] = str(launcher_pid)
+    os.environ.clear()
+    os.environ.update(environ)
+    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
+        sys.modules["numpy"].random.seed()
+    sys.argv = [sys.argv[0], *request["argv"][3:]]
+
+
+def _serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Fork a child per request, report each exit; returns a request in the child, None in the launcher at EOF."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    buf = b""
+    me = os.getpid()
+    while True:
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if sock.fileno() not in readable:
+            continue
+        data = sock.recv(1 << 16)
+        if not data:
+            return None
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in filter(None, lines):
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _send(sock, {"error": f"fork failed: {exc}"})
+                continue
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                sock.close()
+                _become(request, me)
+                return dict(request)
+            _send(sock, {"pid": pid})
+
+
+def main(argv: list[str]) -> None:
+    from pipefill.parent import stop_with_parent
+
+    sock = socket.socket(fileno=int(argv[0]))
+    stop_with_parent()  # a killed runner ends the launcher, and with it (their parent) every child
+    try:
+        for name in argv[1:]:
+            with contextlib.suppress(ImportError):  # not installed here (numpy, say): nothing to share of it
+                importlib.import_module(name)
+    except Exception as exc:  # any failure of an import: the runner starts its children itself
+        _send(sock, {"ready": False, "error": f"preloading failed: {type(exc).__name__}: {exc}"})
+        return
+    _send(sock, {"ready": True})
+    request = _serve(sock)
+    if request is not None:  # a child: run its module as ``python -m`` would, then exit as it does
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
