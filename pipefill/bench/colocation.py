@@ -37,6 +37,8 @@ from pipefill.bench.blocks import run_blocks
 from pipefill.bench.colocation_run import launch, manifests
 from pipefill.bench.machine import describe_machine, visible_gpus
 from pipefill.bench.runs import in_root
+from pipefill.local.launcher import Launcher
+from pipefill.local.procs import child_environment
 from pipefill.spec import SpecError
 
 __all__ = ["MODES", "TARGETS", "main"]
@@ -228,6 +230,15 @@ def _pct(v: float | None) -> str:
 
 
 def _run_all(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """Every run's processes forked from one preloaded launcher (pipefill.local.launcher): torch imported once."""
+    a.launcher = Launcher(child_environment(), root / "launcher.log")
+    try:
+        return _run_configs(a, root)
+    finally:
+        a.launcher.close()
+
+
+def _run_configs(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     """Per configuration: calibration, the blocked run; then every repetition's A B C, interleaved."""
     configs = [(s, m) for s in a.schedules for m in a.microbatches]
     plans = {c: _plan(a, *c, root) for c in configs}  # (warm-up steps, trainer profile steps)
