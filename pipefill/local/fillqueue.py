@@ -73,6 +73,11 @@ class LocalQueue:
         self.job, self.fills, self.work_dir = job, list(fills), work_dir
         self.policy, self.max_jobs_per_rank, self.schedule_csv = policy, max_jobs_per_rank, schedule_csv
         self.last: PassResult | None = None
+        # each FillJob as the API would return it, less its status: read once (a run never changes a spec), not at
+        # every pass (with 100 FillJobs, converting them was half of a 19 ms pass, 5 passes a second)
+        self._bodies = {
+            f.name: {"metadata": {"namespace": _namespace(f), "name": f.name}, "spec": to_obj(f)["spec"]} for f in fills
+        }
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / QUEUE_MARKER).write_text(json.dumps({"policy": policy}) + "\n", encoding="utf-8")
 
@@ -130,8 +135,7 @@ class LocalQueue:
         hosts = {training.key} if running else set()
         now = now_rfc3339()
         for fill in self.fills:
-            body = {"metadata": {"namespace": _namespace(fill), "name": fill.name}, "spec": to_obj(fill)["spec"]}
-            body["status"] = statuses[fill.name]
+            body = {**self._bodies[fill.name], "status": statuses[fill.name]}
             patch = decide(body, result.jobs.get((_namespace(fill), fill.name)), running_hosts=hosts, now=now).patch
             if patch is not None:
                 self._write(fill.name, statuses[fill.name], patch)
