@@ -19,6 +19,7 @@ import datetime
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,22 @@ from pipefill.spec import FillJob, PipelineTrainingJob, to_obj
 
 __all__ = ["LocalQueue"]
 
+PERIOD_S = 1.0  # a pass at least this often when nothing changed (deadlines, jobs about to finish: decided by time)
 _HELD_BACK = "Suspended"  # the phase the pass treats as inactive: its placements come back released
 _FINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 def _namespace(obj: FillJob | PipelineTrainingJob) -> str:
     return str(obj.metadata.get("namespace") or "default")
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    """A status file's object; {} for none, a torn or a foreign one."""
+    try:
+        data = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _unix_s(text: str | None) -> float | None:
@@ -69,8 +80,9 @@ class LocalQueue:
         policy: str = "fifo",
         max_jobs_per_rank: int,
         schedule_csv: str | None = None,
+        period_s: float = PERIOD_S,
     ) -> None:
-        self.job, self.fills, self.work_dir = job, list(fills), work_dir
+        self.job, self.fills, self.work_dir, self.period_s = job, list(fills), work_dir, period_s
         self.policy, self.max_jobs_per_rank, self.schedule_csv = policy, max_jobs_per_rank, schedule_csv
         self.last: PassResult | None = None
         # each FillJob as the API would return it, less its status: read once (a run never changes a spec), not at
@@ -78,18 +90,25 @@ class LocalQueue:
         self._bodies = {
             f.name: {"metadata": {"namespace": _namespace(f), "name": f.name}, "spec": to_obj(f)["spec"]} for f in fills
         }
+        # the inputs of the last pass (every status file's bytes, the pods, running) and when it ran: a pass on the
+        # same inputs within period_s would decide the same, so it is not run (the operator's loop passes on events)
+        self._inputs: tuple[Any, ...] | None = None
+        self._passed_at = 0.0
+        self._views: dict[str, tuple[bytes, FillJobView, dict[str, Any]]] = {}  # name -> (its file, its view, status)
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / QUEUE_MARKER).write_text(json.dumps({"policy": policy}) + "\n", encoding="utf-8")
 
     def _path(self, name: str) -> Path:
         return self.work_dir / f"{name}.status.json"
 
-    def _read(self, name: str) -> dict[str, Any]:
+    def _raw(self, name: str) -> bytes:
         try:
-            data = json.loads(self._path(name).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def _read(self, name: str) -> dict[str, Any]:
+        return _parse(self._raw(name))
 
     def _view(self, index: int, fill: FillJob, status: dict[str, Any]) -> FillJobView:
         phase = str(status.get("phase") or "Queued")
@@ -109,7 +128,15 @@ class LocalQueue:
     def pass_once(self, pods: Sequence[PodView], *, running: bool) -> PassResult:
         """One pass over the FillJobs with the current generation's ``pods``; ``running``: the job's phase is
         Running (only then does it host fill work, as on a cluster)."""
-        statuses = {f.name: self._read(f.name) for f in self.fills}
+        raws = {f.name: self._raw(f.name) for f in self.fills}
+        inputs = (tuple(raws.values()), tuple(pods), running)
+        if self.last is not None and inputs == self._inputs and time.monotonic() - self._passed_at < self.period_s:
+            return self.last  # nothing changed since the last pass: it would decide the same
+        for index, fill in enumerate(self.fills):  # parsed and viewed again only where its file changed
+            if fill.name not in self._views or self._views[fill.name][0] != raws[fill.name]:
+                status = _parse(raws[fill.name])
+                self._views[fill.name] = (raws[fill.name], self._view(index, fill, status), status)
+        statuses = {f.name: self._views[f.name][2] for f in self.fills}
         named = sorted(self.fills, key=lambda f: f.name)
         bubbles = reported_bubbles((_namespace(f), statuses[f.name]) for f in named)
         namespace = _namespace(self.job)
@@ -128,18 +155,20 @@ class LocalQueue:
         training = TrainingJobView.from_spec(
             self.job, ranks=ranks, namespace=namespace, running=running, schedule_csv=self.schedule_csv
         )
-        views = tuple(self._view(i, f, statuses[f.name]) for i, f in enumerate(self.fills))
+        views = tuple(self._views[f.name][1] for f in self.fills)
         result = schedule_pass(
             Snapshot(views, (training,), others), policy=self.policy, max_jobs_per_rank=self.max_jobs_per_rank
         )
         hosts = {training.key} if running else set()
         now = now_rfc3339()
+        wrote = False
         for fill in self.fills:
             body = {**self._bodies[fill.name], "status": statuses[fill.name]}
             patch = decide(body, result.jobs.get((_namespace(fill), fill.name)), running_hosts=hosts, now=now).patch
             if patch is not None:
-                self._write(fill.name, statuses[fill.name], patch)
-        self.last = result
+                wrote = self._write(fill.name, statuses[fill.name], patch) or wrote
+        self.last, self._passed_at = result, time.monotonic()
+        self._inputs = None if wrote else inputs  # its own writes are inputs of the next pass
         return result
 
     def _write(self, name: str, seen: dict[str, Any], patch: dict[str, Any]) -> bool:
