@@ -41,17 +41,24 @@ def test_a_queue_of_one_workload_switches_without_profiling_or_start_up(
 ) -> None:
     jobs = tmp_path / "jobs"
     for i, name in enumerate(JOBS):  # one after the other: the highest priority first, one job at a time
-        write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
+        write_job(jobs, name, total=192, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
     monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
     events = _run_until_done(tmp_path, JOBS)
     for name in JOBS:  # every sample once
-        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(96))
+        assert read_outputs(tmp_path / "out" / name)["sample_id"].tolist() == list(range(192))
 
-    profiles = {e.job: e.cached for e in events if isinstance(e, ProfileEvent)}
-    assert profiles == {"q0": False, "q1": True, "q2": True, "q3": True}
+    # The workload's profile is measured once, by the first job that completes it, and every later job starts from
+    # the cache. A job works with its first measured sizes while the profile is measured (#30): on a fast machine
+    # the first job's samples can all go at batch 1 before the larger sizes are measured (CI: 96 samples in 5
+    # bubbles), and the next job measures the profile instead.
+    profiles = [(e.job, e.cached) for e in events if isinstance(e, ProfileEvent)]
+    measured = [job for job, cached in profiles if not cached]
+    assert len(measured) == 1, profiles
+    m = JOBS.index(measured[0])
+    assert m <= 1 and dict(profiles) == {measured[0]: False, **dict.fromkeys(JOBS[m + 1 :], True)}, profiles
     bubbles = [e for e in events if isinstance(e, FillEvent)]
     profiling = {b.job for b in bubbles if b.stop == "profiling"}
-    assert profiling <= {"q0"}, f"jobs profiled in bubbles although their profile was cached: {profiling - {'q0'}}"
+    assert profiling <= set(JOBS[: m + 1]), f"jobs profiled in bubbles after the profile was cached: {profiling}"
 
     startups = {e.job: e for e in events if isinstance(e, StartupEvent)}
     first = startups["q0"]
@@ -86,8 +93,10 @@ def test_jobs_of_one_workload_started_together_are_profiled_once_and_hand_bubble
     measured = next(job for job, cached in profiles if not cached)
     bubbles = [e for e in events if isinstance(e, FillEvent)]
     # a bubble's stop is its last part's: when the first job's slice ran out of work mid-bubble and the rest went to
-    # the other (the hand-off), a profile measured in that rest is the other's
-    assert {b.handoff or b.job for b in bubbles if b.stop == "profiling"} == {measured}
+    # the other (the hand-off), a profile measured in that rest is the other's. No job that took the cached profile
+    # profiled in a bubble; one that ran out of work before its profile was complete may have (a fast machine).
+    profiled = {b.handoff or b.job for b in bubbles if b.stop == "profiling"}
+    assert measured in profiled and not profiled & {job for job, cached in profiles if cached}, profiled
     # a job whose slice ran out of work mid-bubble handed the rest of it to the other active job
     handed = [b for b in bubbles if b.handoff is not None]
     assert handed and all(b.handoff != b.job for b in handed)
