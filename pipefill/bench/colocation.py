@@ -37,8 +37,7 @@ from pipefill.bench.blocks import run_blocks
 from pipefill.bench.colocation_run import launch, manifests
 from pipefill.bench.machine import describe_machine, visible_gpus
 from pipefill.bench.runs import in_root
-from pipefill.local.launcher import Launcher
-from pipefill.local.procs import child_environment
+from pipefill.local.procs import preloaded_launcher
 from pipefill.spec import SpecError
 
 __all__ = ["MODES", "TARGETS", "main"]
@@ -231,11 +230,12 @@ def _pct(v: float | None) -> str:
 
 def _run_all(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     """Every run's processes forked from one preloaded launcher (pipefill.local.launcher): torch imported once."""
-    a.launcher = Launcher(child_environment(), root / "launcher.log")
+    a.launcher = preloaded_launcher(root / "launcher.log")
     try:
         return _run_configs(a, root)
     finally:
-        a.launcher.close()
+        if a.launcher is not None:
+            a.launcher.close()
 
 
 def _run_configs(a: argparse.Namespace, root: Path) -> list[dict[str, Any]]:

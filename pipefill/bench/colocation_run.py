@@ -106,7 +106,7 @@ def processes(a: argparse.Namespace, job: PipelineTrainingJob, fills: list[FillJ
     spec_file, _ = prepare(job, [], run_dir)
     procs = local_processes(
         job, spec_file=spec_file, out_dir=run_dir, work_dir=run_dir / "queue", channel_root=channel_root,
-        master_port=free_port(), device=a.device, pin=False, launcher=getattr(a, "launcher", None),
+        master_port=free_port(), device=a.device, pin=False, launcher=a.launcher,
     )  # fmt: skip
     slot = {rank: i for i, rank in enumerate(a.ranks)}  # the core or GPU of each stage that runs
     chosen = [p for p in procs if p.rank in slot]

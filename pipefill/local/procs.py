@@ -25,7 +25,15 @@ from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
 from pipefill.usercommand import local_argv, local_command_env
 
-__all__ = ["LocalProcess", "child_environment", "free_port", "local_processes", "schedule_file", "stop_all"]
+__all__ = [
+    "LocalProcess",
+    "child_environment",
+    "free_port",
+    "local_processes",
+    "preloaded_launcher",
+    "schedule_file",
+    "stop_all",
+]
 
 
 @dataclass
@@ -114,6 +122,12 @@ def child_environment(container: Mapping[str, str] | None = None) -> dict[str, s
     child.update(container or {})
     child.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", env.PARENT_PID: str(os.getpid())})
     return child
+
+
+def preloaded_launcher(log: Path) -> Launcher | None:
+    """The launcher children are forked from (torch imported once, launcher.py), its output in ``log``; None where
+    ``PIPEFILL_LOCAL_PRELOAD=0`` (each child then imports torch itself)."""
+    return None if os.environ.get(env.LOCAL_PRELOAD, "1") == "0" else Launcher(child_environment(), log)
 
 
 def local_processes(

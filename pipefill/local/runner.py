@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -24,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from pipefill import env
 from pipefill.env import fill_max_active_jobs
 from pipefill.lifecycle import Decision, Observed, decide, exit_code
 from pipefill.lifecycle.checks import spec_problems
@@ -35,10 +33,10 @@ from pipefill.local.fillqueue import LocalQueue
 from pipefill.local.launcher import Launcher
 from pipefill.local.procs import (
     LocalProcess,
-    child_environment,
     free_port,
     local_processes,
     model_code_dir,
+    preloaded_launcher,
     schedule_file,
 )
 from pipefill.local.report import FILL_WORK_DIR
@@ -201,9 +199,7 @@ class LocalRun:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         channel_root = Path(tempfile.mkdtemp(prefix=f"pipefill-{self.job.name}-", dir=shm))
         (self.out_dir / EVENTS_FILE).unlink(missing_ok=True)
-        launcher = None  # torch imported once, each child forked from it (launcher.py); "0": each imports it
-        if os.environ.get(env.LOCAL_PRELOAD, "1") != "0":
-            launcher = Launcher(child_environment(), self.out_dir / LAUNCHER_LOG)
+        launcher = preloaded_launcher(self.out_dir / LAUNCHER_LOG)
         self.gang = gang = LocalGang(
             self.job, out_dir=self.out_dir, spawn=self._spawner(spec_file, work_dir, channel_root, launcher)
         )
