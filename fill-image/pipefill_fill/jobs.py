@@ -28,7 +28,7 @@ from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import StepModel
 from pipefill_fill.profilecache import load_cached
 from pipefill_fill.profiler import BubbleProfiler
-from pipefill_fill.reporting import ReportFields, commit_event, progress_report
+from pipefill_fill.reporting import ReportFields, commit_event, progress_report, released, written_event
 from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources import Identity, ProgressReport, WorkSource
@@ -73,6 +73,7 @@ class Jobs:
         self.identity = identity or getattr(source, "identity", None) or Identity("", 0)
         self.max_active = fill_max_active_jobs() if max_active is None else max_active
         self.active: dict[str, ActiveJob] = {}
+        self.releasing: list[ActiveJob] = []  # let go of, a commit in flight: logged once it is written
         self.failed: set[str] = set()
         self.busy_until: dict[str, float] = {}  # job -> when to try again to open a slice another process held locked
         self.generation = 0
@@ -109,12 +110,13 @@ class Jobs:
         return working < self.max_active and len(self.active) < self.max_active + 1
 
     def _waiting(self, name: str) -> bool:
-        """Whether ``name`` found its slice locked less than ``lock_retry_s`` ago (see :data:`LOCK_RETRY_S`)."""
+        """Whether ``name`` found its slice locked less than ``lock_retry_s`` ago (see :data:`LOCK_RETRY_S`), or is
+        offered again before the commit it had in flight here when it was let go of is settled."""
         until = self.busy_until.get(name)
         if until is not None and time.monotonic() >= until:
             del self.busy_until[name]
-            return False
-        return until is not None
+            until = None
+        return until is not None or any(a.name == name for a in self.releasing)
 
     def _start(self, spec: TaskSpec) -> None:
         job = JobDir(spec)
@@ -188,14 +190,8 @@ class Jobs:
         self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))
         log.info("job %s: profile %s", a.name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
         measured = tuple(ProfileEntry(p.batch_size, p.step_s * 1e3, p.peak_bytes) for p in points if p.step_s > 0)
-        unfit = unfit_report(
-            a.profiler,
-            points,
-            self.recent_bubbles(),
-            identity=self.identity,
-            free_bytes=self.settings.reserved_bytes,
-            guard_s=self.settings.guard_s,
-        )
+        bubbles, free, guard = self.recent_bubbles(), self.settings.reserved_bytes, self.settings.guard_s
+        unfit = unfit_report(a.profiler, points, bubbles, identity=self.identity, free_bytes=free, guard_s=guard)
         if unfit is not None:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
             log.warning("job %s: %s; left for another executor", a.name, unfit.message)
             self._remove(a.name)
@@ -235,6 +231,7 @@ class Jobs:
     def settle(self) -> None:
         """Between bubbles: account for the commits the writer finished, move on from slices whose work is all
         written; a commit refused (the slice moved) or failed (the storage) stops its job."""
+        self._let_go_settled()
         for a in list(self.active.values()):
             self._settle(a)
 
@@ -253,12 +250,10 @@ class Jobs:
             self._slice_done(a)
 
     def _committed(self, a: ActiveJob, pending: Pending) -> None:
-        committed = a.job.committed()
+        self.events.write(event := written_event(a, pending))
+        committed = event.end
         self.metrics.commits.labels(a.name).inc()
         self.metrics.committed_items.labels(a.name).set(committed)
-        self.events.write(
-            commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s)
-        )
         now = time.monotonic()
         if now - a.reported_at >= _REPORT_EVERY_S and not a.task.done():  # a finished slice reports once complete
             rate = (committed - a.rate_units) / max(1e-9, now - a.rate_since) if a.reported_at else None
@@ -336,13 +331,17 @@ class Jobs:
             self._report(a.spec, a.job, FillJobPhase.RUNNING, message=f"{self.who()}: {exc}")
 
     def let_go(self, name: str, why: str) -> None:
-        """Stop job ``name`` now without committing (its assignment here ended); its committed work stays."""
-        a = self._remove(name)
-        if a is None:
-            return
-        log.info("job %s: %s; letting go of slice %s at %d", name, why, a.slice, a.task.committed)
-        self.events.write(JobEvent(job=name, phase="Released", committed=a.job.committed(), total=a.spec.total))
-        self.source.release(name)
+        """Stop job ``name`` now without committing more (its assignment here ended); its committed work stays."""
+        if (a := self._remove(name)) is not None:
+            log.info("job %s: %s; letting go of slice %s at %d", name, why, a.slice, a.task.committed)
+            self.releasing.append(a)  # its commit in flight lands first (or is refused): the slice is held till then
+            self._let_go_settled()
+
+    def _let_go_settled(self) -> None:
+        """Jobs let go of whose commit in flight is settled: logged (:func:`released`), given back to the source."""
+        for a in [a for a in self.releasing if released(a, self.events)]:
+            self.releasing.remove(a)
+            self.source.release(a.name)
 
     def who(self) -> str:
         return f"executor of {self.identity.training_job} rank {self.identity.rank}"
@@ -357,6 +356,7 @@ class Jobs:
             self._stop_job(a)
         if not self.writer.close(timeout_s=_WRITER_CLOSE_S):  # commits of jobs let go; the storage does not answer
             log.warning("commits still being written after %.0f s at shutdown; not waiting longer", _WRITER_CLOSE_S)
+        self._let_go_settled()
 
     def _stop_job(self, a: ActiveJob) -> None:
         self._remove(a.name)

@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from pipefill.events import EventWriter
 from pipefill.plan import ProfilePoint
@@ -17,9 +19,12 @@ from pipefill.spec import load_file
 from pipefill_fill.commits import CommitWriter
 from pipefill_fill.dispatch import Dispatcher
 from pipefill_fill.inbubble import BubbleOutcome, run_steps
+from pipefill_fill.jobs import Jobs
+from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.overruns import Margin
 from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.settings import Settings
+from pipefill_fill.sources import WorkSource
 from pipefill_fill.store import ProgressStore, Staged
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -102,4 +107,13 @@ def stub_dispatcher(tmp_path: Path, tasks: dict[str, FillTask], *, guard_s: floa
         settings=settings,
         switch=Estimator(default_s=0.0),
         events=EventWriter(None),
+    )
+
+
+def cpu_jobs(source: WorkSource, events: EventWriter, **kwargs: Any) -> Jobs:
+    """The executor's jobs over ``source`` on the CPU, settings from the environment, metrics in a registry of their
+    own; ``kwargs``: the other arguments of :class:`Jobs`."""
+    registry = kwargs.pop("registry", None) or CollectorRegistry()
+    return Jobs(
+        source=source, device=CPU, settings=Settings.from_env(), metrics=FillMetrics(registry), events=events, **kwargs
     )

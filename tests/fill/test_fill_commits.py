@@ -10,10 +10,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, open_task, stub_dispatcher
+import pytest
+from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, cpu_jobs, open_task, stub_dispatcher
 from fill_helpers import HERE, subprocess_env, write_job
 
+from pipefill import env
+from pipefill.events import CommitEvent, EventWriter, JobEvent, read_events
 from pipefill_fill.inbubble import DEFER_BUBBLES, DEFER_S
+from pipefill_fill.sources import Identity, open_source
 from pipefill_fill.store import ProgressStore, read_outputs, read_pointer
 
 
@@ -125,3 +129,43 @@ def test_a_commits_device_part_is_measured_before_the_first(jobs_dir: Path) -> N
     assert task.dry_commit_s() > 0  # what start-up records as the first commit's prediction
     assert (task.committed, task.store.staged, task.store.pending, task.inflight) == (0, 0, 8, None)  # nothing made
     assert not list((task.store.dir / "checkpoints").iterdir())
+
+
+def test_a_job_let_go_with_a_commit_in_flight_logs_that_commit_then_its_release_at_the_pointer_kept(
+    jobs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Suspended (its assignment gone) while the file part of a commit is being written: that commit still lands, so
+    ``Released`` waits for it and names the pointer the storage keeps, after the commit's own event. (It was logged at
+    once with the pointer before the write, and the write's event never: CI saw a stop at 1 385 and a storage at
+    1 762.)"""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    manifest = write_job(jobs_dir, "enc", total=10**4, parameters=PARAMS, output=tmp_path / "out" / "enc")
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    log, writer = tmp_path / "fill-events.jsonl", HeldWriter()
+    jobs = cpu_jobs(source, EventWriter(log), writer=writer)
+
+    def events() -> list[JobEvent | CommitEvent]:
+        jobs.events.flush()
+        return [e for e in read_events(log) if isinstance(e, CommitEvent) or (isinstance(e, JobEvent) and e.job)]
+
+    try:
+        jobs.refresh()
+        task = jobs.active["enc"].task
+        task.step(8)
+        assert task.stage_commit() is not None and writer.started.wait(10)  # its file part held
+        manifest.unlink()  # no longer offered here: as when suspended
+        jobs.refresh()
+        assert "enc" not in jobs.active and [e.phase for e in events() if isinstance(e, JobEvent)] == ["Running"]
+        writer.release.set()
+        assert task.inflight is not None and task.inflight.wait(10)
+        jobs.settle()
+        *_, commit, release = events()
+        assert isinstance(commit, CommitEvent) and commit.end == 8
+        assert isinstance(release, JobEvent) and (release.phase, release.committed) == ("Released", 8)
+        assert not jobs.releasing
+    finally:
+        writer.release.set()
+        jobs.shutdown()
+        source.close()
+        jobs.events.close()

@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from commit_helpers import cpu_jobs
 from fill_helpers import write_job
-from prometheus_client import CollectorRegistry
 
 from pipefill import env
 from pipefill.events import EventWriter, SliceEvent, read_events
 from pipefill.spec import load_file
-from pipefill_fill.jobs import Jobs
 from pipefill_fill.locks import LockBusy
-from pipefill_fill.metrics import FillMetrics
-from pipefill_fill.settings import Settings
 from pipefill_fill.sources import Identity, open_source
 from pipefill_fill.store import ProgressStore
 from pipefill_fill.task import FillTask, TaskSpec
@@ -96,12 +93,9 @@ def test_only_the_locked_job_waits_and_it_resumes_once_the_lock_is_free(
     holders.append(Holder(tmp_path / "out" / "stuck" / ".commit.lock"))  # a previous owner, hung inside a commit
     source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
     log = tmp_path / "fill-events.jsonl"
-    jobs = Jobs(
-        source=source,
-        device=torch.device("cpu"),
-        settings=Settings.from_env(),
-        metrics=FillMetrics(CollectorRegistry()),
-        events=EventWriter(log),
+    jobs = cpu_jobs(
+        source,
+        EventWriter(log),
         max_active=2,
         lock_timeout_s=0.3,
         lock_retry_s=60.0,
