@@ -6,30 +6,24 @@ core module but not torch. The trainer's and fill's closures are resolved for th
 base image, manylinux x86_64) with ``pip install --dry-run --report``: ``--use-feature=fast-deps`` reads the CUDA
 torch wheel's metadata with HTTP range requests instead of downloading 527 MB (PyPI serves no PEP 658 metadata for
 torch). Every package of every closure must be pinned: by requirements/lock.txt, requirements/cuda.txt or an exact
-(``==``) requirement of another package in the closure.
+(``==``) requirement of another package in the closure. The pip work starts when collection ends
+(tests/images/closures.py): each test here waits for its own part.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dockerfiles import IMAGES, ROOT, context_files, parse
+from closures import CUDA, CUDA_EXTRAS, LOCK, Closures, pip
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 pytestmark = pytest.mark.slow
-LOCK = ROOT / "requirements" / "lock.txt"
-CUDA = ROOT / "requirements" / "cuda.txt"
-_GLIBC_BOOKWORM = 36  # the base image's Debian release ships glibc 2.36
 
 
 def _pins(*files: Path) -> dict[str, str]:
@@ -42,49 +36,11 @@ def _pins(*files: Path) -> dict[str, str]:
     return pins
 
 
-def _pip(*args: str | Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", *map(str, args)], capture_output=True, text=True, timeout=timeout_s
-    )
-    assert done.returncode == 0, f"pip {' '.join(map(str, args))}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The distribution's wheel, built as the Dockerfiles' build stage builds it: from a copy of the build context,
-    in a fresh venv holding only setuptools from the lock, without build isolation."""
-    tmp = tmp_path_factory.mktemp("context")
-    context = tmp / "src"
-    for path in context_files():
-        target = context / path.relative_to(ROOT)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-    build = tmp / "build"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", build], check=True)
-    _pip(
-        "--python", build / "bin" / "python", "install", "-q", "-c", context / "requirements" / "lock.txt", "setuptools"
-    )
-    _pip(
-        "--python",
-        build / "bin" / "python",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        tmp / "w",
-        context,
-    )
-    (built,) = (tmp / "w").glob("pipefill_operator-*.whl")
-    yield built
-
-
-def test_the_operator_closure_installs_from_the_lock_and_imports_without_torch(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
-    python = venv / "bin" / "python"
-    _pip("--python", python, "install", "-q", "-c", LOCK, f"{wheel}[operator]")
+def test_the_operator_closure_installs_from_the_lock_and_imports_without_torch(
+    closures: Closures, tmp_path: Path
+) -> None:
+    python = closures.operator.result()
+    venv = python.parent.parent
 
     def run(code: str) -> subprocess.CompletedProcess[str]:
         # -I: only the venv's site-packages, never this checkout (cwd) or the developer's environment
@@ -104,27 +60,12 @@ def test_the_operator_closure_installs_from_the_lock_and_imports_without_torch(w
         "import sys; assert 'torch' not in sys.modules and 'grafana_foundation_sdk' not in sys.modules"
     )
     assert core.returncode == 0, core.stderr
-    listed = _pip("--python", python, "list", "--format", "json").stdout
+    listed = pip("--python", python, "list", "--format", "json").stdout
     installed = {canonicalize_name(p["name"]): p["version"] for p in json.loads(listed)}
     installed.pop("pipefill-operator")
     pins = _pins(LOCK)
     assert {name: pins.get(name) for name in installed} == installed, "every package at the lock's version"
     assert not any(n.startswith(("torch", "nvidia", "triton", "grafana")) for n in installed)
-
-
-def _resolve(wheel: Path, extra: str, tmp: Path) -> list[dict[str, Any]]:
-    python = parse(ROOT / IMAGES[extra]).args["PYTHON_IMAGE"].split(":")[1].split("-")[0]  # 3.12.12
-    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(17, _GLIBC_BOOKWORM + 1)] + ["manylinux2014_x86_64"]
-    report = tmp / f"{extra}.json"
-    _pip(
-        "install", "--dry-run", "--quiet", "--ignore-installed", "--report", report,
-        "--use-feature=fast-deps", "--only-binary=:all:",
-        *[arg for p in platforms for arg in ("--platform", p)],
-        "--python-version", ".".join(python.split(".")[:2]),
-        "-c", LOCK, "-c", CUDA, f"{wheel}[{extra}]",
-    )  # fmt: skip
-    install: list[dict[str, Any]] = json.loads(report.read_text())["install"]
-    return install
 
 
 def _unpinned(install: list[dict[str, Any]], extra: str) -> list[str]:
@@ -149,25 +90,9 @@ def _unpinned(install: list[dict[str, Any]], extra: str) -> list[str]:
     ]
 
 
-_CUDA_EXTRAS = ("trainer", "fill")
-
-
-@pytest.fixture(scope="module")
-def resolved(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[list[dict[str, Any]]]]:
-    """Both CUDA closures, resolved at the same time (mostly waiting on the index); each test takes its own result,
-    or its own error."""
-    tmp = tmp_path_factory.mktemp("resolve")
-    with ThreadPoolExecutor(len(_CUDA_EXTRAS)) as pool:
-        futures = {extra: pool.submit(_resolve, wheel, extra, tmp) for extra in _CUDA_EXTRAS}
-        wait(futures.values())
-    return futures
-
-
-@pytest.mark.parametrize("extra", _CUDA_EXTRAS)
-def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(
-    resolved: dict[str, Future[list[dict[str, Any]]]], extra: str
-) -> None:
-    install = resolved[extra].result()
+@pytest.mark.parametrize("extra", CUDA_EXTRAS)
+def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(closures: Closures, extra: str) -> None:
+    install = closures.resolved[extra].result()
     got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in install}
     assert got["torch"] == _pins(LOCK)["torch"]
     assert "nvidia-nccl-cu13" in got and "triton" in got, "the CUDA build of torch, not the CPU one"
