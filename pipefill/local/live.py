@@ -115,7 +115,8 @@ class LiveState:
                 continue
             if self._status_mtime_ns.get(name) == mtime_ns:
                 continue
-            status = fill_job_status(self._work_dir, name)
+            known = self.fill_jobs.get(name)
+            status = fill_job_status(self._work_dir, name, total=known.total if known is not None else None)
             if status is None:
                 continue  # written atomically, so only a vanished file or a foreign one gets here
             self._status_mtime_ns[name] = mtime_ns

@@ -31,8 +31,10 @@ class SpecError(ValueError):
         super().__init__(f'{kind} "{name}" is invalid ({source}):\n{lines}')
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, as the API server's strict decoding does."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader that refuses duplicate keys, as the API server's strict decoding does. On libyaml's parser where
+    PyYAML has it (its wheels do): the pure-Python one took 20 ms a FillJob manifest, 2 s of each fill executor's
+    first poll of a 100-job queue, beside the training."""
 
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -45,7 +47,8 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
                 None, None, f"duplicate key {key!r} (line {mark.line + 1}): remove one of them", mark
             )
         seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)

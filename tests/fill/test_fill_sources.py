@@ -51,6 +51,19 @@ def test_files_source_status_and_final_phase(jobs_dir: Path) -> None:
     assert source.status("a")["assignments"] == [] and source.poll() == []
 
 
+def test_a_poll_reads_a_status_again_only_once_it_was_replaced(jobs_dir: Path) -> None:
+    """A poll reads every job's status; an unchanged file is not read and parsed again (a queue of 100 jobs is polled
+    several times a second), and a replaced one is, whatever wrote it: here a Succeeded written by another process's
+    report ends the offer at the next poll."""
+    write_job(jobs_dir, "a", total=10)
+    source, other = FilesSource(jobs_dir, identity=ME), FilesSource(jobs_dir, identity=ME)
+    assert [s.name for s in source.poll()] == ["a"] == [s.name for s in source.poll()]  # the first writes the plan
+    first = source._polled["a"][1]
+    assert [s.name for s in source.poll()] == ["a"] and source._polled["a"][1] is first  # not read again
+    other.report("a", ProgressReport(FillJobPhase.SUCCEEDED, committed=10, total=10))
+    assert source.poll() == [] and source._polled["a"][1]["phase"] == "Succeeded"
+
+
 def test_files_source_one_owner_at_a_time(jobs_dir: Path) -> None:
     write_job(jobs_dir, "a")
     first = FilesSource(jobs_dir, identity=ME)

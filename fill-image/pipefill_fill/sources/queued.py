@@ -46,7 +46,7 @@ class QueuedFilesSource(FollowsAssignments, FilesSource):
         for path in sorted([*self.dir.glob("*.yaml"), *self.dir.glob("*.yml")]):
             for job in self._load(path):
                 cancelled[job.name] = job.spec.cancel
-                mine = self.offer(job, self._status(job.name), self.identity, into=specs, base_dir=self.base_dir)
+                mine = self.offer(job, self._polled_status(job.name), self.identity, into=specs, base_dir=self.base_dir)
                 if mine:
                     assigned[job.name] = mine
         self._assigned, self._cancelled = assigned, cancelled
