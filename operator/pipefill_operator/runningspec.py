@@ -20,6 +20,7 @@ from pipefill.children import JOB_LABEL, SPEC_ANNOTATION, SPEC_KEY, spec_config_
 from pipefill.lifecycle import PodView
 from pipefill.pods import RANK_LABEL, SPEC_GENERATION_LABEL
 from pipefill.spec import PipelineTrainingJob
+from pipefill.spec.loader import SAFE_LOADER
 from pipefill_operator.kube import ApiError, Kube, resource_of
 
 __all__ = ["RunningSpecs"]
@@ -77,7 +78,7 @@ def _spec_of(document: str | None) -> dict[str, Any] | None:
     if document is None:
         return None
     try:
-        obj = yaml.load(document, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        obj = yaml.load(document, Loader=SAFE_LOADER)
     except yaml.YAMLError:
         return None
     spec = obj.get("spec") if isinstance(obj, dict) else None

@@ -30,6 +30,7 @@ from pipefill.events import (
 from pipefill.local.idle import breakdown_markdown
 from pipefill.local.stats import RankStats, merged, overrun_summary
 from pipefill.spec import PipelineTrainingJob, to_obj
+from pipefill.spec.loader import SAFE_LOADER
 
 __all__ = [
     "FILL_WORK_DIR",
@@ -44,7 +45,6 @@ __all__ = [
 
 FILL_WORK_DIR = "filljobs"
 """The fill queue of a local run, inside its output directory: FillJob manifests and their ``<job>.status.json``."""
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: the pure-Python one is ten times slower
 
 
 def overrun_causes(summary: dict[str, Any]) -> str:
@@ -92,7 +92,7 @@ def fill_job_status(work_dir: Path, name: str, *, total: int | None = None) -> d
         return None
     if total is None:
         try:
-            manifest = yaml.load((work_dir / f"{name}.yaml").read_text(encoding="utf-8"), Loader=_LOADER)
+            manifest = yaml.load((work_dir / f"{name}.yaml").read_text(encoding="utf-8"), Loader=SAFE_LOADER)
             total = int(manifest["spec"]["totalSamples"])
         except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
             pass
@@ -108,7 +108,7 @@ def _manifests(work_dir: Path) -> dict[str, tuple[int | None, int]]:
     found: dict[str, tuple[int | None, int]] = {}
     for path in sorted([*work_dir.glob("*.yaml"), *work_dir.glob("*.yml")]):
         try:
-            docs = list(yaml.load_all(path.read_text(encoding="utf-8"), Loader=_LOADER))
+            docs = list(yaml.load_all(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER))
         except (OSError, yaml.YAMLError):
             continue
         for doc in docs:

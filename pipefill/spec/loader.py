@@ -31,10 +31,13 @@ class SpecError(ValueError):
         super().__init__(f'{kind} "{name}" is invalid ({source}):\n{lines}')
 
 
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader that refuses duplicate keys, as the API server's strict decoding does. On libyaml's parser where
-    PyYAML has it (its wheels do): the pure-Python one took 20 ms a FillJob manifest, 2 s of each fill executor's
-    first poll of a 100-job queue, beside the training."""
+SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's safe loader on libyaml's parser where PyYAML has it (its wheels do): the pure-Python one took 20 ms a
+FillJob manifest, 2 s of each fill executor's first poll of a 100-job queue, beside the training."""
+
+
+class _StrictLoader(SAFE_LOADER):  # type: ignore[misc,valid-type]
+    """:data:`SAFE_LOADER` that refuses duplicate keys, as the API server's strict decoding does."""
 
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
