@@ -19,6 +19,7 @@ import torch
 from pipefill.events import AssignEvent, EventWriter
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
+from pipefill_fill.claim import built_key
 from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
 from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.jobs import Jobs
@@ -81,23 +82,20 @@ class Dispatcher:
             return None, "short", BubbleOutcome(), None
         if not active:
             return None, "idle", BubbleOutcome(), None
-        for name, a in active.items():  # profiling first: it is short and bounded (inbubble.PROFILE_MISSES)
-            if a.profile is None:
-                with _guard(name):
-                    out = run_profile_steps(bubble, profiler=a.profiler, is_open=self.is_open, deadline_ns=deadline_ns)
-                if out.stop != "time" or a.profile is not None:
-                    return name, "profiling", out, None  # a complete profile is taken in after the bubble
-                # the next measurement does not fit the time left: work that fits, with the sizes measured so far
-                early = a.early_model()
-                if early is None:  # nothing measured yet: the runner hands the rest of the bubble to another job
-                    out.stop = "profiling"
-                    return name, "profiling", out, None
-                a.profiler.pause()
-                why, rest, batch = self._steps(
-                    name, a, bubble, deadline_ns, offered_s, early, any_size=False, pieces=None
-                )
-                out.extend(rest)
-                return name, why, out, batch
+        for name, a in self._measuring(exclude).items():  # profiling first: short and bounded (PROFILE_MISSES)
+            with _guard(name):
+                out = run_profile_steps(bubble, profiler=a.profiler, is_open=self.is_open, deadline_ns=deadline_ns)
+            if out.stop != "time" or a.profile is not None:
+                return name, "profiling", out, None  # a complete profile is taken in after the bubble
+            # the next measurement does not fit the time left: work that fits, with the sizes measured so far
+            early = a.early_model()
+            if early is None:  # nothing measured yet: the runner hands the rest of the bubble to another job
+                out.stop = "profiling"
+                return name, "profiling", out, None
+            a.profiler.pause()
+            why, rest, batch = self._steps(name, a, bubble, deadline_ns, offered_s, early, any_size=False, pieces=None)
+            out.extend(rest)
+            return name, why, out, batch
         # a slice whose work is done waits only for its last commit: it goes first, whatever the classes say
         finishing = [n for n, a in active.items() if a.profile and a.task.done() and a.task.commit_due()]
         chosen = finishing[0] if finishing else self._job_for(bubble, exclude)
@@ -110,6 +108,22 @@ class Dispatcher:
             chosen, a, bubble, deadline_ns, offered_s, a.model, any_size=a.any_batch_size, pieces=a.piece_costs()
         )
         return chosen, why, out, batch
+
+    def _measuring(self, exclude: str | None) -> dict[str, ActiveJob]:
+        """The jobs whose profiles are measured in bubbles now: one per workload, the first active one of it without a
+        profile. Another job of its workload (two started together) waits for the profile it caches
+        (``Jobs._share_profile``), even while the one measuring is excluded from the rest of a bubble (its next
+        measurement did not fit): measuring the same points twice would spend bubbles on work nobody keeps."""
+        seen: set[str] = set()
+        measuring = {}
+        for name, a in self.jobs.active.items():
+            # a profile completed in this bubble is taken in after it (and cached then): its job still measures it
+            if a.profile_taken or (key := built_key(a.task, self.device)) in seen:
+                continue
+            seen.add(key)
+            if a.profile is None and name != exclude:
+                measuring[name] = a
+        return measuring
 
     def floor_s(self) -> float:
         """The shortest bubble the active jobs can use now (published on the channel for the trainer's announcement

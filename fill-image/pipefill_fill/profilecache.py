@@ -73,6 +73,7 @@ def profile_dir() -> Path:
 
 
 @functools.cache
+@functools.cache  # per class object: changed code is a new class (a new process, or its module loaded again)
 def _code_id(cls: type) -> str:
     """The workload class's module and name, and a digest of its module's source (a changed image or code)."""
     try:

@@ -89,18 +89,24 @@ def stub_dispatcher(tmp_path: Path, tasks: dict[str, FillTask], *, guard_s: floa
     def active(task: FillTask) -> SimpleNamespace:
         profile = SimpleNamespace(points=[ProfilePoint(8, 1e-3, 0)])
         return SimpleNamespace(
-            task=task, profile=profile, profiler=profile, piece_costs=lambda: None, model=StepModel({8: 1e-3}),
+            task=task, profile=profile, profile_taken=True, profiler=profile, piece_costs=lambda: None,
+            model=StepModel({8: 1e-3}),
             commit_estimate=Estimator(default_s=0.0), margin=Margin(), any_batch_size=True, offloader=None,
             transfer_estimate=Estimator(default_s=0.0), spec=SimpleNamespace(priority=0, kind="inference"),
         )  # fmt: skip
 
     jobs = SimpleNamespace(active={n: active(t) for n, t in tasks.items()}, generation=1, step_clock=None)
+    return dispatcher(tmp_path, jobs, guard_s=guard_s)  # type: ignore[arg-type]
+
+
+def dispatcher(tmp_path: Path, jobs: Jobs, *, guard_s: float = 0.0) -> Dispatcher:
+    """The executor's dispatcher over ``jobs`` on the CPU: every bubble open, no announcement floor, no switch cost."""
     settings = Settings(
         channel_dir=tmp_path, work_source="", training_job="t", rank=0, reserved_bytes=1 << 30, min_bubble_s=0.0,
         guard_s=guard_s, device="cpu", cpu_affinity=None, metrics_port=0, out_dir=None, offload=False,
     )  # fmt: skip
     return Dispatcher(
-        jobs=jobs,  # type: ignore[arg-type]
+        jobs=jobs,
         is_open=lambda _id: True,
         recent_bubbles=list,
         device=CPU,

@@ -5,17 +5,21 @@ profile short is."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from commit_helpers import Bubble, cpu_jobs, dispatcher
 from fill_helpers import write_job
 from usercode_helpers import user_job, write_code
 
 from pipefill import env
+from pipefill.events import EventWriter
 from pipefill.spec import load_file
 from pipefill_fill.profilecache import load_cached, profile_dir
 from pipefill_fill.profiler import BubbleProfiler, profile_task
+from pipefill_fill.sources import Identity, open_source
 from pipefill_fill.task import FillTask, TaskSpec
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
@@ -131,3 +135,39 @@ def test_a_slice_that_runs_out_of_work_mid_profile_ends_it_with_the_sizes_measur
     assert not json.loads(record.read_text())["complete"]
     assert load_cached(_task(write_job(jobs_dir, "long", total=100, parameters=PARAMS)), CPU) is None
     assert load_cached(_task(write_job(jobs_dir, "one", total=1, parameters=PARAMS)), CPU) is not None
+
+
+def test_jobs_of_one_workload_active_together_measure_its_profile_once(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs of one workload started together: the first measures the profile, in bubbles; the other waits for it
+    and takes it from the cache, also when the rest of a bubble is handed on because the first one's next measurement
+    did not fit (CI: the other measured in that rest, the same points again) and in the bubble where the first one's
+    profile was completed, before it is cached."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    for name in ("p0", "p1"):
+        write_job(jobs_dir, name, total=10**4, parameters=PARAMS, output=tmp_path / "out" / name)
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = cpu_jobs(source, EventWriter(None))
+    try:
+        jobs.refresh()
+        assert list(jobs.active) == ["p0", "p1"] and all(a.profile is None for a in jobs.active.values())
+        fill = dispatcher(tmp_path, jobs).fill
+        for i, length_s in enumerate([1e-5, *[2.0] * 20]):  # one too short for any measurement, then long ones
+            now = time.monotonic_ns()
+            b = Bubble(i, now, now + int(length_s * 1e9))
+            job, why, _out, _batch = fill(b, b.expected_end_ns, length_s)
+            assert (job, why) == ("p0", "profiling")
+            # the rest of the bubble, without p0: p1 does not measure the profile p0 is measuring (or has measured)
+            job, why, out, _batch = fill(b, b.expected_end_ns, length_s, exclude="p0")
+            assert job != "p1" and not out.steps and not jobs.active["p1"].profiler.points, (job, why, out)
+            if jobs.active["p0"].profile is not None:
+                break
+        assert jobs.active["p0"].profile is not None, "p0's profile was never completed"
+        jobs.after_bubble("p0", out)  # p0's profile is taken in and cached; p1 takes it from there
+        p1 = jobs.active["p1"].profile
+        assert p1 is not None and p1.cached and jobs.active["p1"].profile_taken
+    finally:
+        jobs.shutdown()
+        source.close()
