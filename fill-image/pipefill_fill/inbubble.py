@@ -15,6 +15,7 @@ Rules (docs/fill.md, "Guarantees"):
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,6 +173,9 @@ def run_steps(
             if task.deferred == 0:
                 task.deferred_since_ns = clock()
             task.deferred += 1
+    run = functools.partial(
+        _run, task, out=out, model=model, kind=kind, device=device, clock=clock, cost_clock=cost_clock, costs=pieces
+    )
     while True:
         if task.done():
             out.stop = "done"
@@ -196,7 +200,7 @@ def run_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
-        if _run(task, nxt, out, model, kind=kind, device=device, clock=clock, cost_clock=cost_clock, start=start):
+        if run(nxt, start=start):
             out.stop = "done"
             break
     # the trainer still idle at the planned end (issue #25 item 3): pieces while the channel says the bubble is open,
@@ -207,18 +211,7 @@ def run_steps(
         if nxt is None or not is_open(bubble.id):
             break
         out.continued += 1
-        if _run(
-            task,
-            nxt,
-            out,
-            model,
-            kind=kind,
-            device=device,
-            clock=clock,
-            cost_clock=cost_clock,
-            start=start,
-            continued=True,
-        ):
+        if run(nxt, start=start, continued=True):
             out.stop = "done"
     if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
         _commit(task, out, commit_estimate, clock)  # the last one of a slice too: else the next bubble's start
@@ -235,27 +228,32 @@ def run_steps(
 def _run(
     task: FillTask,
     nxt: Next,
+    *,
     out: BubbleOutcome,
     model: StepModel,
-    *,
     kind: str,
     device: torch.device,
     clock: Callable[[], int],
     cost_clock: Callable[[], int] | None,
     start: int,
+    costs: PieceCosts | None = None,
     continued: bool = False,
 ) -> bool:
-    """Run ``nxt`` (a step, or a piece), synchronize, account for it in ``out`` and the model; whether the slice has
-    no work left."""
+    """Run ``nxt`` (a step, or a piece), synchronize, account for it in ``out``, the model and (a piece) ``costs``;
+    whether the slice has no work left."""
     batch_size = nxt.batch_size
     # a piece of the batch in flight when the bubble began, until it completes: the carry-over
-    carried = nxt.piece and task.in_flight() is not None and (not out.kinds or out.kinds[-1] == "c")
+    before = task.in_flight() if nxt.piece else None  # changed in place by the piece: what it was, read now
+    index, of = (before.done, before.pieces) if before is not None else (0, 0)
+    carried = before is not None and (not out.kinds or out.kinds[-1] == "c")
     cost0 = cost_clock() if cost_clock is not None else start
     items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
     _sync(device)
     end = clock()
     cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9
     model.record(batch_size, cost_s / nxt.share, kind)  # a piece: as the step it is that share of
+    if costs is not None and nxt.piece and (flight := before or task.in_flight()) is not None:
+        costs.observe(flight.batch_size, index, of or flight.pieces, cost_s)
     if task.first_call:
         out.startup_steps.add(len(out.spans_ns))
     out.spans_ns.append((start, end))

@@ -35,14 +35,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pipefill import env
 from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
 from pipefill.bench.machine import describe_machine, visible_gpus
+from pipefill.bench.runs import BenchError, in_root, log_tail
 from pipefill.events import (
     FILL_EVENTS,
     TRAINER_EVENTS,
@@ -62,6 +63,7 @@ __all__ = ["main"]
 _WARMUP_BUBBLES = 20  # at least; then on until the fill's profile is complete and its step model has seen some steps
 _SETTLE_S = 1.0
 _TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
+_OUTPUT = "output.log"  # the fill executor's stderr, in its output directory
 
 
 class BenchTimeout(Exception):
@@ -106,6 +108,30 @@ def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[st
     (work / "stop").touch()
 
 
+def stall_report(work: Path, *, last: int = 200) -> str:
+    """What the fill executor of a run that timed out did, from its event log and output: the bubbles it took and
+    the steps it ran in them (over all, and over the ``last`` ones), why it stopped in the others, each job's last
+    phase and committed units, and its output's last lines."""
+    events = read_events(work / "fill" / FILL_EVENTS) if (work / "fill" / FILL_EVENTS).exists() else []
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    recent = bubbles[-last:]
+    stops = Counter(e.stop or "-" for e in recent if not e.steps)
+    phases = {e.job: e for e in events if isinstance(e, JobEvent) and e.job}
+    committed = {e.job: e.end for e in events if isinstance(e, CommitEvent)}
+    jobs = "; ".join(
+        f"{name} {e.phase}, {committed.get(name, 0)} of {e.total if e.total is not None else '?'} units committed"
+        for name, e in phases.items()
+    )
+    margins = sorted({round(e.margin_s * 1e3, 2) for e in recent if e.margin_s})
+    return (
+        f"the fill executor took {len(bubbles)} bubbles and ran steps in {sum(1 for e in bubbles if e.steps)}; "
+        f"of its last {len(recent)}, {sum(1 for e in recent if e.steps)} with steps, the others stopped by "
+        f"{dict(stops.most_common()) or 'none'}"
+        + (f", planned with learnt margins of {margins} ms" if margins else "")
+        + f". Jobs: {jobs or 'none started'}. Its output's end:\n{log_tail(work / 'fill' / _OUTPUT, chars=2000)}"
+    )
+
+
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.kill()
@@ -146,7 +172,9 @@ def _run_one(
     fill: subprocess.Popen[bytes] | None = None
     trainer_proc: subprocess.Popen[bytes] | None = None
     try:
-        fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env)
+        (work / "fill").mkdir(parents=True, exist_ok=True)
+        with (work / "fill" / _OUTPUT).open("wb") as output:  # its warnings: the stall report quotes them
+            fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env, stderr=output)
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
             "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
@@ -248,6 +276,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--keep", type=Path, metavar="DIR", help="keep every run's directory under DIR (default: removed)")
     args = p.parse_args(argv)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads or set(loads) - {"idle", "busy"} or args.bubbles < 1:
@@ -266,22 +295,25 @@ def main(argv: list[str]) -> int:
             print(f"pipefill bench fill --device cuda: no CUDA GPU visible ({why}); use --device cpu", file=sys.stderr)
             return 2
     machine = describe_machine(cores_used=[args.cpu], gpus=gpus[:1])
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="pipefill-bench-fill-") as tmp:
+
+    def run_all(root: Path) -> list[dict[str, Any]]:
+        runs = []
         for i, ms in enumerate(float(x) for x in args.bubbles_ms.split(",")):
             for load in loads:  # interleaved: each length idle, then busy
-                work = Path(tmp) / f"run{i}-{load}"
+                work = root / f"run{i}-{load}"
                 try:
                     runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params))
                 except BenchTimeout as exc:
-                    print(
-                        f"pipefill bench fill: the {ms:g} ms {load} run took longer than --timeout-s "
-                        f"{args.timeout_s:g} waiting for {exc}; its processes were stopped. Raise --timeout-s, or see "
-                        "why in the fill executor's output above",
-                        file=sys.stderr,
-                    )
-                    return 1
+                    raise BenchError(
+                        f"the {ms:g} ms {load} run took longer than --timeout-s {args.timeout_s:g} waiting for {exc}; "
+                        f"its processes were stopped. Raise --timeout-s, or see why: {stall_report(work)}"
+                    ) from None
                 print(f"{ms:g} ms {load}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+        return runs
+
+    runs = in_root("fill", args.keep, run_all)
+    if runs is None:
+        return 1
     machine["load_avg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     out = {
         "benchmark": "fill",

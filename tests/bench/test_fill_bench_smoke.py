@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from pipefill.bench.fill import stall_report
+from pipefill.events import FILL_EVENTS, CommitEvent, EventWriter, FillEvent, JobEvent
 from pipefill.local.idle import WORK
 
 
@@ -67,3 +70,27 @@ def test_bench_fill_refuses_an_unknown_load() -> None:
         [sys.executable, "-m", "pipefill", "bench", "fill", "--loads", "heavy"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "--loads 'heavy'" in done.stderr
+
+
+def test_a_run_that_times_out_says_what_the_executor_did(tmp_path: Path) -> None:
+    """The timeout's error (``BenchTimeout`` → ``stall_report``): the bubbles the executor took and worked in, why it
+    stopped in the rest, each job's phase and committed units, the margins it planned with, its output's end."""
+    (tmp_path / "fill").mkdir()
+    events = EventWriter(tmp_path / "fill" / FILL_EVENTS)
+    events.write(JobEvent(job="life-0", phase="Running", committed=0, total=64))
+    for i in range(30):
+        worked = i < 4
+        events.write(
+            FillEvent(
+                id=i, kind="steady", open_ns=i, expected_end_ns=i + 10, woke_ns=i, yielded_ns=i + 9,
+                job="life-0", steps=int(worked), items=int(worked), used_s=0.0, overrun_s=0.0,
+                stop="time" if i % 3 else "memory", margin_s=0.0025 if i > 20 else 0.0,
+            )
+        )  # fmt: skip
+    events.write(CommitEvent(job="life-0", end=4, bytes=16, commit_s=0.001))
+    events.close()
+    (tmp_path / "fill" / "output.log").write_text("WARNING job life-0: its last steps ran past the bubble\n")
+    report = stall_report(tmp_path, last=20)
+    assert "took 30 bubbles and ran steps in 4; of its last 20, 0 with steps" in report, report
+    assert "{'time': 14, 'memory': 6}" in report and "learnt margins of [2.5] ms" in report, report
+    assert "life-0 Running, 4 of 64 units committed" in report and report.endswith("ran past the bubble\n"), report
