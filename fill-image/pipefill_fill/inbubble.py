@@ -297,7 +297,8 @@ def run_profile_steps(
     deadline_ns: int,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> BubbleOutcome:
-    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble.
+    """Measurement steps of ``profiler`` (or their pieces, one at a time) while they fit; the very first (nothing known
+    yet) only at a fresh bubble.
 
     A bubble in which the next measurement did not run counts as a miss, whatever the reason (a step predicted to fit
     a fresh bubble can still never fit after the wake-up); after :data:`PROFILE_MISSES` in a row the candidate is
@@ -308,7 +309,7 @@ def run_profile_steps(
     out = BubbleOutcome()
     while profiler.result is None:
         start = clock()
-        guess = profiler.bound_s()  # conservative: a measurement is a first look at its size's cost
+        guess = profiler.next_bound_s()  # conservative: a measurement is a first look at its size's cost
         retry = not profiler.measured and not out.steps and profiler.misses >= PROFILE_MISSES
         if guess is None:
             if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:
@@ -320,7 +321,7 @@ def run_profile_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
-        profiler.measure_one()
+        profiler.measure_next()  # a step, or one piece of it where the workload runs its steps in pieces
         profiler.misses = 0
         end = clock()
         out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size

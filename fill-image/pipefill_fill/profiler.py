@@ -11,7 +11,6 @@ set high-water mark (``VmHWM`` after resetting it through ``/proc/self/clear_ref
 
 from __future__ import annotations
 
-import itertools
 import logging
 import statistics
 import time
@@ -82,8 +81,8 @@ def _stop_after(task: FillTask, point: ProfilePoint, max_step_s: float) -> bool:
 class BubbleProfiler:
     """Profiles a task one measured step at a time, so the runner can run the measurements inside bubbles.
 
-    The runner asks :meth:`predict_s` (None: unknown, only the very first step) and calls :meth:`measure_one` while
-    the prediction fits the bubble; :attr:`result` is set once every candidate is measured.
+    The runner asks :meth:`next_bound_s` (None: unknown, only the very first step) and calls :meth:`measure_next` (a
+    step, or one piece of it) while the bound fits the bubble; :attr:`result` is set once every candidate is measured.
     """
 
     def __init__(
@@ -114,6 +113,8 @@ class BubbleProfiler:
         self._peak = 0
         self._points: list[ProfilePoint] = []
         self._piece_times: list[list[float]] = []  # per measured step of the candidate: its pieces' seconds
+        self._partial: list[float] | None = None  # the step being measured in pieces: its pieces' seconds so far
+        self._base = 0  # the memory accounting's start of that step
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
         # why the last candidate was not kept: "memory" (over budget, out of memory), "time" (it fits no bubble),
@@ -161,47 +162,76 @@ class BubbleProfiler:
         return PROFILE_BOUND * max(guess, slowest) + self._overhead_s
 
     def measure_one(self) -> float:
-        """One measured step of the current candidate; returns its duration in seconds."""
+        """One whole measured step of the current candidate (all its pieces at once); returns its duration."""
+        duration_s = self.measure_next()
+        while self._partial is not None:
+            duration_s += self.measure_next()
+        return duration_s
+
+    def measure_next(self) -> float:
+        """The next part of a measured step of the current candidate: one piece where the workload runs its steps in
+        pieces (a step longer than any bubble is measured across bubbles, each piece timed: issue #31, a 30 ms step
+        measured whole in 10 ms bubbles overran each by 20 ms), else the whole step. The workload's state is put back
+        to the snapshot when a step starts, and its pieces in flight stay on the device between bubbles. Returns the
+        part's seconds."""
         entered = self.clock()
         if self._snapshot is None:
             self._snapshot = self.task.snapshot()
             self.task.begin_profiling()
         bs = self.batch_size
-        base = _memory_reset(self.device)
-        self.task.workload.restore(dict(self._snapshot))
+        pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
+        if self._partial is None:  # a new step, from the snapshot
+            self._base = _memory_reset(self.device)
+            self.task.workload.restore(dict(self._snapshot))
+            self._partial = []
         try:
             t0 = self.clock()
-            pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
-            if pieces is None:
-                self._items = int(self.task.workload.step(bs))
-                _sync(self.device)
-            else:  # a step in pieces, each timed: the plan at piece granularity needs their costs
-                marks = [t0]
-                while True:
-                    self._items = int(pieces.step_piece(bs))
-                    _sync(self.device)
-                    marks.append(self.clock())
-                    if pieces.in_flight() is None:
-                        break
-                self._piece_times.append([(b - a) / 1e9 for a, b in itertools.pairwise(marks)])
-            duration_s = (self.clock() - t0) / 1e9
-            self.task.saw_shape(bs)
+            self._items = int(self.task.workload.step(bs) if pieces is None else pieces.step_piece(bs))
+            _sync(self.device)
+            part_s = (self.clock() - t0) / 1e9
         except torch.OutOfMemoryError:
             log.info("profile %s: batch %d ran out of device memory", self.task.spec.name, bs)
             self.stopped_by = "memory"
             self._finish()
             return 0.0
+        self._partial.append(part_s)
+        if pieces is not None and pieces.in_flight() is not None:  # more pieces to come
+            self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - part_s)
+            return part_s
+        step, self._partial = self._partial, None
+        self.task.saw_shape(bs)
         if self._items <= 0:  # the slice's work ran out (its job worked meanwhile with the sizes measured so far)
             self._times, self._peak, self._piece_times = [], 0, []
             self.stopped_by = "work"
             self._finish()
-            return duration_s
-        self._peak = max(self._peak, _memory_peak(self.device, base))
-        self._times.append(duration_s)
-        self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - duration_s)
+            return part_s
+        if pieces is not None:
+            self._piece_times.append(step)
+        self._peak = max(self._peak, _memory_peak(self.device, self._base))
+        self._times.append(sum(step))
+        self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - part_s)
         if len(self._times) >= self.warmup + self.repeats:
             self._next_candidate()
-        return duration_s
+        return part_s
+
+    def next_bound_s(self) -> float | None:
+        """What the next part of a measurement (:meth:`measure_next`) may take at most; None: unknown. A piece's
+        share of :meth:`bound_s`: the share measured for it in this candidate's steps, else in the previous
+        candidate's profile point, else an equal share of the workload's pieces."""
+        bound = self.bound_s()
+        pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
+        if bound is None or pieces is None:
+            return bound
+        done = len(self._partial) if self._partial is not None else 0
+        measured = [m for m in self._piece_times if len(m) > done]
+        earlier = self._points[-1].piece_s if self._points else ()
+        if measured:
+            share = max(m[done] / sum(m) for m in measured if sum(m) > 0)
+        elif len(earlier) > done and sum(earlier) > 0:
+            share = earlier[done] / sum(earlier)
+        else:
+            share = 1.0 / max(1, int(pieces.pieces(self.batch_size)))
+        return bound * share + self._overhead_s
 
     @property
     def points(self) -> tuple[ProfilePoint, ...]:
@@ -212,6 +242,7 @@ class BubbleProfiler:
     def pause(self) -> None:
         """Put the workload back where the measurements started (their outputs dropped), so real steps may run; the
         next measurement starts from the state those steps leave."""
+        self._partial = None  # a step in flight is dropped with the state (measured again from its start)
         if self._snapshot is not None:
             self.task.end_profiling(self._snapshot)
             self._snapshot = None
@@ -255,6 +286,7 @@ class BubbleProfiler:
     def _finish(self) -> None:
         """The profile is complete: the job's own points now; the cache file is written after the bubble (:meth:`store`:
         file I/O has no place in a bubble's budget)."""
+        self._partial = None
         if self._snapshot is not None:
             self.task.end_profiling(self._snapshot)
             self._snapshot = None

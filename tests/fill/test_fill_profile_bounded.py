@@ -32,10 +32,10 @@ class _Profiler:
         self.misses = 0
         self.measurements = 0
 
-    def bound_s(self) -> float | None:
+    def next_bound_s(self) -> float | None:
         return self.guess_s
 
-    def measure_one(self) -> float:
+    def measure_next(self) -> float:
         self.measurements += 1
         self.result = "measured"  # one measurement completes this profile
         return self.guess_s or 0.0

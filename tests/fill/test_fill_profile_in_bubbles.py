@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from commit_helpers import CPU, PARAMS, Bubble, open_task
 from fill_helpers import write_job
 
@@ -99,3 +100,31 @@ def test_a_profile_whose_job_ran_out_of_work_ends_without_failing_the_job(jobs_d
     profiler.store()
     (record,) = profile_cache.glob("*.json")
     assert not json.loads(record.read_text())["complete"]
+
+
+def test_a_step_longer_than_the_bubbles_is_measured_piece_by_piece_within_them(jobs_dir: Path) -> None:
+    """An encoder of 3 layers runs its steps in 3 pieces of 4 ms here: a 12 ms step in bubbles of 9.5 ms. Measured
+    whole, each measurement ran 2.5 ms or more past a bubble (the first size is measured whatever its prediction,
+    issue #31: sentence-embedding's 30 ms steps in 10 ms bubbles overran by 20 ms each). Measured piece by piece, no
+    measurement passes a bubble's end, and the profile holds the whole step and its pieces."""
+    clock = _Clock()
+    task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters={**PARAMS, "layers": 3, "batchSizes": [2]}))
+    workload = task.workload
+    run_piece = workload.run_piece
+
+    def timed(carry: object, index: int) -> object:
+        clock.ns += 4 * MS
+        return run_piece(carry, index)
+
+    workload.run_piece = timed  # type: ignore[method-assign]
+    profiler = BubbleProfiler(task, CPU, memory_budget_bytes=1 << 30, warmup=1, repeats=3, clock=clock)
+    profiler.hints = {2: 0.012}  # the warm step measured before the first bubble
+    measured = 0
+    for _ in range(200):
+        measured += _bubble(profiler, clock, left_ms=9.5)  # no measurement past the bubble's end (in _bubble)
+        clock.ns += 20 * MS
+        if profiler.result is not None:
+            break
+    assert profiler.result is not None and measured == 3 * (1 + 3)  # every piece of 4 steps, each in a bubble
+    (point,) = profiler.result.points
+    assert point.step_s == pytest.approx(0.012) and point.piece_s == pytest.approx((0.004,) * 3)
