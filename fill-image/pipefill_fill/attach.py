@@ -39,9 +39,13 @@ class ChannelLink:
         return self.consumer.close_of(bubble)
 
     def recent_bubbles(self) -> list[ObservedBubble]:
-        """Closed bubbles of the ring, with their measured length (the planner's input once bubbles were seen)."""
+        """Closed bubbles of the ring, each as long as the fill could plan for: its measured length, but no longer
+        than the trainer announced (the planner plans up to the announced end; a bubble measured longer mostly held
+        the fill's own overrun, which on a shared core delays the trainer's close)."""
         return [
-            ObservedBubble(r.actual_s, r.free_bytes, str(r.kind)) for r in self.consumer.history() if r.actual_ns > 0
+            ObservedBubble(min(r.actual_s, r.predicted_s), r.free_bytes, str(r.kind))
+            for r in self.consumer.history()
+            if r.actual_ns > 0
         ]
 
     def publish_floor(self, floor_s: float) -> None:

@@ -49,6 +49,27 @@ def test_no_bubble_long_enough_names_the_step_and_the_bubble() -> None:
     assert unfit_report(_Profiled(), [_Point(0.5, 1)], [], identity=ME, free_bytes=1, guard_s=0.0) is None  # no data
 
 
+@dataclass
+class _Pieces:
+    step_s: float
+    peak_bytes: int
+    piece_s: tuple[float, ...]
+
+
+def test_one_bubble_that_ran_long_does_not_make_a_job_fit_but_long_bubbles_one_in_ten_do() -> None:
+    """sentence-embedding on 10 ms bubbles: its longest piece (10.5 ms) fits none, but one bubble of 64 ran to
+    14.9 ms; by the longest bubble it "fit", and the planner (which plans for the announced 10 ms) never ran it."""
+    job = [_Pieces(0.0395, 1, (0.007, 0.0094, 0.0105, 0.0079, 0.0066, 0.0061))]
+    tens = [ObservedBubble(0.010, 1 << 30, "F")] * 63
+    report = unfit_report(
+        _Profiled(), job, [*tens, ObservedBubble(0.0149, 1 << 30, "F")], identity=ME, free_bytes=1 << 30, guard_s=5e-4
+    )
+    assert report is not None and report.reason == UnfitReason.BUBBLE_TOO_SHORT
+    assert report.step_milliseconds == 10.5 and report.longest_bubble_milliseconds == 9.5
+    one_in_ten = [*tens[:57], *[ObservedBubble(0.020, 1 << 30, "B")] * 7]  # long ones the planner plans for too
+    assert unfit_report(_Profiled(), job, one_in_ten, identity=ME, free_bytes=1 << 30, guard_s=5e-4) is None
+
+
 def test_not_enough_memory_names_both_sizes() -> None:
     over = _Profiled(stopped_by="memory", last_step_s=0.001, last_peak_bytes=3 << 30)
     report = unfit_report(over, [], BUBBLES, identity=ME, free_bytes=2 << 30, guard_s=0.001)
