@@ -89,8 +89,8 @@ class Dispatcher:
                 return name, "profiling", out, None  # a complete profile is taken in after the bubble
             # the next measurement does not fit the time left: work that fits, with the sizes measured so far
             early = a.early_model()
-            if early is None:  # nothing measured yet: the runner hands the rest of the bubble to another job
-                out.stop = "profiling"
+            if early is None or a.profiler.mid_step:  # nothing measured yet, or a step measured in pieces goes on
+                out.stop = "profiling"  # in the next bubble: the runner hands the rest of this one to another job
                 return name, "profiling", out, None
             a.profiler.pause()
             why, rest, batch = self._steps(name, a, bubble, deadline_ns, offered_s, early, any_size=False, pieces=None)

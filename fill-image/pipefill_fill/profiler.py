@@ -214,6 +214,12 @@ class BubbleProfiler:
             self._next_candidate()
         return part_s
 
+    @property
+    def mid_step(self) -> bool:
+        """Whether a step is being measured in pieces (the workload's state holds its batch in flight: real steps
+        would drop it with :meth:`pause`, and the measurement would start again in every bubble)."""
+        return self._partial is not None
+
     def next_bound_s(self) -> float | None:
         """What the next part of a measurement (:meth:`measure_next`) may take at most; None: unknown. A piece's
         share of :meth:`bound_s`: the share measured for it in this candidate's steps, else in the previous
