@@ -297,8 +297,9 @@ def run_profile_steps(
     deadline_ns: int,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> BubbleOutcome:
-    """Measurement steps of ``profiler`` (or their pieces, one at a time) while they fit; the very first (nothing known
-    yet) only at a fresh bubble.
+    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble. The
+    first size's steps are measured one piece at a time (where the workload runs its steps in pieces) when a whole one
+    does not fit: that size is measured whatever its prediction, and whole it would overrun the bubble.
 
     A bubble in which the next measurement did not run counts as a miss, whatever the reason (a step predicted to fit
     a fresh bubble can still never fit after the wake-up); after :data:`PROFILE_MISSES` in a row the candidate is
@@ -309,7 +310,13 @@ def run_profile_steps(
     out = BubbleOutcome()
     while profiler.result is None:
         start = clock()
-        guess = profiler.next_bound_s()  # conservative: a measurement is a first look at its size's cost
+        whole = None if profiler.mid_step else profiler.bound_s()  # conservative: a first look at a size's cost
+        # the first size, where its whole step does not fit (it is measured whatever its prediction): one piece at a
+        # time where the workload runs steps in pieces; a larger size must fit whole, else it is given up
+        piecewise = profiler.mid_step or (
+            not profiler.measured and (whole is None or start + int(1e9 * whole) > deadline_ns)
+        )
+        guess = profiler.next_bound_s() if piecewise else whole
         retry = not profiler.measured and not out.steps and profiler.misses >= PROFILE_MISSES
         if guess is None:
             if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:
@@ -321,7 +328,10 @@ def run_profile_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
-        profiler.measure_next()  # a step, or one piece of it where the workload runs its steps in pieces
+        if piecewise:
+            profiler.measure_next()
+        else:
+            profiler.measure_one()
         profiler.misses = 0
         end = clock()
         out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size

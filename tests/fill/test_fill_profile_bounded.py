@@ -36,13 +36,19 @@ class _Profiler:
         self.misses = 0
         self.measurements = 0
 
-    def next_bound_s(self) -> float | None:
+    mid_step = False  # whole steps: a measurement is one step, no pieces
+
+    def bound_s(self) -> float | None:
         return self.guess_s
 
-    def measure_next(self) -> float:
+    next_bound_s = bound_s
+
+    def measure_one(self) -> float:
         self.measurements += 1
         self.result = "measured"  # one measurement completes this profile
         return self.guess_s or 0.0
+
+    measure_next = measure_one
 
     def give_up_candidate(self) -> None:
         self.result = "given up"
@@ -106,18 +112,19 @@ def test_a_job_works_and_commits_with_its_first_measured_sizes_before_its_profil
 
 
 class _MidStep:
-    """A profiler measuring a step in pieces: the first piece fits the bubble, the next does not."""
+    """A profiler measuring a step in pieces, one in flight from an earlier bubble: the next piece fits this bubble,
+    the one after it does not."""
 
     def __init__(self) -> None:
         self.result: object | None = None
-        self.misses, self.measured, self.mid_step, self.paused = 0, True, False, 0
+        self.misses, self.measured, self.mid_step, self.paused, self.pieces = 0, True, True, 0, 0
         self.points: tuple[object, ...] = ()
 
     def next_bound_s(self) -> float:
-        return 1.0 if self.mid_step else 1e-6
+        return 1.0 if self.pieces else 1e-6
 
     def measure_next(self) -> float:
-        self.mid_step = True
+        self.pieces += 1
         return 0.0
 
     def pause(self) -> None:
