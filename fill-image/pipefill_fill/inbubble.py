@@ -243,8 +243,8 @@ def _run(
     whether the slice has no work left."""
     batch_size = nxt.batch_size
     # a piece of the batch in flight when the bubble began, until it completes: the carry-over
-    before = task.in_flight() if nxt.piece else None  # changed in place by the piece: what it was, read now
-    index, of = (before.done, before.pieces) if before is not None else (0, 0)
+    before = task.in_flight() if nxt.piece else None
+    index = before.done if before is not None else 0  # the piece's index: the flight's count moves on in place
     carried = before is not None and (not out.kinds or out.kinds[-1] == "c")
     cost0 = cost_clock() if cost_clock is not None else start
     items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
@@ -253,7 +253,7 @@ def _run(
     cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9
     model.record(batch_size, cost_s / nxt.share, kind)  # a piece: as the step it is that share of
     if costs is not None and nxt.piece and (flight := before or task.in_flight()) is not None:
-        costs.observe(flight.batch_size, index, of or flight.pieces, cost_s)
+        costs.observe(flight.batch_size, index, flight.pieces, cost_s)
     if task.first_call:
         out.startup_steps.add(len(out.spans_ns))
     out.spans_ns.append((start, end))

@@ -222,21 +222,15 @@ class BubbleProfiler:
 
     def next_bound_s(self) -> float | None:
         """What the next part of a measurement (:meth:`measure_next`) may take at most; None: unknown. A piece's
-        share of :meth:`bound_s`: the share measured for it in this candidate's steps, else in the previous
-        candidate's profile point, else an equal share of the workload's pieces."""
+        share of :meth:`bound_s`: the largest share measured for it in this candidate's steps, else an equal share
+        of the workload's pieces (only the first candidate is measured piece by piece: :func:`run_profile_steps`)."""
         bound = self.bound_s()
         pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
         if bound is None or pieces is None:
             return bound
         done = len(self._partial) if self._partial is not None else 0
-        measured = [m for m in self._piece_times if len(m) > done]
-        earlier = self._points[-1].piece_s if self._points else ()
-        if measured:
-            share = max(m[done] / sum(m) for m in measured if sum(m) > 0)
-        elif len(earlier) > done and sum(earlier) > 0:
-            share = earlier[done] / sum(earlier)
-        else:
-            share = 1.0 / max(1, int(pieces.pieces(self.batch_size)))
+        shares = [m[done] / sum(m) for m in self._piece_times if len(m) > done and sum(m) > 0]
+        share = max(shares) if shares else 1.0 / max(1, int(pieces.pieces(self.batch_size)))
         return bound * share + self._overhead_s
 
     @property
