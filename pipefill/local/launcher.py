@@ -158,9 +158,19 @@ class Launcher:
             return None
         return argv[2] if startup_variables(environ) == startup_variables(self.environ) else None
 
-    def launch(self, argv: list[str], environ: Mapping[str, str], log: Path) -> Forked | None:
-        """Fork ``argv`` with ``environ``, its output appended to ``log``; None where the launcher cannot start it
-        (the caller starts it with ``Popen``)."""
+    def launch(
+        self,
+        argv: list[str],
+        environ: Mapping[str, str],
+        log: Path,
+        *,
+        cwd: Path | None = None,
+        stdio: tuple[int | None, int | None, int | None] = (None, None, None),
+    ) -> Forked | None:
+        """Fork ``argv`` with ``environ`` in ``cwd`` (default: ours), its output appended to ``log``; None where the
+        launcher cannot start it (the caller starts it with ``Popen``). ``stdio``: descriptors the child takes as its
+        stdin, stdout and stderr instead (a pipe's end, say: passed over the socket, the caller still closes its own
+        copy); a None stream is stdin from /dev/null, output to ``log``."""
         module = self.module_of(argv, environ)
         if module is None:
             return None
@@ -169,9 +179,13 @@ class Launcher:
                 self._warned = True
                 _logger.warning("the preloaded launcher is down (%s): each process imports torch itself", self.down)
             return None
-        request = {"module": module, "argv": argv, "env": dict(environ), "cwd": os.getcwd(), "log": str(log)}
+        fds = [fd for fd in stdio if fd is not None]
+        request: dict[str, Any] = {"module": module, "argv": argv, "env": dict(environ), "log": str(log)}
+        request.update(cwd=os.fspath(cwd or os.getcwd()), stdio=[fd is not None for fd in stdio])
         try:
-            self._sock.sendall(json.dumps(request).encode() + b"\n")
+            data = json.dumps(request).encode() + b"\n"
+            sent = socket.send_fds(self._sock, [data], fds) if fds else 0
+            self._sock.sendall(data[sent:])
         except OSError as exc:
             self.down = f"its socket failed: {exc}"
             return None
@@ -223,16 +237,19 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
         sock.sendall(json.dumps(message).encode() + b"\n")
 
 
-def _become(request: dict[str, Any], launcher_pid: int) -> None:
-    """In a fresh fork: the child ``Popen`` would have started (own session, output to its log, its environment)."""
+def _become(request: dict[str, Any], fds: list[int], launcher_pid: int) -> None:
+    """In a fresh fork: the child ``Popen`` would have started (own session, its streams: the descriptors passed for
+    them, else stdin from /dev/null and output to its log; its working directory and environment)."""
     os.setsid()
-    fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.close(null)
+    given = iter(fds)
+    wanted = [next(given) if passed else None for passed in request.get("stdio", [False] * 3)]
+    stdin = os.open(os.devnull, os.O_RDONLY) if wanted[0] is None else wanted[0]
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if None in wanted[1:] else -1
+    streams = [stdin, *(log if fd is None else fd for fd in wanted[1:])]
+    for target, fd in enumerate(streams):
+        os.dup2(fd, target)
+    for fd in set(streams) - {0, 1, 2}:
+        os.close(fd)
     with contextlib.suppress(ImportError):  # ps, top and pgrep -f show the child's own command line (not in images)
         from setproctitle import setproctitle
 
@@ -249,12 +266,14 @@ def _become(request: dict[str, Any], launcher_pid: int) -> None:
 
 
 def _serve(sock: socket.socket) -> dict[str, Any] | None:
-    """Fork a child per request, report each exit; returns a request in the child, None in the launcher at EOF."""
+    """Fork a child per request, report each exit; returns a request in the child, None in the launcher at EOF. A
+    request's stream descriptors arrive with its first bytes; the launcher closes its copies once it forked."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     buf = b""
+    passed: list[int] = []  # descriptors received, in order, for the requests not yet served
     me = os.getpid()
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -270,29 +289,36 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
             _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if sock.fileno() not in readable:
             continue
-        data = sock.recv(1 << 16)
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
         if not data:
             return None
         buf += data
+        passed += fds
         *lines, buf = buf.split(b"\n")
         for line in filter(None, lines):
             request = json.loads(line)
+            count = sum(request.get("stdio", []))
+            mine, passed = passed[:count], passed[count:]
             sys.stdout.flush()
             sys.stderr.flush()
             try:
                 pid = os.fork()
             except OSError as exc:
                 _send(sock, {"error": f"fork failed: {exc}"})
-                continue
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for fd in (wake_r, wake_w):
+                pid = -1
+            if pid != 0:
+                for fd in mine:  # the child's now (or nobody's): a pipe must see EOF when the child's ends close
                     os.close(fd)
-                sock.close()
-                _become(request, me)
-                return dict(request)
-            _send(sock, {"pid": pid})
+                if pid > 0:
+                    _send(sock, {"pid": pid})
+                continue
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (wake_r, wake_w, *passed):  # passed: another request's (none while they come one at a time)
+                os.close(fd)
+            sock.close()
+            _become(request, mine, me)
+            return dict(request)
 
 
 def main(argv: list[str]) -> None:

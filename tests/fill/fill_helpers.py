@@ -11,19 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from launched import Proc, popen
 from waiting import wait_for
 
 from pipefill import env as env_names
 from pipefill.events import Event, read_events
 
 HERE = Path(__file__).resolve().parent
-STARTED: list[subprocess.Popen[str]] = []
+STARTED: list[Proc] = []
 """every process the helpers below started: the folder's conftest kills those still running after each test (a test
 stopped by pytest-timeout, or failed before its own clean-up, would otherwise leave a producer and an executor
 spinning on the core the next tests pin to, and fail them too)"""
 
 
-def _started(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+def _started(proc: Proc) -> Any:
     STARTED.append(proc)
     return proc
 
@@ -96,9 +97,7 @@ def start_producer(
     )
 
 
-def start_executor(
-    channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: int | None = None
-) -> subprocess.Popen[str]:
+def start_executor(channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: int | None = None) -> Proc:
     """The fill executor (``python -m pipefill_fill``) of one rank, its work from the manifests in ``jobs``."""
     env = subprocess_env(
         **{
@@ -112,17 +111,15 @@ def start_executor(
     )
     if cpu is not None:
         env[env_names.CPU_AFFINITY] = str(cpu)
-    return _started(
-        subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True)
-    )
+    return _started(popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True))
 
 
-def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> subprocess.Popen[str]:
+def start_drive(manifest: Path, batch: int, every: int, mode: str = "") -> Proc:
     """``_drive.py``: one job run to completion without bubbles, a commit every ``every`` steps (``mode``: partial
     steps, see its docstring), pipes for its READY/DONE lines."""
     return _started(
-        subprocess.Popen(
-            [sys.executable, str(HERE / "_drive.py"), str(manifest), str(batch), str(every), *([mode] if mode else [])],
+        popen(
+            [sys.executable, "-m", "_drive", str(manifest), str(batch), str(every), *([mode] if mode else [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, cpu_jobs, open_task, stub_dispatcher
-from fill_helpers import HERE, subprocess_env, write_job
+from fill_helpers import subprocess_env, write_job
+from launched import popen
 
 from pipefill import env
 from pipefill.events import CommitEvent, EventWriter, JobEvent, read_events
@@ -72,11 +73,9 @@ def test_a_commit_that_fits_no_bubble_waits_at_most_a_second(jobs_dir: Path) -> 
 def test_a_kill_between_the_parts_of_a_deferred_last_commit_loses_nothing_and_repeats_nothing(jobs_dir: Path) -> None:
     clean = write_job(jobs_dir / "a", "clean", total=40, parameters=PARAMS)
     killed = write_job(jobs_dir / "b", "killed", total=40, parameters=PARAMS)
-    reference = subprocess.Popen(
-        [sys.executable, str(HERE / "_drive.py"), str(clean), "8", "1"], env=subprocess_env(), text=True
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_stage_kill.py"), str(killed)],
+    reference = popen([sys.executable, "-m", "_drive", str(clean), "8", "1"], env=subprocess_env(), text=True)
+    proc = popen(
+        [sys.executable, "-m", "_stage_kill", str(killed)],
         stdout=subprocess.PIPE,
         env=subprocess_env(),
         text=True,
@@ -90,14 +89,15 @@ def test_a_kill_between_the_parts_of_a_deferred_last_commit_loses_nothing_and_re
     out = jobs_dir / "b" / "out" / "killed"
     recovered = ProgressStore(out, job="killed", with_outputs=True).recover()
     assert recovered.end == 16 and recovered.state is not None and not recovered.done  # the staged work is redone
-    again = subprocess.run(
-        [sys.executable, str(HERE / "_drive.py"), str(killed), "8", "1"],
+    again = popen(
+        [sys.executable, "-m", "_drive", str(killed), "8", "1"],
         env=subprocess_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
-    assert again.returncode == 0 and again.stdout.split()[:2] == ["READY", "16"], again.stderr
+    stdout, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0 and stdout.split()[:2] == ["READY", "16"], stderr
     assert reference.wait(timeout=120) == 0
     rows = read_outputs(out)
     assert rows["sample_id"].tolist() == list(range(40))  # each sample once

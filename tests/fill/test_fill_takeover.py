@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fill_helpers import HERE, subprocess_env, write_job
+from fill_helpers import subprocess_env, write_job
+from launched import Proc, popen
 
 from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
@@ -33,9 +34,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (task.spec.output_dir / "outputs.npy").read_bytes()
 
 
-def _owner(manifest: Path, epoch: int, batch: int) -> subprocess.Popen[str]:
-    argv = [sys.executable, str(HERE / "_own.py"), str(manifest), str(epoch), str(batch)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+def _owner(manifest: Path, epoch: int, batch: int) -> Proc:
+    argv = [sys.executable, "-m", "_own", str(manifest), str(epoch), str(batch)]
+    return popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

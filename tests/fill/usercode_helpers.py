@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from fill_helpers import subprocess_env
+from launched import popen
 
 from pipefill import env
 
@@ -122,6 +123,8 @@ def start_fill(tmp_path: Path, jobs: Path, *, cpu: int, python_path: Path | None
     names = {env.CHANNEL_DIR: "channel", env.OUT_DIR: "fill"}
     fill_env = subprocess_env(**{k: str(tmp_path / v) for k, v in names.items()})
     fill_env.update({env.WORK_SOURCE: f"files:{jobs}", env.DEVICE: "cpu", env.CPU_AFFINITY: str(cpu), **extra})
-    if python_path is not None:
+    argv = [sys.executable, "-m", "pipefill_fill"]
+    if python_path is not None:  # an import path of its own: started as it is (a launcher would be its alone)
         fill_env["PYTHONPATH"] = os.pathsep.join([str(python_path), fill_env["PYTHONPATH"]])
-    return subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(argv, env=fill_env, stderr=subprocess.PIPE, text=True)
+    return popen(argv, env=fill_env, stderr=subprocess.PIPE, text=True)

@@ -33,6 +33,8 @@ record = {
 if "numpy" in sys.modules:
     record["draw"] = float(sys.modules["numpy"].random.rand())
 print(json.dumps(record), flush=True)
+if os.environ.get("PROBE_ECHO"):
+    print("echo:", sys.stdin.readline().strip(), file=sys.stderr, flush=True)
 if os.environ.get("PROBE_SLEEP"):
     time.sleep(float(os.environ["PROBE_SLEEP"]))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
@@ -87,6 +89,31 @@ def test_a_forked_child_is_the_child_popen_starts_with_numpy_already_imported(
     assert forked["parent"] == str(forked["ppid"]) != str(os.getpid())
     assert forked["numpy_preloaded"] and not started["numpy_preloaded"]
     assert "probe_child --flag 'two words'" in str(forked["cmdline"])  # what ps and pgrep -f show
+
+
+def test_a_child_given_pipes_and_a_directory_reads_and_writes_them_and_its_pipes_end_with_it(
+    tmp_path: Path, probe_env: dict[str, str], launcher: Launcher
+) -> None:
+    """The streams passed are the child's 0, 1 and 2; the launcher keeps no copy, so each pipe ends when the child
+    does (a reader waiting for EOF would otherwise wait for the launcher); the log is not touched."""
+    (tmp_path / "elsewhere").mkdir()
+    child_in, ours_in = os.pipe()
+    ours_out, child_out = os.pipe()
+    ours_err, child_err = os.pipe()
+    environ = {**probe_env, "PROBE_ECHO": "1"}
+    child = launcher.launch(_argv(), environ, tmp_path / "unused.log", cwd=tmp_path / "elsewhere",
+                            stdio=(child_in, child_out, child_err))  # fmt: skip
+    for fd in (child_in, child_out, child_err):
+        os.close(fd)
+    assert isinstance(child, Forked)
+    with open(ours_in, "w") as stdin, open(ours_out) as stdout, open(ours_err) as stderr:
+        stdin.write("hello\n")
+        stdin.close()
+        record = json.loads(stdout.readline())
+        assert (stdout.read(), stderr.read()) == ("", "echo: hello\n")  # both at EOF: the child exited
+    assert child.wait(timeout=30) == 0
+    assert record["cwd"] == str(tmp_path / "elsewhere")
+    assert not (tmp_path / "unused.log").exists()
 
 
 def test_exit_statuses_and_signals_are_popens_and_each_child_draws_its_own_random_numbers(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launched import popen
 from waiting import wait_for
 
 from pipefill import env
@@ -102,5 +103,5 @@ def start_rank(
             "KUBECONFIG": str(kubeconfig),
         }
     )
-    executor = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=child, stderr=subprocess.PIPE, text=True)
+    executor = popen([sys.executable, "-m", "pipefill_fill"], env=child, stderr=subprocess.PIPE, text=True)
     return RankExecutor(name, uid, producer, executor, out)
