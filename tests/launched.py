@@ -135,7 +135,8 @@ def popen(
     where one can start it."""
     environ = dict(os.environ if env is None else env)
     argv = [str(a) for a in args]
-    launcher = None if os.environ.get("PIPEFILL_TEST_PRELOAD", "1") == "0" else _launcher(environ)
+    python_m = len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m"  # else no launcher is started for it
+    launcher = _launcher(environ) if python_m and os.environ.get("PIPEFILL_TEST_PRELOAD", "1") != "0" else None
     if launcher is not None and launcher.module_of(argv, environ) is not None:
         stdin_fd, stdin_file, close_in = _ends(stdin, False, text)
         out_fd, out_file, close_out = _ends(stdout, True, text)

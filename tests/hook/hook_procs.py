@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from launched import popen
 
 from pipefill import env
 from pipefill.channel import Bubble, Consumer
@@ -94,9 +95,10 @@ def run_example(
             }
         proc_env |= (extra_env or {}) | (rank_env(rank) if rank_env else {})
         cmd = [sys.executable, str(script), *args, *(["--losses", str(losses_file)] if script == EXAMPLE else [])]
-        procs.append(
-            subprocess.Popen(cmd, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-        )
+        if script == EXAMPLE and not hook:  # the unhooked reference: forked from a preloaded launcher, as its module
+            cmd[1:2] = ["-m", EXAMPLE.stem]
+            proc_env["PYTHONPATH"] = f"{EXAMPLE.parent}{os.pathsep}{base_path}"
+        procs.append(popen(cmd, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO))
         ranks.append(Rank(0, "", out))
         if hook and consume:
             stop = threading.Event()
