@@ -26,6 +26,11 @@ __all__ = ["WatchOnlyDiffBase", "configure", "register", "settle_heap"]
 
 log = logging.getLogger("pipefill_operator")
 
+# Startup is retried this often while its first lists fail (kopf's default: 60 s). They fail where the operator starts
+# before it may list what it serves: CRDs applied with it and not served yet, its ClusterRole bound a moment later.
+# A failed startup has started nothing (Controller.start lists before it starts a task), so a retry starts afresh.
+STARTUP_RETRY_S = 3.0
+
 
 class WatchOnlyDiffBase(kopf.DiffBaseStorage):
     """No "essence" of the objects: kopf builds one at every event (a deep copy of the whole body, then cleared of
@@ -92,7 +97,7 @@ def register(controller: Controller, registry: kopf.OperatorRegistry) -> dict[st
             token=token or None,
         )
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, backoff=STARTUP_RETRY_S)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, clusterwide=controller.config.clusterwide)
         await controller.start()
