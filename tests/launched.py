@@ -144,8 +144,12 @@ def popen(
             err_fd, err_file, close_err = (out_fd if out_fd is not None else 1), None, False
         else:
             err_fd, err_file, close_err = _ends(stderr, True, text)
-        # a stream left to the launcher's default would go to its log: ours is the test's own, as Popen's
-        fds = (stdin_fd, out_fd if out_fd is not None else 1, err_fd if err_fd is not None else 2)
+        # a stream not given is inherited, as Popen's: this process's own 0, 1 or 2 (never the launcher's defaults)
+        fds = (
+            stdin_fd if stdin_fd is not None else 0,
+            out_fd if out_fd is not None else 1,
+            err_fd if err_fd is not None else 2,
+        )
         try:
             child = launcher.launch(argv, environ, _LOGS / "unused.log", cwd=Path(cwd) if cwd else None, stdio=fds)
         finally:
