@@ -8,10 +8,10 @@ arguments, environment, working directory and log, in a session of its own, as `
 Its pages of torch are shared with the launcher's until written.
 
 What could differ from a fresh interpreter is what is read at interpreter or torch start-up; a child whose start-up
-variables (``PYTHON*``, ``TORCH*``, ``OMP_*``, ``LD_*``, ... below) differ from the launcher's, or that is not
-``<this python> -m <module>``, is started by ``Popen`` instead, as is every child when the launcher is down. The
-launcher starts no thread (``OMP_NUM_THREADS=1``), so ``fork()`` is safe, and it never touches a GPU: CUDA initializes
-in the child. numpy's global generator is reseeded in each child, as a fresh process seeds it.
+variables (``PYTHON*``, ``TORCH*``, ``OMP_*``, ``LD_*``, ``PIPEFILL_HOOK``, ... below) differ from the launcher's, or
+that is not ``<this python> -m <module>``, is started by ``Popen`` instead, as is every child when the launcher is
+down. The launcher starts no thread (``OMP_NUM_THREADS=1``), so ``fork()`` is safe, and it never touches a GPU: CUDA
+initializes in the child. numpy's global generator is reseeded in each child, as a fresh process seeds it.
 
 The launcher is the children's parent: it reaps them and reports each exit status (``Popen.returncode``'s form) to
 the runner, which still signals their process groups itself. It ends with the runner (``PIPEFILL_PARENT_PID``), and
@@ -44,8 +44,11 @@ __all__ = ["Forked", "Launcher", "startup_variables"]
 _logger = logging.getLogger("pipefill")
 
 PRELOAD = ("torch", "torch.distributed", "numpy")  # what every trainer and fill executor imports first
-# Read when the interpreter, libc, OpenMP/BLAS or torch start: a child must see what the launcher saw.
-_STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "LD_", "MALLOC", "GLIBC")
+# Read when the interpreter, libc, OpenMP/BLAS or torch start: a child must see what the launcher saw. PIPEFILL_HOOK
+# too: the bubble hook's sitecustomize reads it at interpreter start (trainer-image/pipefill_hook/boot).
+_STARTUP_PREFIXES = (
+    "PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "LD_", "MALLOC", "GLIBC", "PIPEFILL_HOOK",
+)  # fmt: skip
 _READY_TIMEOUT_S = 60.0  # torch's import: 3 s on an idle 2-core machine, far longer under load
 _REPLY_TIMEOUT_S = 10.0
 

@@ -94,10 +94,11 @@ def run_example(
                 env.FILL_MIN_BUBBLE_MS: "0",
             }
         proc_env |= (extra_env or {}) | (rank_env(rank) if rank_env else {})
-        cmd = [sys.executable, str(script), *args, *(["--losses", str(losses_file)] if script == EXAMPLE else [])]
-        if script == EXAMPLE and not hook:  # the unhooked reference: forked from a preloaded launcher, as its module
-            cmd[1:2] = ["-m", EXAMPLE.stem]
-            proc_env["PYTHONPATH"] = f"{EXAMPLE.parent}{os.pathsep}{base_path}"
+        # the script as its module, its directory on the path: the rank forks from a preloaded launcher, one per
+        # start-up environment (the hooked ranks' launcher ran the hook's sitecustomize, as a fresh interpreter of
+        # theirs would; the hook wraps the schedules when the rank imports them, after the fork)
+        cmd = [sys.executable, "-m", script.stem, *args, *(["--losses", str(losses_file)] if script == EXAMPLE else [])]
+        proc_env["PYTHONPATH"] = f"{script.parent}{os.pathsep}{proc_env['PYTHONPATH']}"
         procs.append(popen(cmd, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO))
         ranks.append(Rank(0, "", out))
         if hook and consume:

@@ -146,6 +146,7 @@ def test_a_child_with_other_start_up_variables_or_not_python_m_starts_with_popen
     assert launcher.module_of(_argv(), probe_env) == "probe_child"
     assert launcher.module_of(_argv(), {**probe_env, "TORCH_LOGS": "dynamo"}) is None  # torch reads it at import
     assert launcher.module_of(_argv(), {**probe_env, "PYTHONPATH": "/elsewhere"}) is None
+    assert launcher.module_of(_argv(), {**probe_env, "PIPEFILL_HOOK": "1"}) is None  # the hook's sitecustomize reads it
     assert launcher.module_of([sys.executable, "-c", "pass"], probe_env) is None
     assert launcher.module_of(["/usr/bin/python3", "-m", "probe_child"], probe_env) is None
     proc = LocalProcess(0, "trainer", _argv(), {**probe_env, "OMP_NUM_THREADS": "7"}, tmp_path / "p", 0, launcher)
