@@ -59,9 +59,13 @@ PART ?= all
 gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/gpu.md); DEVICE=cpu: the dry run
 	$(BIN)/pipefill gpu-check --part $(PART) --device $(or $(DEVICE),cuda) --out runs/gpu-check
 
+# Two pytest-xdist workers, a file each at a time: most tests wait more than they compute, so two share the 2 cores
+# that one leaves half idle; a test marked `alone` (both cores busy, or a quiet core timed) runs with no other beside
+# it (tests/sharing.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
 	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
 # runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed

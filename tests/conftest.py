@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sharing import SHARING_DIR, share_the_machine
 
 from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
@@ -62,21 +63,35 @@ def other_namespace(control_plane: ControlPlane) -> Iterator[str]:
     yield from _fresh_namespace(control_plane)
 
 
-_PROFILES: list[str] = []
+_MADE: list[str] = []
+_PROFILES_MADE = "PIPEFILL_TEST_PROFILE_DIR_MADE"  # the profile directory a pytest process made (not the user's)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The fill's profile cache of this session alone, for every process the tests start: by default it lives in the
-    machine's temp directory, so a test passed or failed by what earlier runs left there (a fresh clone's CI starts
-    with none)."""
-    if "PIPEFILL_FILL_PROFILE_DIR" not in os.environ:
-        _PROFILES.append(tempfile.mkdtemp(prefix="pipefill-test-profiles-"))
-        os.environ["PIPEFILL_FILL_PROFILE_DIR"] = _PROFILES[0]
+    """The fill's profile cache of this pytest process alone (each xdist worker its own), for every process the tests
+    start: by default it lives in the machine's temp directory, so a test passed or failed by what earlier runs or
+    the other worker's tests left there (a fresh clone's CI starts with none). In the main process, the directory of
+    the lock by which xdist's workers share the machine (tests/sharing.py)."""
+    given = os.environ.get("PIPEFILL_FILL_PROFILE_DIR")
+    if given is None or given == os.environ.get(_PROFILES_MADE):
+        _MADE.append(tempfile.mkdtemp(prefix="pipefill-test-profiles-"))
+        os.environ["PIPEFILL_FILL_PROFILE_DIR"] = os.environ[_PROFILES_MADE] = _MADE[-1]
+    if not hasattr(config, "workerinput"):
+        _MADE.append(tempfile.mkdtemp(prefix="pipefill-test-sharing-"))
+        os.environ[SHARING_DIR] = _MADE[-1]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for path in _PROFILES:
+    for path in _MADE:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Around all of a test, its fixtures and its time limit (pytest-timeout's, which starts inside this): alone or
+    beside the other worker's test (tests/sharing.py). Waiting for the other is not the test's own time."""
+    with share_the_machine(item.get_closest_marker("alone") is not None):
+        yield
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

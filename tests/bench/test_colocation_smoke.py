@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from sharing import own_core
 from waiting import wait_for
 
 from pipefill import env
@@ -49,6 +50,7 @@ SEPARATE_KEYS = {
 }
 
 
+@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quick_run_measures_the_blocked_run_and_all_three_modes_consistently() -> None:
@@ -169,6 +171,7 @@ def _reference_outputs(tmp_path: Path) -> np.ndarray:
     return read_outputs(tmp_path / "ref-out")
 
 
+@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(tmp_path: Path) -> None:
@@ -176,7 +179,7 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
 
     jobs, out, log = tmp_path / "jobs", tmp_path / "out", tmp_path / "fill" / "fill-events.jsonl"
     _fill_job(jobs, out)
-    cpu = str(min(os.sched_getaffinity(0)))
+    cpu = str(own_core())
     environ = {
         **os.environ,
         "OMP_NUM_THREADS": "1",

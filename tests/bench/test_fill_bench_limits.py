@@ -12,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sharing import own_core
 from waiting import wait_for
+
+pytestmark = pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
 
 
 def _ours(marker: bytes) -> list[int]:
@@ -34,7 +37,7 @@ def _ours(marker: bytes) -> list[int]:
 def _bench(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], bytes]:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    cpu = str(min(os.sched_getaffinity(0)))
+    cpu = str(own_core())
     args = [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40"]
     args += ["--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu, *extra]
     proc = subprocess.Popen(

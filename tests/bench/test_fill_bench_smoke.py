@@ -5,22 +5,24 @@ never its speed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sharing import own_core
 
 from pipefill.bench.fill import stall_report
 from pipefill.events import FILL_EVENTS, CommitEvent, EventWriter, FillEvent, JobEvent
 from pipefill.local.idle import WORK
 
+pytestmark = pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
-    cpu = str(min(os.sched_getaffinity(0)))
+    cpu = str(own_core())
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40",
          "--loads", "idle,busy", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu],
@@ -43,7 +45,7 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
-    cpu = str(min(os.sched_getaffinity(0)))
+    cpu = str(own_core())
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
          "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu],

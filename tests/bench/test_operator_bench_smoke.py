@@ -17,7 +17,7 @@ import pytest
 
 from pipefill.devcluster import ControlPlane
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.alone, pytest.mark.cluster]
 
 
 @pytest.mark.timeout(420)

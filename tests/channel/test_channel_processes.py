@@ -63,6 +63,7 @@ def test_free_running_producer_never_waits_and_consumer_sees_no_duplicate_or_tor
     assert all(t < closed_after[int(i)] for i, t in cons["last_chunk"].items())
 
 
+@pytest.mark.alone  # times a quiet core (tests/sharing.py)
 def test_seqlock_reader_never_sees_a_torn_descriptor(channel_dir, peers) -> None:
     """Hammer the raw seqlock readers (bubble block and ring) in this process while a producer process rewrites
     them as fast as it can: every snapshot must be exactly one bubble's fields."""

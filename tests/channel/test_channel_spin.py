@@ -14,6 +14,8 @@ import pytest
 from pipefill.channel import Bubble, BubbleKind, Consumer
 from pipefill.channel.nextopen import Anticipation, NextOpen
 
+pytestmark = pytest.mark.alone  # times a quiet core (tests/sharing.py)
+
 MS = 1_000_000
 
 

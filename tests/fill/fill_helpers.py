@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from launched import Proc, popen
+from sharing import own_core
 from waiting import wait_for
 
 from pipefill import env as env_names
@@ -134,7 +135,7 @@ def fill_on_one_cpu(
     """The executor (its work from ``jobs``) and a producer of 20 ms bubbles between 10 ms of compute, sharing one
     CPU, until ``until`` holds for the fill's events (``what``: named if it never does within ``timeout_s``); both stopped,
     the executor's exit checked; its events."""
-    cpu = min(os.sched_getaffinity(0))
+    cpu = own_core()
     fill = start_executor(tmp / "channel", jobs, tmp / "fill", cpu=cpu)
     producer = start_producer(tmp / "channel", bubbles_ms="20", count=100_000, compute_ms=10.0, cpu=cpu)
     log = tmp / "fill" / "fill-events.jsonl"

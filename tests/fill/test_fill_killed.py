@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from fill_helpers import start_executor, start_producer, write_job
+from sharing import own_core
 from waiting import wait_for
 
 from pipefill.events import FILL_EVENTS, CommitEvent, Event, FillEvent, SliceEvent, read_events
@@ -25,13 +26,13 @@ from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.alone, pytest.mark.slow]  # times a quiet core (tests/sharing.py)
 
 # ~1.5 ms a step of 4 on one core: a job of a few thousand samples takes seconds of bubbles; a commit every 100
 # samples (at the end of a bubble) leaves slices half done when a kill comes
 PARAMS = {"layers": 2, "hiddenSize": 64, "heads": 4, "seqLen": 32, "batchSizes": [1, 4], "commitEverySamples": 100}
 TOTAL = 6000  # samples: 8 slices of 750 with maxParallelRanks 2
-CPUS = sorted(os.sched_getaffinity(0))
+CPUS = sorted(os.sched_getaffinity(0), key=lambda c: c != own_core())  # this worker's own core first
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent
 from pipefill_fill.inbubble import PROFILE_MISSES, run_profile_steps
 from pipefill_fill.predict import StepModel
 
+pytestmark = pytest.mark.alone  # times a quiet core (tests/sharing.py)
+
 MS = 1_000_000
 
 

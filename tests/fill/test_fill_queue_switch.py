@@ -6,19 +6,19 @@ before, so the switch costs at most a bubble or two, not the start-up of a fresh
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 from pathlib import Path
 
 import pytest
 from fill_helpers import fill_on_one_cpu, start_executor, start_producer, write_job
+from sharing import own_core
 from waiting import wait_for
 
 from pipefill import env
 from pipefill.events import Event, FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
 from pipefill_fill.store import read_outputs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.alone, pytest.mark.slow]  # times a quiet core (tests/sharing.py)
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
 JOBS = ["q0", "q1", "q2", "q3"]
@@ -118,7 +118,7 @@ def test_a_kill_between_two_jobs_loses_nothing_and_runs_nothing_twice(
     for i, name in enumerate(JOBS[:3]):
         write_job(jobs, name, total=96, parameters=PARAMS, output=tmp_path / "out" / name, priority=10 - i)
     monkeypatch.setenv(env.FILL_MAX_ACTIVE_JOBS, "1")
-    cpu = min(os.sched_getaffinity(0))
+    cpu = own_core()
     producer = start_producer(tmp_path / "channel", bubbles_ms="20", count=100000, compute_ms=10.0, cpu=cpu)
     first = start_executor(tmp_path / "channel", jobs, tmp_path / "fill-1", cpu=cpu)
     log1, log2 = tmp_path / "fill-1" / "fill-events.jsonl", tmp_path / "fill-2" / "fill-events.jsonl"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fill_helpers import start_executor, start_producer, write_job
+from sharing import own_core
 from waiting import wait_for
 
 from pipefill.channel import hold_fill
@@ -24,7 +25,7 @@ PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes":
 
 
 def _cpu() -> int:
-    return min(os.sched_getaffinity(0))
+    return own_core()
 
 
 def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_ms: float = 15.0) -> tuple[Any, Any]:
@@ -46,6 +47,7 @@ def _finish(proc: Any, timeout_s: float = 60) -> tuple[int, str]:
     return proc.returncode, err or ""
 
 
+@pytest.mark.alone  # times a quiet core (tests/sharing.py)
 def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")

@@ -5,7 +5,6 @@ fix, while a job whose code came from a ConfigMap keeps running in the same exec
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from fill_helpers import start_producer
+from sharing import own_core
 from usercode_helpers import (
     BAD_STEP_PY,
     EXITS_PY,
@@ -54,7 +54,7 @@ def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[str], tim
 
 
 def test_bad_user_code_fails_its_job_alone(tmp_path: Path) -> None:
-    jobs, storage, cpu = tmp_path / "jobs", tmp_path / "storage", min(os.sched_getaffinity(0))
+    jobs, storage, cpu = tmp_path / "jobs", tmp_path / "storage", own_core()
     jobs.mkdir()
     code = write_code(tmp_path / "src", factor=2.0)
     write_config_map(jobs, "good-code", {p.name: p.read_text() for p in code.glob("*.py")})

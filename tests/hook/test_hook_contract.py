@@ -110,6 +110,7 @@ def test_a_fill_executor_crash_in_a_bubble_changes_nothing_for_the_training(tmp_
         assert late, f"no bubble announced after the crash:\n{r.output}"
 
 
+@pytest.mark.alone  # times a quiet core (tests/sharing.py)
 @pytest.mark.slow
 def test_the_trainer_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> None:
     ports = [free_port(), free_port()]

@@ -22,7 +22,7 @@ from pipefill import env
 from pipefill.events import SliceEvent, read_events
 from pipefill.local.report import FILL_WORK_DIR, rank_log_paths
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.alone, pytest.mark.slow]  # pipefill local pins its ranks to both cores (tests/sharing.py)
 
 
 def _fill(tmp: Path, name: str, priority: int) -> Path:

@@ -100,6 +100,7 @@ def test_resume_reproduces_the_uninterrupted_loss_trajectory(tmp_path: Path) -> 
         assert loss == expected[step], f"step {step}: resumed {loss} != uninterrupted {expected[step]}"
 
 
+@pytest.mark.alone  # times a quiet core (tests/sharing.py)
 def test_replay_reproduces_the_simulated_bubbles_and_a_consumer_receives_them(tmp_path: Path) -> None:
     # Large enough that bubbles last milliseconds on an idle machine too (with microbatches of 1 sample every predicted
     # bubble of a quiet CI run was under the 2 ms floor): scheduling noise on a loaded 2-vCPU VM is ~0.1-1 ms.

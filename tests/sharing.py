@@ -1,0 +1,56 @@
+"""How the tests share the machine when pytest-xdist runs them in several workers (``make test``: ``-n 2``).
+
+Most tests wait far more than they compute (on the API server, an operator, a child's output): two of them side by
+side use the two cores that one alone leaves half idle. Some cannot share: the ``alone`` ones, which keep both cores
+busy with their own stage processes (``pipefill local``, the benchmarks' runs) or time what a quiet core does. A
+readers-writer lock on a file of this run decides: a test marked ``alone`` holds it exclusively, every other test
+holds it shared. A test waiting to run alone closes a turnstile first, so that the other worker's next tests wait
+behind it rather than keep it out. Without xdist (one process), there is nothing to share and no lock is taken.
+
+A test that pins its processes to one core takes :func:`own_core`: each worker's core of its own, so that two workers'
+pinned tests do not pile onto core 0 while core 1 idles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["SHARING_DIR", "own_core", "share_the_machine", "worker_index"]
+
+SHARING_DIR = "PIPEFILL_TEST_SHARING_DIR"  # the lock's directory: made by pytest's main process, which starts workers
+
+
+def worker_index() -> int | None:
+    """This xdist worker's number (gw0 → 0), None when the tests run in one process."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def own_core() -> int:
+    """The core this test's pinned processes use: one per worker (the worker's number among the allowed cores),
+    the first allowed core without workers."""
+    cores, index = sorted(os.sched_getaffinity(0)), worker_index()
+    return cores[(index or 0) % len(cores)]
+
+
+@contextlib.contextmanager
+def share_the_machine(alone: bool) -> Iterator[None]:
+    """Held around one test: exclusively for an ``alone`` test, shared for any other (under xdist only)."""
+    where = os.environ.get(SHARING_DIR)
+    if worker_index() is None or not where:
+        yield
+        return
+    with open(Path(where) / "turnstile", "a") as turnstile, open(Path(where) / "lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
