@@ -8,6 +8,7 @@ replaced by the modeled timeline (see ``docs/trainer.md``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pipefill import env
@@ -95,4 +96,11 @@ def _leave_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Returned: the run's checkpoints, event log and channel are closed, its group left. Exit without the
+    # interpreter's teardown, where a torch.distributed object still referenced (a store, a group's threads) can abort
+    # the finished process in C++ ("terminate called without an active exception", exit -6: seen twice after a
+    # finished run, once with nothing left to train). An exception above still ends the usual way.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
