@@ -97,10 +97,11 @@ def _leave_group() -> None:
 
 if __name__ == "__main__":
     code = main()
-    # Returned: the run's checkpoints, event log and channel are closed, its group left. Exit without the
-    # interpreter's teardown, where a torch.distributed object still referenced (a store, a group's threads) can abort
-    # the finished process in C++ ("terminate called without an active exception", exit -6: seen twice after a
-    # finished run, once with nothing left to train). An exception above still ends the usual way.
+    # Returned, finished or with a failure's exit code: checkpoints are written, the event log and channel closed
+    # (main's finally), a finished run's group left. Exit without the interpreter's teardown, where a torch.distributed
+    # object still referenced (a store, a group's threads) can abort the process in C++ ("terminate called without an
+    # active exception", exit -6: seen twice after a finished run, once with nothing left to train) and turn the exit
+    # code into a failure. An exception raised out of main still ends the usual way.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
