@@ -211,15 +211,20 @@ class Kube:
         what: str,
         **selectors: str,
     ) -> Any:
-        """List, check; then watch from that list's resourceVersion, checking after every event."""
+        """List, check; then watch from that list's resourceVersion, checking after every event. ``check`` must
+        depend on the objects alone: one that turns true between events (a file, a process) would wait for the
+        watch's end, its whole timeout, so that fails here, naming it."""
         deadline = time.monotonic() + timeout_s
         listed = json.loads(api_call(*args, _preload_content=False, **selectors).data)
         items = {i["metadata"]["name"]: i for i in listed["items"]}
         version = listed["metadata"]["resourceVersion"]
+        watched = False
         while True:
             found = check(list(items.values()))
+            assert not (found and watched), f"{what}: true only once a watch ended; it depends on more than the objects"
             if found:
                 return found
+            watched = True
             left_s = deadline - time.monotonic()
             assert left_s > 0, f"timed out waiting for {what}; last seen: {[i.get('status') for i in items.values()]}"
             stream = watch.Watch().stream(

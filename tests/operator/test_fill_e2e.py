@@ -273,9 +273,8 @@ def test_a_cancelled_job_stops_at_the_next_bubble_and_commits_nothing_more(world
     fill.patch_spec("long", {"cancel": True})
     fill.wait("long", lambda o: status(o).get("phase") == "Cancelled", timeout_s=60)
     progress = world.tmp / "storage" / "long" / "progress.json"
-    fill.wait("long", lambda o: _settled_stop(ranks, "long") is not None, timeout_s=60)
-    stopped = _settled_stop(ranks, "long")
-    assert stopped is not None
+    # the executors' event logs, not the FillJob: Cancelled is its last change, so no watch event would come
+    stopped = wait_for(lambda: _settled_stop(ranks, "long"), "the executors' stop of the cancelled job", timeout_s=60)
     pointer = json.loads(progress.read_text())["committed"]
     assert stopped[1] == pointer  # what was committed when it stopped is what the storage keeps
     for rank in ranks.values():
@@ -293,10 +292,7 @@ def test_a_suspended_job_stops_keeps_its_progress_and_resumes_there(world: World
     fill.patch_spec("paused", {"suspend": True})
     fill.wait("paused", lambda o: not status(o).get("assignments"), timeout_s=60)
     progress = world.tmp / "storage" / "paused" / "progress.json"
-    fill.wait("paused", lambda o: _settled_stop(by_uid, "paused") is not None, timeout_s=60)
-    stopped = _settled_stop(by_uid, "paused")
-    assert stopped is not None
-    when, committed = stopped
+    when, committed = wait_for(lambda: _settled_stop(by_uid, "paused"), "the executors' stop", timeout_s=60)
     assert json.loads(progress.read_text())["committed"] == committed
     fill.patch_spec("paused", {"suspend": False})
     again = fill.wait("paused", lambda o: len(status(o).get("assignments") or ()) == 1, timeout_s=60)
@@ -307,8 +303,8 @@ def test_a_suspended_job_stops_keeps_its_progress_and_resumes_there(world: World
     def resumed() -> list[SliceEvent]:
         return [e for e in read_events(now) if isinstance(e, SliceEvent) and e.phase == "claimed" and e.mono_ns > when]
 
-    fill.wait("paused", lambda o: bool(resumed()), timeout_s=60)
-    assert resumed()[0].position == committed  # resumed exactly from the committed sample
+    claimed = wait_for(resumed, "the slice claimed again", timeout_s=60)
+    assert claimed[0].position == committed  # resumed exactly from the committed sample
 
 
 def test_a_job_committed_but_not_completed_is_completed_by_the_executor_the_operator_keeps_placed(
