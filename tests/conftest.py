@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sharing import SHARING_DIR, share_the_machine
+from sharing import SHARING_DIR, alone_files_first, share_the_machine
 
 from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
@@ -79,6 +79,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         _MADE.append(tempfile.mkdtemp(prefix="pipefill-test-sharing-"))
         os.environ[SHARING_DIR] = _MADE[-1]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = alone_files_first(items)  # tests/sharing.py: why
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from sharing import SHARING_DIR, own_core, share_the_machine
+from sharing import SHARING_DIR, alone_files_first, own_core, share_the_machine
 
 NOT_YET_S = 0.3  # how long a holder that must wait is watched not getting in
 
@@ -76,3 +76,22 @@ def test_each_worker_pins_to_a_core_of_its_own(monkeypatch: pytest.MonkeyPatch) 
     assert got == [cores[w % len(cores)] for w in range(3)]
     if len(cores) > 1:
         assert got[0] != got[1]
+
+
+class _Item:
+    def __init__(self, nodeid: str, alone: bool = False) -> None:
+        self.nodeid, self.alone = nodeid, alone
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "alone" and self.alone else None
+
+
+def test_the_files_holding_an_alone_test_come_first_in_their_order_and_each_file_whole(
+    request: pytest.FixtureRequest,
+) -> None:
+    items = [_Item("a.py::x"), _Item("b.py::x"), _Item("b.py::y", True), _Item("c.py::x"), _Item("d.py::x", True)]
+    assert [i.nodeid for i in alone_files_first(items)] == ["b.py::x", "b.py::y", "d.py::x", "a.py::x", "c.py::x"]
+    # and so is this session ordered (tests/conftest.py): no file without an alone test before one with one
+    holds = [any(i.get_closest_marker("alone") for i in request.session.items if i.nodeid.startswith(f + "::"))
+             for f in dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items)]  # fmt: skip
+    assert holds == sorted(holds, reverse=True)
