@@ -259,6 +259,7 @@ def test_reattaching_to_a_trainer_of_another_release_names_both_versions(channel
             lock.close()
 
 
+@pytest.mark.alone  # its spin mode must catch wake-ups on a quiet core: CI caught none beside the other worker
 def test_bench_cli_prints_one_json_object_with_the_required_keys() -> None:
     r = subprocess.run(
         [
