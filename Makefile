@@ -24,8 +24,8 @@ DOCKERFILES := operator/Dockerfile trainer-image/Dockerfile fill-image/Dockerfil
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
-# uv installs the lock: its parallel downloads and installs take a third of pip's time on a fresh machine (50 s
-# against 150 s here, docs/benchmarks.md). It takes what pip would: a CPU build of torch where PIP_FIND_LINKS has
+# uv installs the lock: its parallel downloads and installs take half of pip's time on a fresh clone (71 s
+# against 154 s here, docs/benchmarks.md). It takes what pip would: a CPU build of torch where PIP_FIND_LINKS has
 # one, PIP_INDEX_URL where one is set. pip stays in the venv, pinned, for what the tests and users run with it.
 UV_VERSION := 0.13.9
 PIP_VERSION := 26.3

@@ -7,8 +7,8 @@ readers-writer lock on a file of this run decides: a test marked ``alone`` holds
 holds it shared. A test waiting to run alone closes a turnstile first, so that the other worker's next tests wait
 behind it rather than keep it out. Without xdist (one process), there is nothing to share and no lock is taken.
 
-The files that hold an ``alone`` test run first (:func:`alone_files_first`): their ``alone`` tests then follow one
-another, each waiting for the other worker's ``alone`` test, not for a shared one to end (a whole run lost 225 s so,
+The files that hold an ``alone`` test are collected first (:func:`alone_files_first`; xdist hands its first files out
+in batches, so one may still run late): their ``alone`` tests then mostly follow one another, each waiting for the other worker's ``alone`` test, not for a shared one to end (a whole run lost 225 s so,
 its alone tests spread among the shared ones); the shared files after them run two at a time.
 
 A test that pins its processes to one core takes :func:`own_core`: each worker's core of its own, so that two workers'
