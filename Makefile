@@ -41,6 +41,13 @@ $(STAMP): pyproject.toml requirements/lock.txt
 
 venv: $(STAMP) ## create .venv with the pinned dependencies (CPU torch 2.13.0)
 
+# Our own modules' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process
+# that imports them would compile them again, and the tests and the demo start hundreds (docs/benchmarks.md).
+# Up to date, it takes a fraction of a second; a stale file is only compiled again at import, never run stale.
+BYTECODE_DIRS := pipefill operator/pipefill_operator trainer-image fill-image tests examples
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 $(BYTECODE_DIRS) > /dev/null
+
 lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and dashboards up to date, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -50,7 +57,7 @@ lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and da
 	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 	$(BIN)/hadolint $(DOCKERFILES)
 
-demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
+demo: $(STAMP) bytecode ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
@@ -72,8 +79,8 @@ gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/
 # it (tests/sharing.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
-	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
-	$(BIN)/pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin bytecode
+	$(BIN)/pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
 # runc is the one built with cgo: it needs a C compiler and libseccomp's headers (Debian's libseccomp-dev, installed
@@ -161,5 +168,5 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: help venv bytecode demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
 .PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check e2e

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sharing import SHARING_DIR, alone_files_first, share_the_machine
+from sharing import SHARING_DIR, files_in_run_order, share_the_machine
 
 from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items[:] = alone_files_first(items)  # tests/sharing.py: why
+    items[:] = files_in_run_order(items)  # tests/sharing.py: why
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

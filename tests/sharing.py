@@ -7,9 +7,12 @@ readers-writer lock on a file of this run decides: a test marked ``alone`` holds
 holds it shared. A test waiting to run alone closes a turnstile first, so that the other worker's next tests wait
 behind it rather than keep it out. Without xdist (one process), there is nothing to share and no lock is taken.
 
-The files that hold an ``alone`` test are collected first (:func:`alone_files_first`; xdist hands its first files out
-in batches, so one may still run late): their ``alone`` tests then mostly follow one another, each waiting for the other worker's ``alone`` test, not for a shared one to end (a whole run lost 225 s so,
-its alone tests spread among the shared ones); the shared files after them run two at a time.
+The files run in this order (:func:`files_in_run_order`, from ``pytest_collection_modifyitems``; ``make test`` passes
+``--no-loadscope-reorder``, without which xdist hands files out by their number of tests): the files that hold an
+``alone`` test first, so that their ``alone`` tests mostly follow one another, each waiting for the other worker's
+``alone`` test, not for a shared one to end (a whole run lost 225 s so, its alone tests spread among the shared
+ones); then the files that hold a ``slow`` test, so that no long file is left to run by itself at the end while the
+other worker idles (a run's last 27 s were one such file); then the rest, in their order.
 
 A test that pins its processes to one core takes :func:`own_core`: each worker's core of its own, so that two workers'
 pinned tests do not pile onto core 0 while core 1 idles.
@@ -24,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["SHARING_DIR", "alone_files_first", "own_core", "share_the_machine", "worker_index"]
+__all__ = ["SHARING_DIR", "files_in_run_order", "own_core", "share_the_machine", "worker_index"]
 
 SHARING_DIR = "PIPEFILL_TEST_SHARING_DIR"  # the lock's directory: made by pytest's main process, which starts workers
 
@@ -48,11 +51,20 @@ class _Item(Protocol):
     def get_closest_marker(self, name: str) -> Any: ...
 
 
-def alone_files_first(items: Sequence[_Item]) -> list[_Item]:
-    """``items`` with the files that hold an ``alone`` test first, the order otherwise kept (the same in every
-    worker: xdist requires it)."""
-    files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone") is not None}
-    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in files)
+def files_in_run_order(items: Sequence[_Item]) -> list[_Item]:
+    """``items`` with the files that hold an ``alone`` test first, then those that hold a ``slow`` one, each file
+    whole and the order otherwise kept (the same in every worker: xdist requires it)."""
+
+    def files(marker: str) -> set[str]:
+        return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker) is not None}
+
+    alone, slow = files("alone"), files("slow")
+
+    def rank(item: _Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return 0 if path in alone else 1 if path in slow else 2
+
+    return sorted(items, key=rank)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from sharing import SHARING_DIR, alone_files_first, own_core, share_the_machine
+from sharing import SHARING_DIR, files_in_run_order, own_core, share_the_machine
 
 NOT_YET_S = 0.3  # how long a holder that must wait is watched not getting in
 
@@ -79,19 +79,26 @@ def test_each_worker_pins_to_a_core_of_its_own(monkeypatch: pytest.MonkeyPatch) 
 
 
 class _Item:
-    def __init__(self, nodeid: str, alone: bool = False) -> None:
-        self.nodeid, self.alone = nodeid, alone
+    def __init__(self, nodeid: str, marker: str = "") -> None:
+        self.nodeid, self.marker = nodeid, marker
 
     def get_closest_marker(self, name: str) -> object | None:
-        return object() if name == "alone" and self.alone else None
+        return object() if name == self.marker else None
 
 
-def test_the_files_holding_an_alone_test_come_first_in_their_order_and_each_file_whole(
+def test_the_files_holding_an_alone_test_come_first_then_the_slow_ones_each_file_whole(
     request: pytest.FixtureRequest,
 ) -> None:
-    items = [_Item("a.py::x"), _Item("b.py::x"), _Item("b.py::y", True), _Item("c.py::x"), _Item("d.py::x", True)]
-    assert [i.nodeid for i in alone_files_first(items)] == ["b.py::x", "b.py::y", "d.py::x", "a.py::x", "c.py::x"]
-    # and so is this session ordered (tests/conftest.py): no file without an alone test before one with one
-    holds = [any(i.get_closest_marker("alone") for i in request.session.items if i.nodeid.startswith(f + "::"))
-             for f in dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items)]  # fmt: skip
-    assert holds == sorted(holds, reverse=True)
+    items = [_Item("a.py::x"), _Item("b.py::x"), _Item("b.py::y", "alone"), _Item("c.py::x"), _Item("d.py::x", "alone"),
+             _Item("e.py::x"), _Item("e.py::y", "slow"), _Item("f.py::x", "slow"), _Item("g.py::x")]  # fmt: skip
+    assert [i.nodeid for i in files_in_run_order(items)] == [
+        "b.py::x", "b.py::y", "d.py::x", "e.py::x", "e.py::y", "f.py::x", "a.py::x", "c.py::x", "g.py::x",
+    ]  # fmt: skip
+
+    # and so is this session ordered (tests/conftest.py): no file before one of a lower rank (alone 0, slow 1)
+    def rank(path: str) -> int:
+        marks = {m.name for i in request.session.items if i.nodeid.startswith(path + "::") for m in i.iter_markers()}
+        return 0 if "alone" in marks else 1 if "slow" in marks else 2
+
+    ranks = [rank(f) for f in dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items)]
+    assert ranks == sorted(ranks)

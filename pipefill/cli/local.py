@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipefill.local.manifests import load_manifests
-from pipefill.local.report import overrun_causes, write_report
+from pipefill.local.report import overrun_causes, prepare_plotting, write_report
 from pipefill.local.runner import LocalRun, describe_error
 from pipefill.queue import POLICIES
 from pipefill.spec import PipelineTrainingJob, SpecError, to_obj
@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     state = LiveState(world_size=job.world_size, out_dir=out_dir, work_dir=runner.work_dir, fills=fills, steps=steps)
     view = make_view(state, plain=args.plain, interval_s=args.status_every)
     runner.on_tick = view.tick
+    prepare_plotting()  # the report's timeline: matplotlib imported while the run goes on
     try:
         outcome = runner.run()
     finally:

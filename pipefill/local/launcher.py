@@ -43,7 +43,13 @@ __all__ = ["Forked", "Launcher", "startup_variables"]
 
 _logger = logging.getLogger("pipefill")
 
-PRELOAD = ("torch", "torch.distributed", "numpy")  # what every trainer and fill executor imports first
+# What every trainer and fill executor imports first: torch; torch._dynamo, which a process's first optimizer imports
+# (1.9 s of each trainer's start, and again at each restart); our own packages (the spec's models, 0.4 s). None of
+# them starts a thread or reads the environment at import (what a child's differs in, it reads when it runs).
+PRELOAD = (
+    "torch", "torch.distributed", "torch._dynamo", "numpy", "pipefill.spec", "pipefill_trainer.runtime",
+    "pipefill_fill.runner",
+)  # fmt: skip
 # Read when the interpreter, libc, OpenMP/BLAS or torch start: a child must see what the launcher saw. PIPEFILL_HOOK
 # too: the bubble hook's sitecustomize reads it at interpreter start (trainer-image/pipefill_hook/boot).
 _STARTUP_PREFIXES = (
@@ -338,8 +344,12 @@ def main(argv: list[str]) -> None:
         return
     _send(sock, {"ready": True})
     request = _serve(sock)
-    if request is not None:  # a child: run its module as ``python -m`` would, then exit as it does
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    if request is None:  # the runner closed the socket, its children ended: nothing of this process is left to
+        sys.stdout.flush()  # finalize, and tearing torch down took 0.6 s of every run's end (docs/benchmarks.md)
+        sys.stderr.flush()
+        os._exit(0)
+    # a child: run its module as ``python -m`` would, then exit as it does
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

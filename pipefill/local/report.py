@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "fill_job_status",
     "overrun_causes",
     "plot_timeline",
+    "prepare_plotting",
     "queue_rows",
     "rank_log_paths",
     "write_report",
@@ -261,16 +263,31 @@ def _plot(job: PipelineTrainingJob, out_dir: Path, path: Path, *, last_steps: in
     return plot_timeline(out_dir, list(range(job.world_size)), path, title=job.name, last_steps=last_steps)
 
 
-def plot_timeline(out_dir: Path, ranks: list[int], path: Path, *, title: str, last_steps: int = 2) -> bool:
-    """Draw the last steps of ``ranks`` (a run's event logs under ``out_dir``; a replay has only its replayed ranks)
-    to ``path``: actions, bubbles, fill work. False when matplotlib or the steps are missing."""
+def _import_pyplot() -> bool:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot
     except ImportError:
         return False
+    return True
+
+
+def prepare_plotting() -> None:
+    """Import matplotlib in a thread while the run goes on: the import took 1.1 of the 2 s the timeline cost at the
+    end of every ``pipefill local`` run (docs/benchmarks.md). :func:`plot_timeline` then finds it imported, or waits
+    on the import lock for the rest."""
+    threading.Thread(target=_import_pyplot, name="import-matplotlib", daemon=True).start()
+
+
+def plot_timeline(out_dir: Path, ranks: list[int], path: Path, *, title: str, last_steps: int = 2) -> bool:
+    """Draw the last steps of ``ranks`` (a run's event logs under ``out_dir``; a replay has only its replayed ranks)
+    to ``path``: actions, bubbles, fill work. False when matplotlib or the steps are missing."""
+    if not _import_pyplot():
+        return False
+    import matplotlib.pyplot as plt
+
     logs = [(_spans(trainer), fill) for trainer, fill in (_logs(out_dir, r) for r in ranks)]
     rows = len(ranks)
     final = max((e.step for t, _ in logs for e in t if isinstance(e, ActionEvent)), default=-1)

@@ -67,7 +67,13 @@ def test_the_benchmarks_processes_end_when_it_is_killed(tmp_path: Path) -> None:
     proc, marker = _bench(tmp_path, "--loads", "busy")
     _wait(lambda: len(_ours(marker)) >= 4, 60, "the benchmark, its executor, trainer and spinner running")
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=10)
+    # Reap the benchmark itself; its pipes are held open by the children until they end, which is what the wait
+    # after it checks (communicate() would wait for them under a shorter bound: on a slow VM a child still in its
+    # SIGTERM handling kept a pipe open past 10 s, and the unreaped Popen spilled warnings into the next test).
+    proc.wait(timeout=10)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stderr.close()
     _wait(lambda: not _ours(marker), 30, "every child gone after the benchmark was killed")
 
 
