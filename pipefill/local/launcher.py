@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 
 from pipefill import env
 
-__all__ = ["Forked", "Launcher", "startup_variables"]
+__all__ = ["Forked", "Launcher", "child_environment", "startup_variables"]
 
 _logger = logging.getLogger("pipefill")
 
@@ -57,6 +58,16 @@ _STARTUP_PREFIXES = (
 )  # fmt: skip
 _READY_TIMEOUT_S = 60.0  # torch's import: 3 s on an idle 2-core machine, far longer under load
 _REPLY_TIMEOUT_S = 10.0
+
+
+def child_environment(container: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A child's environment: this process's, its container's, then unbuffered output, one OpenMP thread and tied to
+    this process (pipefill.parent). A launcher started with ``child_environment()`` can fork every child whose
+    container adds no start-up variable."""
+    child = dict(os.environ)
+    child.update(container or {})
+    child.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", env.PARENT_PID: str(os.getpid())})
+    return child
 
 
 def startup_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -89,9 +100,10 @@ class Forked:
 
 class Launcher:
     """The runner's side: starts the launcher process and asks it for children. Not thread-safe (the runner's loop
-    alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash)."""
+    alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash); None: a temporary
+    file does, until :meth:`keep_log` names where it goes at :meth:`close`."""
 
-    def __init__(self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(self, environ: Mapping[str, str], log: Path | None, *, preload: tuple[str, ...] = PRELOAD) -> None:
         self.environ = dict(environ)
         ours, theirs = socket.socketpair()
         self._sock = ours
@@ -103,6 +115,12 @@ class Launcher:
         self._closed = False  # its socket reached EOF: it exited, and no exit is reported any more
         self.down = ""  # why it starts no more children, once it does not
         self._warned = False
+        self._spool: Path | None = None  # the temporary log, while no log is named
+        self._keep: Path | None = None
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log")
+            os.close(fd)
+            log = self._spool = Path(name)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
@@ -227,15 +245,37 @@ class Launcher:
                 pass
         return None
 
-    def close(self) -> None:
-        """End the launcher (call once its children ended: it stops taking requests and exits)."""
+    def keep_log(self, log: Path) -> None:
+        """Where the output of a launcher started without a log goes: moved there now where the two paths are on one
+        file system (the launcher writes on into the same file), else copied there at :meth:`close`."""
+        if self._spool is None:
+            return
+        log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(self._spool, log)
+        except OSError:  # another file system: copied at close
+            self._keep = log
+        else:
+            self._spool = None
+
+    def close(self, *, kill: bool = False) -> None:
+        """End the launcher (call once its children ended: it stops taking requests and exits); ``kill``: at once,
+        for a launcher that started no child (it may be importing still)."""
         with contextlib.suppress(OSError):
             self._sock.close()
+        if kill:
+            self._proc.kill()
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        if self._spool is not None:
+            if self._keep is not None:
+                self._keep.parent.mkdir(parents=True, exist_ok=True)
+                with open(self._keep, "ab") as kept:
+                    kept.write(self._spool.read_bytes())
+            self._spool.unlink(missing_ok=True)
 
 
 # The launcher process ----------------------------------------------------------------------------------------------

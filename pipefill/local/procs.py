@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from pipefill import env
-from pipefill.local.launcher import Forked, Launcher
+from pipefill.local import early
+from pipefill.local.launcher import Forked, Launcher, child_environment
 from pipefill.pods import rank_containers
 from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
@@ -114,20 +114,14 @@ def _cpu_for(rank: int, stages: int) -> str:
     return str(cpus[(rank % stages) % len(cpus)])
 
 
-def child_environment(container: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A child's environment: this process's, its container's, then unbuffered output, one OpenMP thread and tied to
-    this process (pipefill.parent). A launcher started with ``child_environment()`` can fork every child whose
-    container adds no start-up variable (launcher.py)."""
-    child = dict(os.environ)
-    child.update(container or {})
-    child.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", env.PARENT_PID: str(os.getpid())})
-    return child
-
-
 def preloaded_launcher(log: Path) -> Launcher | None:
     """The launcher children are forked from (torch imported once, launcher.py), its output in ``log``; None where
-    ``PIPEFILL_LOCAL_PRELOAD=0`` (each child then imports torch itself)."""
-    return None if os.environ.get(env.LOCAL_PRELOAD, "1") == "0" else Launcher(child_environment(), log)
+    ``PIPEFILL_LOCAL_PRELOAD=0`` (each child then imports torch itself). The one ``pipefill local`` started before
+    its own imports (early.py) where it has this environment."""
+    if os.environ.get(env.LOCAL_PRELOAD, "1") == "0":
+        return None
+    environ = child_environment()
+    return early.take(environ, log) or Launcher(environ, log)
 
 
 def local_processes(

@@ -33,6 +33,7 @@ from operator_harness import (
     serving,
 )
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from waiting import wait_for
 
 from pipefill.devcluster import ControlPlane
 from pipefill_operator.rbac import cluster_role, rules_from_audit
@@ -104,6 +105,9 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
     kube.create_job(namespace, job_manifest("invalid", pipeline=invalid))
     kube.wait_job(namespace, "full", phase("Waiting"))
     kube.wait_job(namespace, "late", phase("Waiting"))
+    # the claim comes only once the operator watches for it: a claim there before its list would need no watch, and
+    # the role derived from such a run would miss the verb (seen in a full run)
+    wait_for(lambda: _watched(cp, namespace, "persistentvolumeclaims"), "the operator watching the late claim", 60)
     claim = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": ""}
     cp.apply([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "late", "namespace": namespace},
                "spec": claim}])  # fmt: skip
@@ -129,6 +133,12 @@ def _scenario(cp: ControlPlane, kube: Kube, namespace: str, operator: OperatorPr
     for pod in full_pods:
         kube.end_trainer(namespace, pod["metadata"]["name"], 0)
     kube.wait_job_gone(namespace, "full")
+
+
+def _watched(cp: ControlPlane, namespace: str, resource: str) -> bool:
+    """Whether the audit log holds a watch of ``resource`` in ``namespace``."""
+    refs = [e.get("objectRef") for e in cp.audit_events() if e.get("verb") == "watch"]
+    return any(isinstance(r, dict) and (r.get("resource"), r.get("namespace")) == (resource, namespace) for r in refs)
 
 
 def _run(cp: ControlPlane, kube: Kube, kubeconfig: Path, log: Path, namespace: str) -> None:

@@ -1,0 +1,95 @@
+"""``pipefill local`` starts its launcher before its own imports (pipefill/local/early.py): the run takes that one
+where its environment is the run's, its output lands in the run's ``launcher.log``, and a command that ends before
+its run leaves no launcher and no temporary log behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from waiting import wait_for
+
+from pipefill.local import early
+from pipefill.local.procs import preloaded_launcher
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the early launcher's temporary log goes: this test's own directory."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(where))
+    return where
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def test_the_run_takes_the_early_launcher_and_keeps_its_output(tmp_path: Path, spool_dir: Path) -> None:
+    early.start()
+    started = early._started
+    assert started is not None and len(list(spool_dir.glob("pipefill-launcher-*.log"))) == 1
+    log = tmp_path / "out" / "launcher.log"
+    taken = preloaded_launcher(log)  # what the runner calls
+    assert taken is started and early._started is None
+    # on one file system the temporary log becomes the run's at once: a run killed now leaves nothing in the temp dir
+    assert log.is_file() and not list(spool_dir.iterdir())
+    assert taken.ready()
+    taken.close()
+    assert log.is_file(), "the run's launcher.log"
+
+
+def test_an_early_launcher_of_another_environment_is_ended_and_a_new_one_started(
+    tmp_path: Path, spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    early.start()
+    started = early._started
+    assert started is not None
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # a start-up variable the children would see and the launcher not
+    taken = preloaded_launcher(tmp_path / "launcher.log")
+    try:
+        assert taken is not None and taken is not started and taken.environ["PYTHONHASHSEED"] == "7"
+        wait_for(lambda: _gone(started._proc.pid), "the early launcher ended", 10)
+    finally:
+        if taken is not None:
+            taken.close(kill=True)
+    assert not list(spool_dir.iterdir())
+
+
+def test_a_command_that_ends_before_its_run_leaves_no_launcher_behind(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: pipefill.io/v1alpha1\nkind: PipelineTrainingJob\nmetadata: {name: x}\nspec: {}\n")
+    marker = f"TMPDIR={tmp}".encode()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "local", "-f", str(bad), "--out", str(tmp_path / "out")],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "spec" in done.stderr, done.stderr  # refused, naming the field
+
+    def ours() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+        return [p for p in pids if not _gone(p)]
+
+    assert not ours(), "a launcher outlived its command"
+    assert not list(tmp.iterdir()), "the temporary log was left behind"
