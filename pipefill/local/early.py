@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipefill import env
-from pipefill.local.launcher import Launcher, child_environment
+from pipefill.local.launcher import Launcher, child_environment, preload_wanted, startup_variables
 
 __all__ = ["start", "take"]
 
@@ -24,30 +24,39 @@ _started: Launcher | None = None
 
 
 def start() -> None:
-    """Start the launcher with this process's child environment (unless ``PIPEFILL_LOCAL_PRELOAD=0``, or started)."""
+    """Start the launcher with this process's child environment, its output in a temporary file (unless
+    ``PIPEFILL_LOCAL_PRELOAD=0``, or started)."""
     global _started
-    if _started is not None or os.environ.get(env.LOCAL_PRELOAD, "1") == "0":
+    if _started is not None or not preload_wanted():
         return
-    _started = Launcher(child_environment(), None)
+    fd, log = tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log")
+    os.close(fd)
+    _started = Launcher(child_environment(), Path(log))
     atexit.register(_discard)
 
 
 def take(environ: Mapping[str, str], log: Path) -> Launcher | None:
-    """The launcher :func:`start` started, its output kept in ``log``; None when none was, or when it was started
-    with another environment than ``environ`` (a child's start-up variables must be the launcher's: it is ended)."""
+    """The launcher :func:`start` started, its output moved to ``log``; None when none was, or when its start-up
+    variables are not those of ``environ`` (it could fork none of these children faithfully: it is ended)."""
     global _started
     launcher, _started = _started, None
     if launcher is None:
         return None
-    if launcher.environ != dict(environ):
-        launcher.close(kill=True)
+    if startup_variables(launcher.environ) != startup_variables(environ):
+        _end(launcher)
         return None
-    launcher.keep_log(log)
+    launcher.move_log(log)
     return launcher
+
+
+def _end(launcher: Launcher) -> None:
+    """End a launcher that started no child, at once (it may be importing still), and remove its temporary log."""
+    launcher.close(kill=True)
+    launcher.log.unlink(missing_ok=True)
 
 
 def _discard() -> None:
     global _started
     launcher, _started = _started, None
     if launcher is not None:
-        launcher.close(kill=True)
+        _end(launcher)

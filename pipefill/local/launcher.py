@@ -32,7 +32,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 from pipefill import env
 
-__all__ = ["Forked", "Launcher", "child_environment", "startup_variables"]
+__all__ = ["Forked", "Launcher", "child_environment", "preload_wanted", "startup_variables"]
 
 _logger = logging.getLogger("pipefill")
 
@@ -58,6 +57,11 @@ _STARTUP_PREFIXES = (
 )  # fmt: skip
 _READY_TIMEOUT_S = 60.0  # torch's import: 3 s on an idle 2-core machine, far longer under load
 _REPLY_TIMEOUT_S = 10.0
+
+
+def preload_wanted() -> bool:
+    """Whether children are forked from a launcher (``PIPEFILL_LOCAL_PRELOAD=0``: each imports torch itself)."""
+    return os.environ.get(env.LOCAL_PRELOAD, "1") != "0"
 
 
 def child_environment(container: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -100,10 +104,10 @@ class Forked:
 
 class Launcher:
     """The runner's side: starts the launcher process and asks it for children. Not thread-safe (the runner's loop
-    alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash); None: a temporary
-    file does, until :meth:`keep_log` names where it goes at :meth:`close`."""
+    alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash); :meth:`move_log`
+    moves it."""
 
-    def __init__(self, environ: Mapping[str, str], log: Path | None, *, preload: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD) -> None:
         self.environ = dict(environ)
         ours, theirs = socket.socketpair()
         self._sock = ours
@@ -115,12 +119,8 @@ class Launcher:
         self._closed = False  # its socket reached EOF: it exited, and no exit is reported any more
         self.down = ""  # why it starts no more children, once it does not
         self._warned = False
-        self._spool: Path | None = None  # the temporary log, while no log is named
-        self._keep: Path | None = None
-        if log is None:
-            fd, name = tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log")
-            os.close(fd)
-            log = self._spool = Path(name)
+        self.log = log
+        self._copy_to: Path | None = None  # where the log goes at close, when it could not be moved there
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
@@ -245,18 +245,16 @@ class Launcher:
                 pass
         return None
 
-    def keep_log(self, log: Path) -> None:
-        """Where the output of a launcher started without a log goes: moved there now where the two paths are on one
-        file system (the launcher writes on into the same file), else copied there at :meth:`close`."""
-        if self._spool is None:
-            return
-        log.parent.mkdir(parents=True, exist_ok=True)
+    def move_log(self, to: Path) -> None:
+        """Move the launcher's log to ``to``: now where both are on one file system (the launcher writes on into the
+        same file), else at :meth:`close`, by a copy."""
+        to.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.replace(self._spool, log)
-        except OSError:  # another file system: copied at close
-            self._keep = log
+            os.replace(self.log, to)
+        except OSError:
+            self._copy_to = to
         else:
-            self._spool = None
+            self.log = to
 
     def close(self, *, kill: bool = False) -> None:
         """End the launcher (call once its children ended: it stops taking requests and exits); ``kill``: at once,
@@ -270,12 +268,11 @@ class Launcher:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        if self._spool is not None:
-            if self._keep is not None:
-                self._keep.parent.mkdir(parents=True, exist_ok=True)
-                with open(self._keep, "ab") as kept:
-                    kept.write(self._spool.read_bytes())
-            self._spool.unlink(missing_ok=True)
+        if self._copy_to is not None:
+            with open(self._copy_to, "ab") as kept:
+                kept.write(self.log.read_bytes())
+            self.log.unlink(missing_ok=True)
+            self.log, self._copy_to = self._copy_to, None
 
 
 # The launcher process ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import IO
 
 from pipefill import env
 from pipefill.local import early
-from pipefill.local.launcher import Forked, Launcher, child_environment
+from pipefill.local.launcher import Forked, Launcher, child_environment, preload_wanted
 from pipefill.pods import rank_containers
 from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
@@ -118,7 +118,7 @@ def preloaded_launcher(log: Path) -> Launcher | None:
     """The launcher children are forked from (torch imported once, launcher.py), its output in ``log``; None where
     ``PIPEFILL_LOCAL_PRELOAD=0`` (each child then imports torch itself). The one ``pipefill local`` started before
     its own imports (early.py) where it has this environment."""
-    if os.environ.get(env.LOCAL_PRELOAD, "1") == "0":
+    if not preload_wanted():
         return None
     environ = child_environment()
     return early.take(environ, log) or Launcher(environ, log)

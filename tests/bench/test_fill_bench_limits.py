@@ -12,26 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from processes import with_marker
 from sharing import own_core
 from waiting import wait_for
 
 pytestmark = pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
-
-
-def _ours(marker: bytes) -> list[int]:
-    """Processes whose environment holds ``marker`` (the test's TMPDIR, inherited by every child)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:  # gone, or not ours
-            continue
-        if marker in environ.split(b"\0") and state != "Z":
-            pids.append(int(entry.name))
-    return pids
 
 
 def _bench(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], bytes]:
@@ -58,14 +43,14 @@ def test_a_run_past_its_deadline_stops_with_an_error_naming_what_it_waited_for(t
     assert proc.returncode == 1, err[-2000:]
     assert "the 30 ms busy run took longer than --timeout-s 1.5 waiting for the fill's profile" in err
     assert "Raise --timeout-s" in err
-    _wait(lambda: not _ours(marker), 15, "no process of the run left")
+    _wait(lambda: not with_marker(marker), 15, "no process of the run left")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_benchmarks_processes_end_when_it_is_killed(tmp_path: Path) -> None:
     proc, marker = _bench(tmp_path, "--loads", "busy")
-    _wait(lambda: len(_ours(marker)) >= 4, 60, "the benchmark, its executor, trainer and spinner running")
+    _wait(lambda: len(with_marker(marker)) >= 4, 60, "the benchmark, its executor, trainer and spinner running")
     proc.send_signal(signal.SIGKILL)
     # Reap the benchmark itself; its pipes are held open by the children until they end, which is what the wait
     # after it checks (communicate() would wait for them under a shorter bound: on a slow VM a child still in its
@@ -74,7 +59,7 @@ def test_the_benchmarks_processes_end_when_it_is_killed(tmp_path: Path) -> None:
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     proc.stderr.close()
-    _wait(lambda: not _ours(marker), 30, "every child gone after the benchmark was killed")
+    _wait(lambda: not with_marker(marker), 30, "every child gone after the benchmark was killed")
 
 
 def test_bench_fill_refuses_a_deadline_that_is_not_positive() -> None:

@@ -11,9 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from processes import alive, with_marker
 from waiting import wait_for
 
 from pipefill.local import early
+from pipefill.local.launcher import Launcher
 from pipefill.local.procs import preloaded_launcher
 
 
@@ -24,14 +26,6 @@ def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     where.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(where))
     return where
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
 
 
 def test_the_run_takes_the_early_launcher_and_keeps_its_output(tmp_path: Path, spool_dir: Path) -> None:
@@ -58,7 +52,7 @@ def test_an_early_launcher_of_another_environment_is_ended_and_a_new_one_started
     taken = preloaded_launcher(tmp_path / "launcher.log")
     try:
         assert taken is not None and taken is not started and taken.environ["PYTHONHASHSEED"] == "7"
-        wait_for(lambda: _gone(started._proc.pid), "the early launcher ended", 10)
+        wait_for(lambda: not alive(started._proc.pid), "the early launcher ended", 10)
     finally:
         if taken is not None:
             taken.close(kill=True)
@@ -81,15 +75,20 @@ def test_a_command_that_ends_before_its_run_leaves_no_launcher_behind(tmp_path: 
     assert done.returncode == 2, done.stderr
     assert "spec" in done.stderr, done.stderr  # refused, naming the field
 
-    def ours() -> list[int]:
-        pids = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-        return [p for p in pids if not _gone(p)]
-
-    assert not ours(), "a launcher outlived its command"
+    assert not with_marker(marker), "a launcher outlived its command"
     assert not list(tmp.iterdir()), "the temporary log was left behind"
+
+
+def test_a_log_on_another_file_system_is_copied_to_the_run_at_close(tmp_path: Path) -> None:
+    """/tmp is often a tmpfs and the run's directory not: the temporary log cannot be moved, so it is copied."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the test's directory")
+    spool = Path(tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log", dir=shm)[1])
+    launcher = Launcher(dict(os.environ), spool, preload=("no_such_module_to_preload",))
+    log = tmp_path / "out" / "launcher.log"
+    launcher.move_log(log)
+    assert spool.is_file() and not log.exists(), "moved across file systems?"
+    assert launcher.ready()  # the missing module is skipped: nothing to share of it
+    launcher.close()
+    assert log.is_file() and not spool.exists() and launcher.log == log

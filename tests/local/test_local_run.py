@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import alive
 from waiting import wait_for
 
 from pipefill.events import ActionEvent, StepEvent, read_events
@@ -124,11 +125,7 @@ def _child_pid(out: Path, rank: int, container: str) -> int | None:
     if not events:
         return None
     pid = events[-1].pid
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:  # gone
-        return None
-    return None if state == "Z" else pid
+    return pid if alive(pid) else None
 
 
 def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_job(tmp_path: Path) -> None:
