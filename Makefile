@@ -8,6 +8,17 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 # Binaries the tests run, cached across worktrees and clones (tests read the same variable).
 export PIPEFILL_BINS ?= $(HOME)/.cache/pipefill/bins
+# mypy's cache, shared by worktrees and clones like the binaries: mypy checks each cached module against its file
+# (size, then content hash where the path or mtime differ), so a fresh clone reuses what is unchanged (99 s cold here,
+# 3 s warm, docs/benchmarks.md).
+MYPY_CACHE ?= $(HOME)/.cache/pipefill/mypy
+# Bytecode is written where a module is first imported and read after, Python's default, also where the environment
+# sets PYTHONDONTWRITEBYTECODE (as these machines do): otherwise every process that imports torch (3 s here) would
+# compile it again, and the tests and the demo start hundreds. This replaces compiling the whole venv at install
+# (63 s of a fresh clone's set-up, most of it modules nothing imports); a stale file is compiled again at import,
+# never run stale. The venv's install imports the heavy ones once, so that no test or demo pays for them.
+unexport PYTHONDONTWRITEBYTECODE
+WARM_IMPORTS := torch, torch._dynamo, torch.distributed.pipelining, numpy, kopf, kubernetes, transformers, pipefill.cli
 # Prometheus for tests/dashboards: Debian's package (seconds to fetch); where it is not available, built from
 # cluster/tools/prometheus (Prometheus 3.16.0, minutes, once). docs/dashboards.md says why.
 PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
@@ -35,29 +46,24 @@ UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python --system-certs $(if
 $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
-	$(UV_INSTALL) --compile-bytecode pip==$(PIP_VERSION) -r requirements/lock.txt
+	$(UV_INSTALL) pip==$(PIP_VERSION) -r requirements/lock.txt
 	$(UV_INSTALL) --no-deps -e .
+	$(BIN)/python -c 'import $(WARM_IMPORTS)'
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv with the pinned dependencies (CPU torch 2.13.0)
 
-# Our own modules' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on these machines) every process
-# that imports them would compile them again, and the tests and the demo start hundreds (docs/benchmarks.md).
-# Up to date, it takes a fraction of a second; a stale file is only compiled again at import, never run stale.
-BYTECODE_DIRS := pipefill operator/pipefill_operator trainer-image fill-image tests examples
-bytecode: $(STAMP)
-	$(BIN)/python -m compileall -q -j 0 $(BYTECODE_DIRS) > /dev/null
 
 lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and dashboards up to date, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(MYPY_CACHE)
 	$(BIN)/lint-imports
 	$(BIN)/pipefill crds --check crds/ --chart charts/pipefill/templates/crds/ --docs docs/api.md
 	$(BIN)/python -m pipefill.dashboards --check charts/pipefill/dashboards/ --rules charts/pipefill/rules/pipefill.rules.yaml
 	$(BIN)/hadolint $(DOCKERFILES)
 
-demo: $(STAMP) bytecode ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
+demo: $(STAMP) ## train a 2-stage GPT on CPU and fill its bubbles with an inference FillJob (pipefill local)
 	rm -rf runs/cpu-demo runs/fill/embed-corpus
 	$(BIN)/pipefill local -f examples/cpu-demo.yaml -f examples/fill-inference.yaml --out runs/cpu-demo
 
@@ -79,7 +85,7 @@ gpu-check: $(STAMP) ## the GPU checks and benchmarks, PART=1, 2, 3 or all (docs/
 # it (tests/sharing.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: ## lint, build/fetch the control plane's and Prometheus' binaries if missing (all at once), then the tests
-	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin bytecode
+	@$(MAKE) --no-print-directory -j3 lint cluster-bins prometheus-bin
 	$(BIN)/pytest -q --durations=25 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # No venv needed (bins.py is standard library only): `make test` builds these while pip fills the venv and lint runs.
@@ -168,5 +174,5 @@ lock: ## re-resolve requirements/lock.txt in a scratch venv
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv bytecode demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
+.PHONY: help venv demo demo-hf demo-embed lint test crds dashboards dashboard-images images images-load prometheus-bin fetch-prometheus fmt lock clean
 .PHONY: cluster-bins libseccomp cluster cluster-node cluster-down chart-check gpu-check e2e

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sharing import SHARING_DIR, files_in_run_order, share_the_machine
+from sharing import SHARING_DIR, files_in_run_order, kind_of, share_the_machine
 
 from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
@@ -95,7 +95,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Around all of a test, its fixtures and its time limit (pytest-timeout's, which starts inside this): alone or
     beside the other worker's test (tests/sharing.py). Waiting for the other is not the test's own time."""
-    with share_the_machine(item.get_closest_marker("alone") is not None):
+    with share_the_machine(kind_of(item)):
         yield
 
 

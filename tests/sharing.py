@@ -1,18 +1,24 @@
 """How the tests share the machine when pytest-xdist runs them in several workers (``make test``: ``-n 2``).
 
 Most tests wait far more than they compute (on the API server, an operator, a child's output): two of them side by
-side use the two cores that one alone leaves half idle. Some cannot share: the ``alone`` ones, which keep both cores
-busy with their own stage processes (``pipefill local``, the benchmarks' runs) or time what a quiet core does. A
-readers-writer lock on a file of this run decides: a test marked ``alone`` holds it exclusively, every other test
-holds it shared. A test waiting to run alone closes a turnstile first, so that the other worker's next tests wait
-behind it rather than keep it out. Without xdist (one process), there is nothing to share and no lock is taken.
+side use the two cores that one alone leaves half idle. Some cannot share: the ``alone`` ones, which time what a quiet
+core does or keep both cores busy from start to end (the benchmarks' timed runs). Between the two are the ``busy``
+ones: heavy (``pipefill local``, a control plane at scale, a real node) but untimed, and often one core idle in their
+start-up and end (a run measured 300 of its 410 idle core-seconds in them, docs/benchmarks.md); a ``busy`` test runs
+beside a shared one, never beside another ``busy`` or ``alone`` one. Locks on files of this run decide: a
+readers-writer lock that an ``alone`` test holds exclusively and every other test shared, and a second lock that a
+``busy`` test holds exclusively. A test waiting to run alone closes a turnstile first, so that the other worker's next
+tests wait behind it rather than keep it out. Without xdist (one process), there is nothing to share and no lock is
+taken.
 
 The files run in this order (:func:`files_in_run_order`, from ``pytest_collection_modifyitems``; ``make test`` passes
 ``--no-loadscope-reorder``, without which xdist hands files out by their number of tests): the files that hold an
 ``alone`` test first, so that their ``alone`` tests mostly follow one another, each waiting for the other worker's
 ``alone`` test, not for a shared one to end (a whole run lost 225 s so, its alone tests spread among the shared
-ones); then the files that hold a ``slow`` test, so that no long file is left to run by itself at the end while the
-other worker idles (a run's last 27 s were one such file); then the rest, in their order.
+ones); then the files that hold a ``busy`` test, each followed by files of shared tests, the ``slow`` ones first, so
+that while one worker is in a ``busy`` file the other mostly runs shared ones beside it (two ``busy`` files at once
+take turns, test by test); then the rest, so that no long file is left to run by itself at the end while the other
+worker idles (a run's last 27 s were one such file).
 
 A test that pins its processes to one core takes :func:`own_core`: each worker's core of its own, so that two workers'
 pinned tests do not pile onto core 0 while core 1 idles.
@@ -27,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["SHARING_DIR", "files_in_run_order", "own_core", "share_the_machine", "worker_index"]
+__all__ = ["KINDS", "SHARING_DIR", "files_in_run_order", "kind_of", "own_core", "share_the_machine", "worker_index"]
 
 SHARING_DIR = "PIPEFILL_TEST_SHARING_DIR"  # the lock's directory: made by pytest's main process, which starts workers
 
@@ -52,35 +58,55 @@ class _Item(Protocol):
 
 
 def files_in_run_order(items: Sequence[_Item]) -> list[_Item]:
-    """``items`` with the files that hold an ``alone`` test first, then those that hold a ``slow`` one, each file
-    whole and the order otherwise kept (the same in every worker: xdist requires it)."""
+    """``items`` with the files that hold an ``alone`` test first; then each file that holds a ``busy`` one (those
+    with a ``slow`` test first) followed by an equal share of the others (those with a ``slow`` test first), a share
+    left for the end; each file whole and the order otherwise kept (the same in every worker: xdist requires it)."""
 
     def files(marker: str) -> set[str]:
         return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker) is not None}
 
-    alone, slow = files("alone"), files("slow")
+    alone, busy, slow = files("alone"), files("busy") - files("alone"), files("slow")
+    paths = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    heavy = sorted((p for p in paths if p in busy), key=lambda p: p not in slow)
+    others = sorted((p for p in paths if p not in alone and p not in busy), key=lambda p: p not in slow)
+    order = [p for p in paths if p in alone]
+    share = len(others) // (len(heavy) + 1)  # the others after each busy file: a share is left for the end
+    for i, path in enumerate(heavy):
+        order += [path, *others[i * share : (i + 1) * share]]
+    order += others[len(heavy) * share :]
+    position = {path: i for i, path in enumerate(order)}
+    return sorted(items, key=lambda item: position[item.nodeid.split("::")[0]])
 
-    def rank(item: _Item) -> int:
-        path = item.nodeid.split("::")[0]
-        return 0 if path in alone else 1 if path in slow else 2
 
-    return sorted(items, key=rank)
+KINDS = ("alone", "busy", "shared")
+
+
+def kind_of(item: _Item) -> str:
+    """How ``item`` shares the machine: its marker ``alone`` or ``busy``, else ``shared``."""
+    return next((kind for kind in KINDS[:2] if item.get_closest_marker(kind) is not None), "shared")
 
 
 @contextlib.contextmanager
-def share_the_machine(alone: bool) -> Iterator[None]:
-    """Held around one test: exclusively for an ``alone`` test, shared for any other (under xdist only)."""
+def share_the_machine(kind: str) -> Iterator[None]:
+    """Held around one test of ``kind`` (:data:`KINDS`): an ``alone`` test exclusively, any other shared, and a
+    ``busy`` one exclusively among the ``busy`` ones (under xdist only)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
     where = os.environ.get(SHARING_DIR)
     if worker_index() is None or not where:
         yield
         return
-    with open(Path(where) / "turnstile", "a") as turnstile, open(Path(where) / "lock", "a") as lock:
+    with contextlib.ExitStack() as held:
+        if kind == "busy":  # first, so that a busy test waiting for the other does not hold the machine's lock
+            busy = held.enter_context(open(Path(where) / "busy", "a"))
+            fcntl.flock(busy, fcntl.LOCK_EX)
+            held.callback(fcntl.flock, busy, fcntl.LOCK_UN)
+        turnstile = held.enter_context(open(Path(where) / "turnstile", "a"))
+        lock = held.enter_context(open(Path(where) / "lock", "a"))
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(lock, fcntl.LOCK_EX if kind == "alone" else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        held.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+        yield

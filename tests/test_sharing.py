@@ -1,9 +1,11 @@
 """tests/sharing.py: shared tests run side by side, an ``alone`` test runs with none beside it and is not kept out by
-a stream of shared ones, and each worker pins to a core of its own. Threads stand for the workers (each open of the
+a stream of shared ones, a ``busy`` test runs beside shared ones but not beside another ``busy`` one, and each worker
+pins to a core of its own. Threads stand for the workers (each open of the
 lock file is a lock of its own, as another process's would be)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -17,13 +19,13 @@ NOT_YET_S = 0.3  # how long a holder that must wait is watched not getting in
 class Holder:
     """One test's hold on the machine, in a thread: ``inside`` once it is in, it leaves on ``leave``."""
 
-    def __init__(self, alone: bool) -> None:
+    def __init__(self, kind: str) -> None:
         self.inside, self.leave = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._hold, args=(alone,), daemon=True)
+        self.thread = threading.Thread(target=self._hold, args=(kind,), daemon=True)
         self.thread.start()
 
-    def _hold(self, alone: bool) -> None:
-        with share_the_machine(alone):
+    def _hold(self, kind: str) -> None:
+        with share_the_machine(kind):
             self.inside.set()
             self.leave.wait(30)
 
@@ -40,11 +42,11 @@ def as_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_shared_tests_run_together_and_an_alone_one_waits_for_them_and_they_for_it(as_worker: None) -> None:
-    first, second = Holder(alone=False), Holder(alone=False)
+    first, second = Holder("shared"), Holder("shared")
     assert first.inside.wait(10) and second.inside.wait(10), "two shared tests run side by side"
-    alone = Holder(alone=True)
+    alone = Holder("alone")
     assert not alone.inside.wait(NOT_YET_S), "an alone test ran beside shared ones"
-    late = Holder(alone=False)  # comes after the alone test: waits behind it (the turnstile)
+    late = Holder("shared")  # comes after the alone test: waits behind it (the turnstile)
     assert not late.inside.wait(NOT_YET_S), "a shared test slipped in ahead of the waiting alone one"
     first.done()
     second.done()
@@ -55,10 +57,31 @@ def test_shared_tests_run_together_and_an_alone_one_waits_for_them_and_they_for_
     late.done()
 
 
+def test_a_busy_test_runs_beside_shared_ones_not_beside_another_busy_one_nor_an_alone_one(as_worker: None) -> None:
+    busy, shared = Holder("busy"), Holder("shared")
+    assert busy.inside.wait(10) and shared.inside.wait(10), "a busy test and a shared one run side by side"
+    second = Holder("busy")
+    assert not second.inside.wait(NOT_YET_S), "two busy tests ran side by side"
+    alone = Holder("alone")  # the second busy test waits without holding the machine: the alone one goes next
+    busy.done()
+    assert not alone.inside.wait(NOT_YET_S), "an alone test ran beside a shared one"
+    shared.done()
+    assert alone.inside.wait(10)
+    assert not second.inside.wait(NOT_YET_S), "a busy test ran beside an alone one"
+    alone.done()
+    assert second.inside.wait(10)
+    second.done()
+
+
+def test_an_unknown_kind_is_refused(as_worker: None) -> None:
+    with pytest.raises(ValueError, match="kind 'quiet': one of alone, busy, shared"), share_the_machine("quiet"):
+        pass
+
+
 def test_without_workers_nothing_is_locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv(SHARING_DIR, str(tmp_path))
-    first, second = Holder(alone=True), Holder(alone=True)
+    first, second = Holder("alone"), Holder("alone")
     assert first.inside.wait(10) and second.inside.wait(10)
     first.done()
     second.done()
@@ -86,19 +109,26 @@ class _Item:
         return object() if name == self.marker else None
 
 
-def test_the_files_holding_an_alone_test_come_first_then_the_slow_ones_each_file_whole(
+def test_the_alone_files_come_first_then_each_busy_file_with_a_share_of_the_others_slow_first(
     request: pytest.FixtureRequest,
 ) -> None:
     items = [_Item("a.py::x"), _Item("b.py::x"), _Item("b.py::y", "alone"), _Item("c.py::x"), _Item("d.py::x", "alone"),
-             _Item("e.py::x"), _Item("e.py::y", "slow"), _Item("f.py::x", "slow"), _Item("g.py::x")]  # fmt: skip
+             _Item("e.py::x"), _Item("e.py::y", "slow"), _Item("f.py::x", "slow"), _Item("g.py::x"),
+             _Item("h.py::x", "busy"), _Item("i.py::x", "busy"), _Item("j.py::x")]  # fmt: skip
     assert [i.nodeid for i in files_in_run_order(items)] == [
-        "b.py::x", "b.py::y", "d.py::x", "e.py::x", "e.py::y", "f.py::x", "a.py::x", "c.py::x", "g.py::x",
+        "b.py::x", "b.py::y", "d.py::x",  # alone
+        "h.py::x", "e.py::x", "e.py::y", "f.py::x",  # busy, then a share of the others (6 files: 3 shares of 2)
+        "i.py::x", "a.py::x", "c.py::x",  # the slow ones first, the order otherwise kept
+        "g.py::x", "j.py::x",  # the share left for the end
     ]  # fmt: skip
 
-    # and so is this session ordered (tests/conftest.py): no file before one of a lower rank (alone 0, slow 1)
-    def rank(path: str) -> int:
-        marks = {m.name for i in request.session.items if i.nodeid.startswith(path + "::") for m in i.iter_markers()}
-        return 0 if "alone" in marks else 1 if "slow" in marks else 2
+    # and so is this session ordered (tests/conftest.py): the alone files first, each busy file followed by others
+    files = list(dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items))
 
-    ranks = [rank(f) for f in dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items)]
-    assert ranks == sorted(ranks)
+    def kinds(path: str) -> set[str]:
+        return {m.name for i in request.session.items if i.nodeid.startswith(path + "::") for m in i.iter_markers()}
+
+    alone = [f for f in files if "alone" in kinds(f)]
+    assert files[: len(alone)] == alone
+    busy = [i for i, f in enumerate(files) if "busy" in kinds(f) and "alone" not in kinds(f)]
+    assert all(b - a > 1 for a, b in itertools.pairwise(busy)), "two busy files one after the other"

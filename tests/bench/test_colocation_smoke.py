@@ -171,7 +171,7 @@ def _reference_outputs(tmp_path: Path) -> np.ndarray:
     return read_outputs(tmp_path / "ref-out")
 
 
-@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
+@pytest.mark.busy  # one core and nothing timed (tests/sharing.py)
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(tmp_path: Path) -> None:

@@ -98,7 +98,7 @@ def test_the_summary_pairs_each_repetition_with_its_own_single_job_and_training_
     assert "ratio_to_one" not in s["one"] and "slowdown" not in s["alone"]
 
 
-@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
+@pytest.mark.busy  # a benchmark's runs: heavy, nothing timed is asserted (tests/sharing.py)
 @pytest.mark.timeout(300)
 def test_a_small_run_end_to_end(tmp_path: Path) -> None:
     argv = ["--configs", "twenty,alone", "--reps", "1", "--steps", "20", "--unit", "8", "--keep", str(tmp_path)]

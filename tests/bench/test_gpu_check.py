@@ -52,7 +52,7 @@ def test_every_benchmark_command_of_the_gpu_plan_passes_the_benchmarks_own_check
     assert next(s for s in plan(3, "cuda", tmp_path) if s.name == "mps-stop").always  # stopped whatever happened
 
 
-@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
+@pytest.mark.busy  # the dry run's benchmarks: heavy, nothing timed is asserted (tests/sharing.py)
 @pytest.mark.slow
 def test_the_dry_run_runs_parts_1_and_3_and_writes_each_steps_result(tmp_path: Path) -> None:
     done = _gpu_check("--part", "1,3", "--device", "cpu", "--out", str(tmp_path))

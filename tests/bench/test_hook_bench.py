@@ -19,7 +19,7 @@ def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
+@pytest.mark.busy  # a benchmark's runs: heavy, nothing timed is asserted (tests/sharing.py)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_hook_times_both_modes_the_hooks_predictions_and_both_recoveries(tmp_path: Path) -> None:

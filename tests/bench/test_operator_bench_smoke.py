@@ -17,7 +17,7 @@ import pytest
 
 from pipefill.devcluster import ControlPlane
 
-pytestmark = [pytest.mark.alone, pytest.mark.cluster]
+pytestmark = [pytest.mark.busy, pytest.mark.cluster]  # heavy, nothing timed is asserted (tests/sharing.py)
 
 
 @pytest.mark.timeout(420)

@@ -22,7 +22,7 @@ from waiting import wait_for
 from pipefill.devcluster import BinaryMissing, ControlPlane, bins, host, node
 from pipefill.devcluster.nodeconf import NODE_LABEL, POD_PLACEMENT, NodePaths
 
-pytestmark = [pytest.mark.alone, pytest.mark.cluster, pytest.mark.node]
+pytestmark = [pytest.mark.busy, pytest.mark.cluster, pytest.mark.node]  # heavy, untimed (tests/sharing.py)
 
 _IN_CI = os.environ.get("CI", "").lower() == "true"
 

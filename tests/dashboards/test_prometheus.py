@@ -26,7 +26,7 @@ from pipefill.dashboards import NOT_LOCAL, rules
 from pipefill.dashboards.plot import draw
 from pipefill.devcluster import ControlPlane
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.busy, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(300)]  # untimed
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "charts" / "pipefill" / "dashboards").glob("*.json"))
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.*),\s*(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\)$")

@@ -42,7 +42,7 @@ def test_the_dockerfile_example_lints() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+@pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 @pytest.mark.slow
 def test_user_code_from_a_config_map_and_an_installed_package_in_pipefill_local(tmp_path: Path) -> None:
     site = tmp_path / "site"  # what `pip install` in the example Dockerfile does, into a directory of its own

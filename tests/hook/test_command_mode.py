@@ -137,7 +137,7 @@ def test_local_processes_run_the_command_with_this_pythons_hook(tmp_path: Path) 
         assert str(ROOT / "trainer-image") in path
 
 
-@pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+@pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 @pytest.mark.slow
 def test_pipefill_local_runs_the_command_hooked_and_a_filljob_works_in_its_bubbles(tmp_path: Path) -> None:
     obj = _demo()  # the demo's own model and schedule: bubbles of several ms, long enough for the fill

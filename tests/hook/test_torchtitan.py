@@ -18,7 +18,7 @@ from hook_procs import REPO, Run, run_example, run_local
 from pipefill.events import BubbleEvent, read_events
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed: pip install 'pipefill-operator[torchtitan]'")
-pytestmark = [pytest.mark.alone, pytest.mark.slow]  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = [pytest.mark.busy, pytest.mark.slow]  # torchrun and pipefill local: heavy, untimed (tests/sharing.py)
 
 SCRIPT = REPO / "examples" / "torchtitan" / "torchtitan_cpu.py"
 STEPS = 16

@@ -29,7 +29,7 @@ from pipefill.local.report import build_report, rank_log_paths
 from pipefill.local.runner import RunOutcome
 from pipefill.spec import FillJob, load_file, load_training_job
 
-pytestmark = pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 
 LOCAL = [sys.executable, "-m", "pipefill", "local"]
 STEPS = 60

@@ -14,7 +14,7 @@ import yaml
 
 from pipefill.events import ActionEvent, read_events
 
-pytestmark = pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "custom-schedule" / "custom-demo.yaml"

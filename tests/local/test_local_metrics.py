@@ -121,7 +121,7 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
         silent.close()
 
 
-@pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+@pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 @pytest.mark.slow
 def test_endpoint_during_a_tiny_run_serves_both_ranks_trainer_and_fill_series(tmp_path: Path) -> None:
     out = tmp_path / "out"

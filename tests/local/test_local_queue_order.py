@@ -22,7 +22,7 @@ from pipefill import env
 from pipefill.events import SliceEvent, read_events
 from pipefill.local.report import FILL_WORK_DIR, rank_log_paths
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow]  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = [pytest.mark.busy, pytest.mark.slow]  # pipefill local: heavy, untimed (tests/sharing.py)
 
 
 def _fill(tmp: Path, name: str, priority: int) -> Path:

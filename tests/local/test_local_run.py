@@ -17,7 +17,7 @@ from waiting import wait_for
 from pipefill.events import ActionEvent, StepEvent, read_events
 from pipefill.local.report import rank_log_paths
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow]  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = [pytest.mark.busy, pytest.mark.slow]  # pipefill local: heavy, untimed (tests/sharing.py)
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_ARGS = [sys.executable, "-m", "pipefill", "local"]
 

@@ -14,7 +14,7 @@ from manifests import fill_job
 
 from pipefill.events import BubbleEvent, read_events
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow]  # pipefill local pins its ranks to both cores (tests/sharing.py)
+pytestmark = [pytest.mark.busy, pytest.mark.slow]  # pipefill local: heavy, untimed (tests/sharing.py)
 ROOT = Path(__file__).resolve().parents[2]
 
 

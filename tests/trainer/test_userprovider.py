@@ -117,7 +117,7 @@ def _local(tmp: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+@pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 @pytest.mark.slow
 def test_the_example_provider_from_its_configmap_trains_under_pipefill_local(tmp_path: Path) -> None:
     config_map = ROOT / "examples" / "user-model" / "model-configmap.yaml"
@@ -128,7 +128,7 @@ def test_the_example_provider_from_its_configmap_trains_under_pipefill_local(tmp
     assert len(losses) == 4 and losses[-1] < losses[0]
 
 
-@pytest.mark.alone  # pipefill local pins its ranks to both cores (tests/sharing.py)
+@pytest.mark.busy  # pipefill local: heavy, untimed (tests/sharing.py)
 @pytest.mark.slow
 def test_a_stage_that_breaks_its_declaration_fails_the_job_permanently_naming_the_provider(tmp_path: Path) -> None:
     config_map = tmp_path / "code.yaml"
