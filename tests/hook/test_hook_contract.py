@@ -162,6 +162,7 @@ def test_what_the_init_container_copies_is_enough_to_hook_a_process(tmp_path: Pa
         "print(hasattr(s._wait_batch_p2p, '__wrapped__'), p._state['applied'], pipefill.__file__, pipefill_trainer.__file__)\n"
     )
     env = {**os.environ, "PIPEFILL_HOOK": "1", "PYTHONPATH": f"{target / 'boot'}{os.pathsep}{target / 'lib'}"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # as in a rank pod (pipefill/pods.py): the copy stays what was copied
     out = subprocess.run(  # not in the checkout: `python -c` puts the working directory first on sys.path
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
