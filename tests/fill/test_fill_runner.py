@@ -16,7 +16,7 @@ from sharing import own_core
 from waiting import wait_for
 
 from pipefill.channel import hold_fill
-from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, StartEvent, read_events
+from pipefill.events import CommitEvent, ExitEvent, FillEvent, HoldEvent, ProfileEvent, StartEvent, read_events
 from pipefill_fill.store import ProgressStore
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,16 @@ def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:
     write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
     fill, producer = _start(tmp_path, jobs, bubbles_ms="40", count=100000)
     log = tmp_path / "fill" / "fill-events.jsonl"
-    wait_for(lambda: any(isinstance(e, FillEvent) and e.items for e in read_events(log)), "work done", 60, 0.2)
+
+    def worked() -> bool:
+        """Work done and the profile complete: what a bubble did while profiling is committed once the profile is
+        (a run under load had its trainer killed in between, and nothing to commit at shutdown)."""
+        events = read_events(log)
+        return any(isinstance(e, ProfileEvent) for e in events) and any(
+            isinstance(e, FillEvent) and e.items for e in events
+        )
+
+    wait_for(worked, "work done with the profile complete", 60, 0.2)
     # pinned to its trainer's core, the executor takes only the CPU time the trainer leaves
     assert os.sched_getscheduler(fill.pid) == os.SCHED_IDLE
     (start,) = [e for e in read_events(log) if isinstance(e, StartEvent)]
