@@ -16,9 +16,11 @@ MYPY_CACHE ?= $(HOME)/.cache/pipefill/mypy
 # sets PYTHONDONTWRITEBYTECODE (as these machines do): otherwise every process that imports torch (3 s here) would
 # compile it again, and the tests and the demo start hundreds. This replaces compiling the whole venv at install
 # (63 s of a fresh clone's set-up, most of it modules nothing imports); a stale file is compiled again at import,
-# never run stale. The venv's install imports the heavy ones once, so that no test or demo pays for them.
+# never run stale. The venv's install imports the heavy ones once, so that no test or demo pays for them: what
+# `pipefill local`'s launcher preloads for every trainer and fill executor (its PRELOAD), the CLI and the operator's.
 unexport PYTHONDONTWRITEBYTECODE
-WARM_IMPORTS := torch, torch._dynamo, torch.distributed.pipelining, numpy, kopf, kubernetes, transformers, pipefill.cli
+WARM_IMPORTS := import importlib, pipefill.cli, kopf, kubernetes; from pipefill.local.launcher import PRELOAD; \
+  [importlib.import_module(m) for m in PRELOAD]
 # Prometheus for tests/dashboards: Debian's package (seconds to fetch); where it is not available, built from
 # cluster/tools/prometheus (Prometheus 3.16.0, minutes, once). docs/dashboards.md says why.
 PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
@@ -48,11 +50,10 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
 	$(UV_INSTALL) pip==$(PIP_VERSION) -r requirements/lock.txt
 	$(UV_INSTALL) --no-deps -e .
-	$(BIN)/python -c 'import $(WARM_IMPORTS)'
+	$(BIN)/python -c '$(WARM_IMPORTS)'
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv with the pinned dependencies (CPU torch 2.13.0)
-
 
 lint: $(STAMP) ## ruff, mypy (strict on the core), import contracts, CRDs and dashboards up to date, hadolint
 	$(BIN)/ruff check .

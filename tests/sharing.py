@@ -57,16 +57,21 @@ class _Item(Protocol):
     def get_closest_marker(self, name: str) -> Any: ...
 
 
+def _path(item: _Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def files_in_run_order(items: Sequence[_Item]) -> list[_Item]:
     """``items`` with the files that hold an ``alone`` test first; then each file that holds a ``busy`` one (those
     with a ``slow`` test first) followed by an equal share of the others (those with a ``slow`` test first), a share
     left for the end; each file whole and the order otherwise kept (the same in every worker: xdist requires it)."""
 
     def files(marker: str) -> set[str]:
-        return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker) is not None}
+        return {_path(item) for item in items if item.get_closest_marker(marker) is not None}
 
-    alone, busy, slow = files("alone"), files("busy") - files("alone"), files("slow")
-    paths = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    alone, slow = files("alone"), files("slow")
+    busy = files("busy") - alone
+    paths = list(dict.fromkeys(_path(item) for item in items))
     heavy = sorted((p for p in paths if p in busy), key=lambda p: p not in slow)
     others = sorted((p for p in paths if p not in alone and p not in busy), key=lambda p: p not in slow)
     order = [p for p in paths if p in alone]
@@ -75,7 +80,7 @@ def files_in_run_order(items: Sequence[_Item]) -> list[_Item]:
         order += [path, *others[i * share : (i + 1) * share]]
     order += others[len(heavy) * share :]
     position = {path: i for i, path in enumerate(order)}
-    return sorted(items, key=lambda item: position[item.nodeid.split("::")[0]])
+    return sorted(items, key=lambda item: position[_path(item)])
 
 
 KINDS = ("alone", "busy", "shared")
