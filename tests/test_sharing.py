@@ -62,15 +62,19 @@ def test_a_busy_test_runs_beside_shared_ones_not_beside_another_busy_one_nor_an_
     assert busy.inside.wait(10) and shared.inside.wait(10), "a busy test and a shared one run side by side"
     second = Holder("busy")
     assert not second.inside.wait(NOT_YET_S), "two busy tests ran side by side"
-    alone = Holder("alone")  # the second busy test waits without holding the machine: the alone one goes next
     busy.done()
+    assert second.inside.wait(10), "the next busy test waits for the busy one only, not for the shared one"
+    alone = Holder("alone")
+    assert not alone.inside.wait(NOT_YET_S), "an alone test ran beside a busy and a shared one"
+    second.done()
     assert not alone.inside.wait(NOT_YET_S), "an alone test ran beside a shared one"
     shared.done()
     assert alone.inside.wait(10)
-    assert not second.inside.wait(NOT_YET_S), "a busy test ran beside an alone one"
+    third = Holder("busy")
+    assert not third.inside.wait(NOT_YET_S), "a busy test ran beside an alone one"
     alone.done()
-    assert second.inside.wait(10)
-    second.done()
+    assert third.inside.wait(10)
+    third.done()
 
 
 def test_an_unknown_kind_is_refused(as_worker: None) -> None:
