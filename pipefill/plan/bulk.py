@@ -13,22 +13,36 @@ from collections.abc import Sequence
 
 from pipefill.plan.planner import _EPS, BubbleClass, ProfilePoint
 
-__all__ = ["samples_per_bubble"]
+__all__ = ["samples_per_bubble", "step_points", "units_per_class"]
+
+StepPoint = tuple[int, float, int]
+"""A profile point as ``(peak_bytes, step_s, items)``."""
 
 
 def samples_per_bubble(classes: Sequence[BubbleClass], profile: Sequence[ProfilePoint], *, guard_s: float) -> list[int]:
     """Per class, ``plan_class(c, profile, guard_s=guard_s).samples_per_bubble`` (0 where the class is skipped)."""
-    points = [(p.peak_bytes, p.step_s, p.items) for p in profile]
+    return units_per_class([(c.duration_s - guard_s, c.free_bytes) for c in classes], step_points(profile))
+
+
+def step_points(profile: Sequence[ProfilePoint]) -> tuple[StepPoint, ...]:
+    """The profile as :func:`units_per_class` takes it: plain tuples, least memory first."""
+    return tuple(sorted((p.peak_bytes, p.step_s, p.items) for p in profile))
+
+
+def units_per_class(usable: Sequence[tuple[float, int]], points: Sequence[StepPoint]) -> list[int]:
+    """Per class given as ``(seconds usable after the guard, free bytes)``, the units one bubble holds for
+    ``points`` (from :func:`step_points`): the scorer's inner loop, with what is the same per class or profile
+    computed once by the caller."""
     floor = math.floor
     out = []
-    for c in classes:
-        usable_s, free = c.duration_s - guard_s, c.free_bytes
+    for usable_s, free in usable:
         best = 0
         if usable_s > 0:
             for peak, step_s, items in points:
-                if peak <= free:
-                    units = floor(usable_s / step_s + _EPS) * items
-                    if units > best:
-                        best = units
+                if peak > free:
+                    break  # least memory first: no later point fits either
+                units = floor(usable_s / step_s + _EPS) * items
+                if units > best:
+                    best = units
         out.append(best)
     return out

@@ -18,7 +18,8 @@ import functools
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pipefill.plan import BubbleClass, ProfilePoint, plan_class, samples_per_bubble
+from pipefill.plan import BubbleClass, ProfilePoint, plan_class
+from pipefill.plan.bulk import StepPoint, step_points, units_per_class
 from pipefill.queue.snapshot import FillJobView
 
 __all__ = ["UNKNOWN_RANK_SPEED", "UNKNOWN_SHARE", "Demand", "RankCapacity", "Rates", "demand_of", "why_unfit"]
@@ -96,6 +97,8 @@ class Rates:
         self._rates: dict[tuple[int, int], tuple[float, ...]] = {}
         self._speeds: dict[tuple[int, int], float] = {}
         self._by_job_key: dict[tuple[object, ...], tuple[Demand, int]] = {}
+        self._points: dict[int, tuple[StepPoint, ...]] = {}  # per demand id, for units_per_class
+        self._usable: dict[int, list[tuple[float, int]]] = {}  # per capacity id, for units_per_class
 
     def demand_id(self, demand: Demand) -> int:
         return self._intern(demand, self._demand_ids, self.demands)
@@ -120,7 +123,20 @@ class Rates:
         key = (demand_id, cap_id)
         found = self._rates.get(key)
         if found is None:
-            found = self._rates[key] = _per_class(self.demands[demand_id], self.caps[cap_id])
+            demand, cap = self.demands[demand_id], self.caps[cap_id]
+            if not demand.known:
+                found = _unknown_per_class(demand, cap)
+            else:
+                points = self._points.get(demand_id)
+                if points is None:
+                    points = self._points[demand_id] = step_points(demand.points)
+                usable = self._usable.get(cap_id)
+                if usable is None:
+                    usable = self._usable[cap_id] = [(c.duration_s - cap.guard_s, c.free_bytes) for c in cap.classes]
+                scale = 1.0 / (cap.step_s * demand.best_units_per_s)
+                units = units_per_class(usable, points)
+                found = tuple(n * c.count_per_step * scale for n, c in zip(units, cap.classes, strict=True))
+            self._rates[key] = found
         return found
 
     def speed(self, demand_id: int, cap_id: int) -> float:
@@ -154,12 +170,9 @@ def why_unfit(demand: Demand, cap: RankCapacity) -> str:
     return plan_class(longest, demand.points, guard_s=cap.guard_s).reason
 
 
-def _per_class(demand: Demand, cap: RankCapacity) -> tuple[float, ...]:
-    if not demand.known:
-        return tuple(
-            UNKNOWN_SHARE * c.duration_s * c.count_per_step / cap.step_s if c.free_bytes >= demand.peak_bytes else 0.0
-            for c in cap.classes
-        )
-    scale = 1.0 / (cap.step_s * demand.best_units_per_s)
-    units = samples_per_bubble(cap.classes, demand.points, guard_s=cap.guard_s)
-    return tuple(n * c.count_per_step * scale for n, c in zip(units, cap.classes, strict=True))
+def _unknown_per_class(demand: Demand, cap: RankCapacity) -> tuple[float, ...]:
+    """A job with neither profile nor estimate: :data:`UNKNOWN_SHARE` of every class with the estimated memory."""
+    return tuple(
+        UNKNOWN_SHARE * c.duration_s * c.count_per_step / cap.step_s if c.free_bytes >= demand.peak_bytes else 0.0
+        for c in cap.classes
+    )

@@ -51,7 +51,7 @@ class _Kind:
     job: Job  # any member: they share hosts and rates
     free: list[tuple[float, int]] = field(default_factory=list)  # (-score, host order)
     fast: list[tuple[float, int]] = field(default_factory=list)  # (ready_s, host order)
-    speed: dict[int, float] = field(default_factory=dict)  # host order -> Σ v_c (alone on it)
+    speed: dict[int, float] = field(default_factory=dict)  # host order -> Σ v_c (alone on it), of its fastest hosts
     fastest: float = 0.0
 
 
@@ -110,35 +110,78 @@ def place_makespan(state: State) -> None:
             rates = state.rates.per_class(job.demand_id, host.cap_id)
             best[host.order] = [max(x, v) for x, v in zip(best[host.order], rates, strict=True)]
             if work_s is not None:
-                ready[host.order] = min(ready[host.order], work_s / kind.speed[host.order])
+                ready[host.order] = min(ready[host.order], work_s / state.rates.speed(job.demand_id, host.cap_id))
 
 
 def _initial_gains(state: State, kinds: dict[int, _Kind], best: dict[int, list[float]]) -> dict[tuple[int, int], float]:
-    """Each kind's gain on every free host of its group (and, for all its hosts, its speed there)."""
+    """Each kind's gain on every free host of its group, its fastest speed and its fastest hosts (``kind.speed``).
+
+    A gain depends on the job's demand and the host, not on the kind's group: it is computed once per demand for
+    the hosts with a free slot and something to give (every class where nothing runs, else the classes no job there
+    uses yet), and each kind of that demand takes those of its group. A kind's fastest hosts come from its demand's
+    rank capacities by speed, walked from the fastest of its group down to :data:`_FASTEST` of it."""
+    hosts = state.hosts
+    open_classes: dict[int, tuple[int, ...] | None] = {}  # host order -> its classes no job uses yet; None: all
+    for order, b in best.items():
+        host = hosts[order]
+        if not host.work:
+            open_classes[order] = None
+        elif host.cap.known:  # a rank whose bubbles are not known takes one job at a time (_gain: 0)
+            free = tuple(i for i, x in enumerate(b) if x <= 0)
+            if free:
+                open_classes[order] = free
+    cap_ids = sorted({h.cap_id for h in hosts})
+    by_demand: dict[int, tuple[list[tuple[float, int]], list[tuple[int, float]]]] = {}
+    members: dict[int, set[int]] = {}
     gains = {}
     for ki, kind in kinds.items():
         d = kind.job.demand_id
-        for cap_id, hosts in kind.job.group.by_cap.items():
-            speed = state.rates.speed(d, cap_id)
-            if speed <= 0:
+        found = by_demand.get(d)
+        if found is None:
+            found = by_demand[d] = _demand_gains(state, d, cap_ids, open_classes)
+        ranked, positive = found
+        group = kind.job.group
+        by_cap = group.by_cap
+        for speed, cap_id in ranked:  # fastest first
+            if cap_id not in by_cap:
                 continue
-            kind.fastest = max(kind.fastest, speed)
-            rates = state.rates.per_class(d, cap_id)
-            known = state.rates.caps[cap_id].known
-            for host in hosts:  # kinds × hosts: _gain inlined, with what is equal for the capacity taken out
-                order = host.order
-                kind.speed[order] = speed
-                b = best.get(order)
-                if b is not None:
-                    if not host.work:
-                        gain = speed
-                    elif known:
-                        gain = sum(v for v, x in zip(rates, b, strict=True) if x <= 0)
-                    else:
-                        continue  # one job at a time on a rank whose bubbles are not known (_gain: 0)
-                    if gain > 0:
-                        gains[ki, order] = gain
+            if not kind.fastest:
+                kind.fastest = speed
+            elif speed < _FASTEST * kind.fastest:
+                break
+            for host in by_cap[cap_id]:
+                kind.speed[host.order] = speed
+        inside = members.get(id(group))
+        if inside is None:
+            inside = members[id(group)] = {h.order for h in group.hosts}
+        for order, gain in positive:
+            if order in inside:
+                gains[ki, order] = gain
     return gains
+
+
+def _demand_gains(
+    state: State, demand_id: int, cap_ids: list[int], open_classes: dict[int, tuple[int, ...] | None]
+) -> tuple[list[tuple[float, int]], list[tuple[int, float]]]:
+    """For one demand: the rank capacities where it runs, fastest first (``(speed, cap id)``), and the hosts where
+    it would gain something now (``(host order, gain)``)."""
+    rates = state.rates
+    speeds = {c: rates.speed(demand_id, c) for c in cap_ids}
+    ranked = sorted(((s, c) for c, s in speeds.items() if s > 0), key=lambda sc: (-sc[0], sc[1]))
+    positive = []
+    for order, free in open_classes.items():
+        cap_id = state.hosts[order].cap_id
+        speed = speeds[cap_id]
+        if speed <= 0:
+            continue
+        if free is None:
+            gain = speed
+        else:
+            per_class = rates.per_class(demand_id, cap_id)
+            gain = sum(per_class[i] for i in free)
+        if gain > 0:
+            positive.append((order, gain))
+    return ranked, positive
 
 
 def _best_free(

@@ -10,10 +10,12 @@ The cluster is the benchmark's synthetic one (:func:`pipefill.queue.synthetic.sy
   the input may cost at most 45 times the CPU (measured 18–23×; a pass quadratic in the FillJobs would take ~100×).
 
 ``makespan`` has limits of its own: it scores every kind of job (profile × eligibility group, a few hundred here) on
-every rank of its group, so its pass is kinds × ranks, several times a simple policy's. Measured on the loaded
-development VM (2026-11-27, load 5–7): 3.1–3.9 s and 16–19× its pass at a tenth the size. Before the waiting jobs' count of
-free ranks was taken per rank capacity (reasons.py), its pass was quadratic in the waiting jobs: 7.0–9.6 s and 39–40×,
-which the growth limit of 30× catches.
+every rank of its group, so its pass is kinds × ranks, several times a simple policy's. Before the waiting jobs' count
+of free ranks was taken per rank capacity (reasons.py), its pass was quadratic in the waiting jobs (39–40× its pass at a
+tenth the size), which the growth limit of 30× catches. On the idle development VM of 2026-11-28 (simple policies
+1.5–1.6 s, 13×) its pass took 9.1–9.4 s, and a CI run beside other tests 10.09 s; scoring each demand once for all its
+groups' ranks (makespan.py, ``_demand_gains``) and the planner's inner loop on plain tuples (plan/bulk.py) brought it
+to 5.3 s (12× its pass at a tenth the size).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from pipefill.queue.snapshot import Snapshot
 from pipefill.queue.synthetic import synthetic_snapshot
 
 _POLICIES = ("fifo", "priority", "sjf", "deadline", "makespan")
-_BUDGET_CPU_S = {"makespan": 10.0}  # one pass over 10 000 FillJobs; measured ~1 s (makespan 3.9 s) on the loaded VM
+_BUDGET_CPU_S = {"makespan": 10.0}  # one pass over 10 000 FillJobs; measured 1.6 s (makespan 5.3 s) on the idle VM
 _DEFAULT_BUDGET_CPU_S = 5.0
-_MAX_GROWTH = {"makespan": 30.0}  # CPU at 10× the input over CPU at 1×; linear-ish: ~20 (makespan 16), quadratic: ~100
+_MAX_GROWTH = {"makespan": 30.0}  # CPU at 10× the input over CPU at 1×; measured ~13 (makespan 12), quadratic: ~100
 _DEFAULT_MAX_GROWTH = 45.0
 
 
