@@ -25,7 +25,8 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
     cpu = str(own_core())
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40",
-         "--loads", "idle,busy", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu],
+         "--loads", "idle,busy", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu,
+         "--timeout-s", "60"],  # a stall: the benchmark's own error, naming what it waited for (not a kill)
         capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -48,7 +49,7 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     cpu = str(own_core())
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
-         "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu],
+         "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu, "--timeout-s", "100"],
         capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
