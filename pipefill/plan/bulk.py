@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pipefill.plan.planner import _EPS, BubbleClass, ProfilePoint
 
-__all__ = ["samples_per_bubble", "step_points", "units_per_class"]
+__all__ = ["samples_per_bubble", "step_points", "units_per_class", "usable_classes"]
 
 StepPoint = tuple[int, float, int]
 """A profile point as ``(peak_bytes, step_s, items)``."""
@@ -21,7 +21,12 @@ StepPoint = tuple[int, float, int]
 
 def samples_per_bubble(classes: Sequence[BubbleClass], profile: Sequence[ProfilePoint], *, guard_s: float) -> list[int]:
     """Per class, ``plan_class(c, profile, guard_s=guard_s).samples_per_bubble`` (0 where the class is skipped)."""
-    return units_per_class([(c.duration_s - guard_s, c.free_bytes) for c in classes], step_points(profile))
+    return units_per_class(usable_classes(classes, guard_s=guard_s), step_points(profile))
+
+
+def usable_classes(classes: Sequence[BubbleClass], *, guard_s: float) -> list[tuple[float, int]]:
+    """The classes as :func:`units_per_class` takes them: ``(seconds usable after the guard, free bytes)``."""
+    return [(c.duration_s - guard_s, c.free_bytes) for c in classes]
 
 
 def step_points(profile: Sequence[ProfilePoint]) -> tuple[StepPoint, ...]:
@@ -30,8 +35,8 @@ def step_points(profile: Sequence[ProfilePoint]) -> tuple[StepPoint, ...]:
 
 
 def units_per_class(usable: Sequence[tuple[float, int]], points: Sequence[StepPoint]) -> list[int]:
-    """Per class given as ``(seconds usable after the guard, free bytes)``, the units one bubble holds for
-    ``points`` (from :func:`step_points`): the scorer's inner loop, with what is the same per class or profile
+    """Per class (from :func:`usable_classes`), the units one bubble holds for ``points`` (from
+    :func:`step_points`): the scorer's inner loop, with what is the same per class or profile
     computed once by the caller."""
     floor = math.floor
     out = []

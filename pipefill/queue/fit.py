@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pipefill.plan import BubbleClass, ProfilePoint, plan_class
-from pipefill.plan.bulk import StepPoint, step_points, units_per_class
+from pipefill.plan.bulk import StepPoint, step_points, units_per_class, usable_classes
 from pipefill.queue.snapshot import FillJobView
 
 __all__ = ["UNKNOWN_RANK_SPEED", "UNKNOWN_SHARE", "Demand", "RankCapacity", "Rates", "demand_of", "why_unfit"]
@@ -132,7 +132,7 @@ class Rates:
                     points = self._points[demand_id] = step_points(demand.points)
                 usable = self._usable.get(cap_id)
                 if usable is None:
-                    usable = self._usable[cap_id] = [(c.duration_s - cap.guard_s, c.free_bytes) for c in cap.classes]
+                    usable = self._usable[cap_id] = usable_classes(cap.classes, guard_s=cap.guard_s)
                 scale = 1.0 / (cap.step_s * demand.best_units_per_s)
                 units = units_per_class(usable, points)
                 found = tuple(n * c.count_per_step * scale for n, c in zip(units, cap.classes, strict=True))

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipefill.queue.state import Host, Job, State
+from pipefill.queue.state import Group, Host, Job, State
 
 __all__ = ["place_makespan"]
 
@@ -130,17 +130,15 @@ def _initial_gains(state: State, kinds: dict[int, _Kind], best: dict[int, list[f
             free = tuple(i for i, x in enumerate(b) if x <= 0)
             if free:
                 open_classes[order] = free
-    cap_ids = sorted({h.cap_id for h in hosts})
-    by_demand: dict[int, tuple[list[tuple[float, int]], list[tuple[int, float]]]] = {}
-    members: dict[int, set[int]] = {}
-    gains = {}
+    groups: dict[int, dict[Group, None]] = {}  # demand id -> the groups of its kinds (ordered, each once)
+    for kind in kinds.values():
+        groups.setdefault(kind.job.demand_id, {})[kind.job.group] = None
+    by_demand = {d: _demand_gains(state, d, list(gs), open_classes) for d, gs in groups.items()}
+    members: dict[Group, set[int]] = {}  # a group's host orders
+    gains: dict[tuple[int, int], float] = {}
     for ki, kind in kinds.items():
-        d = kind.job.demand_id
-        found = by_demand.get(d)
-        if found is None:
-            found = by_demand[d] = _demand_gains(state, d, cap_ids, open_classes)
-        ranked, positive = found
-        group = kind.job.group
+        d, group = kind.job.demand_id, kind.job.group
+        ranked, positive = by_demand[d]
         by_cap = group.by_cap
         for speed, cap_id in ranked:  # fastest first
             if cap_id not in by_cap:
@@ -151,27 +149,26 @@ def _initial_gains(state: State, kinds: dict[int, _Kind], best: dict[int, list[f
                 break
             for host in by_cap[cap_id]:
                 kind.speed[host.order] = speed
-        inside = members.get(id(group))
+        inside = members.get(group)
         if inside is None:
-            inside = members[id(group)] = {h.order for h in group.hosts}
-        for order, gain in positive:
-            if order in inside:
-                gains[ki, order] = gain
+            inside = members[group] = {h.order for h in group.hosts}
+        gains.update(((ki, order), gain) for order, gain in positive if order in inside)
     return gains
 
 
 def _demand_gains(
-    state: State, demand_id: int, cap_ids: list[int], open_classes: dict[int, tuple[int, ...] | None]
+    state: State, demand_id: int, groups: list[Group], open_classes: dict[int, tuple[int, ...] | None]
 ) -> tuple[list[tuple[float, int]], list[tuple[int, float]]]:
-    """For one demand: the rank capacities where it runs, fastest first (``(speed, cap id)``), and the hosts where
-    it would gain something now (``(host order, gain)``)."""
+    """For one demand: the rank capacities of ``groups`` (those of its kinds) where it runs, fastest first (``(speed,
+    cap id)``), and the hosts with such a capacity where it would gain something now (``(host order, gain)``; a host
+    of another group may share a capacity: each kind keeps those of its own group)."""
     rates = state.rates
-    speeds = {c: rates.speed(demand_id, c) for c in cap_ids}
+    speeds = {c: rates.speed(demand_id, c) for g in groups for c in g.by_cap}
     ranked = sorted(((s, c) for c, s in speeds.items() if s > 0), key=lambda sc: (-sc[0], sc[1]))
     positive = []
     for order, free in open_classes.items():
         cap_id = state.hosts[order].cap_id
-        speed = speeds[cap_id]
+        speed = speeds.get(cap_id, 0.0)  # 0: no group here has its capacity, or the demand does not fit it
         if speed <= 0:
             continue
         if free is None:
