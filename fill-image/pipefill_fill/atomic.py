@@ -18,26 +18,34 @@ __all__ = ["TMP_SUFFIX", "atomic_create", "atomic_write", "atomic_write_bytes", 
 TMP_SUFFIX = ".tmp"
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object], *, durable: bool = True) -> None:
-    """Create or replace ``path`` with what ``write(file)`` writes; ``durable``: fsync file and directory."""
+def atomic_write(
+    path: Path, write: Callable[[BinaryIO], object], *, durable: bool = True, pause: Callable[[], object] = bool
+) -> None:
+    """Create or replace ``path`` with what ``write(file)`` writes; ``durable``: fsync file and directory.
+
+    ``pause()`` is called before the write and before each fsync: a caller that must not use the CPU at some times
+    (the commit writer while a bubble is filled: :class:`pipefill_fill.commits.Quiet`) waits there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
+        pause()
         with open(tmp, "wb") as f:
             write(f)
             if durable:
                 f.flush()
+                pause()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if durable:
+        pause()
         fsync_dir(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
-    atomic_write(path, lambda f: f.write(data), durable=durable)
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, pause: Callable[[], object] = bool) -> None:
+    atomic_write(path, lambda f: f.write(data), durable=durable, pause=pause)
 
 
 def atomic_create(path: Path, data: bytes) -> bool:

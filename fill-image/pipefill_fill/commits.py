@@ -7,6 +7,15 @@ on a network volume or a disk that is busy), so it runs here, never inside a bub
 up. The writer thread spends its time in system calls, which release the GIL, so the filling thread's steps go on
 while a commit is written.
 
+But not at full speed where they share a core. Each fsync makes the kernel work on the writer's core (the journal
+commit, the block layer, the completion interrupt), and a commit is six of them (the state file, the chunk, the
+pointer; each file and its directory). In ``pipefill bench fill --workload encoder-inference --life`` at 10 ms
+bubbles on the development VM, 26 of the 28 bubbles that overran the guard had a commit being written meanwhile: the
+filling thread's late step ran at a third of its core, preempted 10–25 times. So the writer is :class:`Quiet` while a
+bubble is filled: before its write and each fsync it waits until the filling thread has left the bubble (at most
+:data:`QUIET_WAIT_S`, so a commit is written even when the bubbles leave no time between them). One file operation
+begun just before a bubble opened may still overlap it.
+
 Exactly once as before: the pointer moves only when the file part is complete, and a task has at most one commit in
 flight (its next one is due only once this one is written), so commits of a store are written in the order they were
 staged. A crash between the parts loses the staged bytes only; recovery resumes from the pointer and the work after
@@ -24,7 +33,7 @@ from dataclasses import dataclass, field
 
 from pipefill_fill.store import ProgressStore, Staged
 
-__all__ = ["CommitWriter", "Pending", "write_now"]
+__all__ = ["QUIET_WAIT_S", "CommitWriter", "Pending", "Quiet", "write_now"]
 
 log = logging.getLogger("pipefill_fill")
 
@@ -32,8 +41,33 @@ WriteFn = Callable[[ProgressStore, Staged], int]
 
 
 def write_now(store: ProgressStore, staged: Staged) -> int:
-    """The file part as the store does it (the writer's default)."""
+    """The file part as the store does it, at once."""
     return store.write(staged)
+
+
+QUIET_WAIT_S = 1.0
+"""The longest the writer waits for the filling thread to leave a bubble before each file operation."""
+
+
+class Quiet:
+    """Whether the filling thread is in a bubble: the commit writer's file operations wait until it is not."""
+
+    def __init__(self, *, wait_s: float = QUIET_WAIT_S) -> None:
+        self.wait_s = wait_s
+        self._outside = threading.Event()
+        self._outside.set()
+
+    def enter(self) -> None:
+        """The filling thread works in a bubble from now on."""
+        self._outside.clear()
+
+    def leave(self) -> None:
+        """The filling thread left the bubble."""
+        self._outside.set()
+
+    def wait(self) -> bool:
+        """Until no bubble is being filled (at most ``wait_s``); False when it gave up waiting."""
+        return self._outside.wait(self.wait_s)
 
 
 @dataclass
@@ -56,12 +90,16 @@ class Pending:
 class CommitWriter:
     """One thread that writes staged commits in the order they were submitted (started on the first).
 
-    ``write``: the file part (:func:`write_now`; tests pass a slow one). A failure is kept on its :class:`Pending`
-    (``error``) for the filling thread to handle: :class:`pipefill_fill.store.Superseded` stops the slice, anything
-    else fails the job."""
+    ``write``: the file part (default: the store's, each file operation once ``quiet`` lets it; tests pass a slow
+    one). A failure is kept on its :class:`Pending` (``error``) for the filling thread to handle:
+    :class:`pipefill_fill.store.Superseded` stops the slice, anything else fails the job."""
 
-    def __init__(self, *, write: WriteFn = write_now, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self._write, self._clock = write, clock
+    def __init__(
+        self, *, write: WriteFn | None = None, quiet: Quiet | None = None, clock: Callable[[], int] = time.monotonic_ns
+    ) -> None:
+        self.quiet = quiet or Quiet()
+        self._write = write or (lambda store, staged: store.write(staged, pause=self.quiet.wait))
+        self._clock = clock
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

@@ -27,6 +27,7 @@ from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler
+from pipefill_fill.steptrace import StepTrace, mark
 from pipefill_fill.task import FillTask
 
 __all__ = [
@@ -75,6 +76,8 @@ class BubbleOutcome:
     transfer_ns: int = 0
     committed_bytes: int = 0
     spans_ns: list[tuple[int, int]] = field(default_factory=list)
+    traces: list[StepTrace] = field(default_factory=list)
+    """where each step's time went (:mod:`pipefill_fill.steptrace`), one per span of ``spans_ns``"""
     batch_sizes: list[int] = field(default_factory=list)
     """the batch size of every step"""
     commits_ns: list[tuple[int, int]] = field(default_factory=list)
@@ -107,6 +110,7 @@ class BubbleOutcome:
         self.transfer_ns += other.transfer_ns
         self.committed_bytes += other.committed_bytes
         self.spans_ns += other.spans_ns
+        self.traces += other.traces
         self.batch_sizes += other.batch_sizes
         self.commits_ns += other.commits_ns
         self.transfers_ns += other.transfers_ns
@@ -247,9 +251,12 @@ def _run(
     index = before.done if before is not None else 0  # the piece's index: the flight's count moves on in place
     carried = before is not None and (not out.kinds or out.kinds[-1] == "c")
     cost0 = cost_clock() if cost_clock is not None else start
+    before_mark = mark()
     items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
+    launched = clock()
     _sync(device)
     end = clock()
+    out.traces.append(StepTrace.between(before_mark, mark(), host_ns=launched - start))
     cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9
     model.record(batch_size, cost_s / nxt.share, kind)  # a piece: as the step it is that share of
     if costs is not None and nxt.piece and (flight := before or task.in_flight()) is not None:
@@ -328,12 +335,14 @@ def run_profile_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
+        before_mark = mark()
         if piecewise:
             profiler.measure_next()
         else:
             profiler.measure_one()
         profiler.misses = 0
         end = clock()
+        out.traces.append(StepTrace.between(before_mark, mark(), host_ns=end - start))  # it synchronizes itself
         out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size
         out.spans_ns.append((start, end))
         out.batch_sizes.append(0)  # 0: a profiling step (it does no work)

@@ -174,7 +174,12 @@ class Runner(Stoppable):
             if bubble.open_ns < self._released_ns:  # opened during a hold (an A block): not ours to fill
                 self.link.acknowledge(bubble.id, used_s=0.0, overrun_s=0.0, work=0)
                 continue
-            self._on_bubble(bubble, woke_ns=time.monotonic_ns())
+            quiet = self.jobs.writer.quiet  # no commit written while the bubble is filled (pipefill_fill.commits)
+            quiet.enter()
+            try:
+                self._on_bubble(bubble, woke_ns=time.monotonic_ns())
+            finally:
+                quiet.leave()
         self.jobs.shutdown()
         collect.stop()
         return self._exit()
@@ -232,6 +237,7 @@ class Runner(Stoppable):
                 commit_s=round(out.commit_ns / 1e9, 9),
                 stop=out.stop or reason,
                 spans_ns=out.spans_ns,
+                step_trace=[t.row() for t in out.traces],
                 step=getattr(bubble, "step", None),
                 batch_sizes=out.batch_sizes,
                 commits_ns=out.commits_ns,

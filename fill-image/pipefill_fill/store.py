@@ -241,21 +241,21 @@ class ProgressStore:
         self.staged = end
         return staged
 
-    def write(self, staged: Staged) -> int:
+    def write(self, staged: Staged, *, pause: Callable[[], object] = bool) -> int:
         """The file part of a commit (any thread; commits of one store in the order staged): state file, chunk,
-        pointer, under the fence. Returns the bytes written. Raises :class:`Superseded` (nothing written) when this
-        writer no longer owns the slice."""
+        pointer, under the fence; ``pause()`` before each write and fsync (:func:`atomic_write`). Returns the bytes
+        written. Raises :class:`Superseded` (nothing written) when this writer no longer owns the slice."""
         with self._fenced():
             if staged.start != self.committed:
                 raise RuntimeError(
                     f"{self.dir}: a commit of [{staged.start}, {staged.end}) does not continue the pointer at "
                     f"{self.committed}; commits of a store are written in the order they were staged"
                 )
-            atomic_write_bytes(self._state_path(staged.end), staged.state)
+            atomic_write_bytes(self._state_path(staged.end), staged.state, pause=pause)
             if staged.chunk is not None:
-                atomic_write_bytes(self._chunk_path(staged.start, staged.end), staged.chunk)
+                atomic_write_bytes(self._chunk_path(staged.start, staged.end), staged.chunk, pause=pause)
             self.committed = staged.end
-            self._write_record()
+            self._write_record(pause)
             self._prune_states()
         return staged.nbytes
 
@@ -294,7 +294,7 @@ class ProgressStore:
     def _read_record(self) -> dict[str, Any]:
         return _read_record(self.dir)
 
-    def _write_record(self) -> None:
+    def _write_record(self, pause: Callable[[], object] = bool) -> None:
         record = {
             "job": self.job,
             "start": self.start,
@@ -308,7 +308,7 @@ class ProgressStore:
             "done": self.done,
             "updated_unix_s": round(time.time(), 3),
         }
-        atomic_write_bytes(self.dir / "progress.json", (json.dumps(record, indent=2) + "\n").encode())
+        atomic_write_bytes(self.dir / "progress.json", (json.dumps(record, indent=2) + "\n").encode(), pause=pause)
 
     def _chunks(self) -> list[tuple[int, int]]:
         out = []

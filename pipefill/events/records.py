@@ -249,6 +249,10 @@ class FillEvent(Event):
     """one letter per span of ``spans_ns``: ``w`` a whole step, ``p`` a piece of a batch (partial steps), ``c`` a piece
     of a batch an earlier bubble left in flight, ``x`` a piece run past the planned end while the channel said the
     bubble was open (the continuation), ``m`` a profiling measurement"""
+    step_trace: Sequence[Sequence[int]] = ()
+    """where each step's time went, one row per span of ``spans_ns``: [host µs (its call until it returned, before the
+    device was synchronized), the filling thread's CPU µs, its voluntary and involuntary context switches]
+    (``pipefill_fill.steptrace``)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -273,7 +277,7 @@ class CommitEvent(Event):
     commit_s: float
     """its device part, made inside a bubble (state to the host, outputs and state to bytes)"""
     write_s: float = 0.0
-    """its file part (write, fsync, rename), made off the filling thread"""
+    """its file part (write, fsync, rename), made off the filling thread, which it waits for while a bubble is filled"""
     at: str | None = None
     """``shutdown`` for the final commit"""
 

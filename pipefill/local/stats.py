@@ -48,7 +48,8 @@ def worst_overruns(bubbles: Iterable[FillEvent], commits: Iterable[CommitEvent],
     """The ``n`` bubbles that overran most, each with what a cause needs: the last step (its kind, batch size and
     length), the time the planner had left for it when it started (``slack_ms``: deadline − its start; a step longer
     than that is what overran), the margin, how far into the run it fell, and whether a commit's file part was being
-    written on the writer thread meanwhile (``writing``: it shares the process, and so the GIL, with the steps)."""
+    written on the writer thread meanwhile (``writing``: it shares the process, and so the GIL, with the steps), and where
+    the last step's time went (``last_host_ms``, ``last_cpu_ms``, ``last_switches``: :func:`_trace`)."""
     worked = sorted((b for b in bubbles if b.steps and b.spans_ns), key=lambda b: -b.overrun_s)[:n]
     first = min((b.open_ns for b in worked), default=0)
     writes = [(c.mono_ns - int(c.write_s * 1e9), c.mono_ns) for c in commits if c.write_s > 0]
@@ -71,9 +72,19 @@ def worst_overruns(bubbles: Iterable[FillEvent], commits: Iterable[CommitEvent],
                 "margin_ms": round(b.margin_s * 1e3, 3),
                 "commits": len(b.commits_ns),
                 "writing": any(w0 < end and start < w1 for w0, w1 in writes),
+                **_trace(b),
             }
         )
     return rows
+
+
+def _trace(b: FillEvent) -> dict[str, Any]:
+    """Where the last step's time went (the executor's ``step_trace``): its host part, the filling thread's CPU and
+    its voluntary and involuntary context switches; nothing for a record without it."""
+    if len(b.step_trace) != len(b.spans_ns):
+        return {}
+    host_us, cpu_us, voluntary, involuntary = b.step_trace[-1]
+    return {"last_host_ms": host_us / 1e3, "last_cpu_ms": cpu_us / 1e3, "last_switches": [voluntary, involuntary]}
 
 
 def merged(*logs: Iterable[Event]) -> list[Event]:

@@ -61,6 +61,7 @@ SAMPLES: list[Event] = [
         overrun_s=0.0,
         stop="time",
         spans_ns=[[120, 150], [150, 180]],
+        step_trace=[[25, 29, 0, 1], [12, 30, 1, 0]],
         step=3,
         batch_sizes=[4, 3],
         commits_ns=[[181, 189]],
