@@ -20,7 +20,7 @@ vanishes at once hides its last increments from ``rate()``), then they go, so a 
 grow the executor's series without bound"""
 
 SKIP_REASONS = ("short", "memory", "idle", "time", "closed", "profiling", "done", "error")
-OVERRUN_CAUSES = ("step", "start-up", "commit", "transfer", "yield")
+OVERRUN_CAUSES = ("step", "start-up", "commit", "transfer", "yield", "preempted")
 """what held the device longest past a bubble's expected end (:mod:`pipefill_fill.overruns`)"""
 """Why a bubble went unused: too short for any step (``short``); no batch size fits its free memory (``memory``); no
 work (``idle``); no step fits the time left (``time``); closed before the first step (``closed``); a profiling

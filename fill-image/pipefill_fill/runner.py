@@ -8,6 +8,7 @@ from the work source, moves from slice to slice, completes, fails and releases t
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -22,10 +23,11 @@ from pipefill_fill.dispatch import Dispatcher, JobError
 from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import FillMetrics
-from pipefill_fill.overruns import overrun_cause
+from pipefill_fill.overruns import overrun_cause, took_core
 from pipefill_fill.predict import EndModel, Estimator
 from pipefill_fill.settings import Settings
 from pipefill_fill.sources import WorkSource
+from pipefill_fill.steptrace import mark
 from pipefill_fill.store import Superseded
 
 __all__ = ["HANDOFF_MIN_S", "HOLD_POLL_S", "Attached", "Link", "Runner"]
@@ -134,6 +136,8 @@ class Runner(Stoppable):
         self._released_ns = 0  # when the last hold ended: a bubble that opened while held stays the trainer's
         self.ends = EndModel(quantile=settings.end_quantile)
         self._prev: Any = None  # the bubble before, whose close the end model learns from
+        # the trainer takes its core back the moment it wakes: a step it preempted held nothing (overruns.py)
+        self._preemptible = device.type == "cpu" and os.sched_getscheduler(0) == os.SCHED_IDLE
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -185,6 +189,7 @@ class Runner(Stoppable):
         return self._exit()
 
     def _on_bubble(self, bubble: Any, *, woke_ns: int) -> None:
+        woke = mark()
         switch_s = max(0, woke_ns - bubble.open_ns) / 1e9
         self.switch.record(switch_s)
         self.metrics.switch_seconds.observe(switch_s)
@@ -206,7 +211,13 @@ class Runner(Stoppable):
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
         cause = None
         if overrun_s > self.settings.guard_s:
-            cause = overrun_cause(out, expected_end_ns=bubble.expected_end_ns, yielded_ns=yielded_ns)
+            took = took_core(
+                preemptible=self._preemptible,
+                closed_ns=self.link.close_of(bubble),
+                yielded_ns=yielded_ns,
+                involuntary=mark().involuntary - woke.involuntary,
+            )
+            cause = overrun_cause(out, expected_end_ns=bubble.expected_end_ns, yielded_ns=yielded_ns, preempted=took)
             self.metrics.overruns.labels(cause).inc()
         used_s = (out.busy_ns + out.commit_ns + out.transfer_ns) / 1e9
         self.link.acknowledge(bubble.id, used_s=used_s, overrun_s=overrun_s, work=out.items)

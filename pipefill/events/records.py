@@ -225,7 +225,8 @@ class FillEvent(Event):
     """how long after the expected end it yielded (0 when no step ran)"""
     overrun_cause: str | None = None
     """past the guard only: what held the device longest past the expected end — step, start-up (a profiling step
-    or a batch size's first call), commit (its device part), transfer (offload), yield (none of them)"""
+    or a batch size's first call), commit (its device part), transfer (offload), yield (none of them), preempted (a
+    step the trainer preempted on its core after the bubble closed: the fill held nothing)"""
     margin_s: float = 0.0
     """the extra margin the job's steps were planned with (learnt from its overruns; 0: the guard only)"""
     commit_s: float = 0.0

@@ -88,7 +88,13 @@ class LiveState:
                 stats.add(e)
             for e in fill.read(final=final):
                 stats.add(e)
-                if isinstance(e, FillEvent) and e.overrun_s > OVERRUN_WARN_S and e.wall_s >= self._since_unix_s:
+                # a fill the trainer preempted on its core held nothing: the trainer did not wait (overruns.py)
+                if (
+                    isinstance(e, FillEvent)
+                    and e.overrun_s > OVERRUN_WARN_S
+                    and e.overrun_cause != "preempted"
+                    and e.wall_s >= self._since_unix_s
+                ):
                     overruns.count += 1
                     overruns.worst_s = max(overruns.worst_s, e.overrun_s)
                     if e.overrun_cause:

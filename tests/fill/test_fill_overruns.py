@@ -15,7 +15,7 @@ from pipefill.events import CommitEvent, FillEvent
 from pipefill.local.report import overrun_causes
 from pipefill.local.stats import overrun_summary, worst_overruns
 from pipefill_fill.inbubble import BubbleOutcome
-from pipefill_fill.overruns import Margin, overrun_cause
+from pipefill_fill.overruns import Margin, overrun_cause, took_core
 from pipefill_fill.predict import OVERRUN_BUDGET_S, StepModel
 from pipefill_fill.task import FillTask
 
@@ -60,6 +60,17 @@ def test_commit_transfer_and_yield() -> None:
     assert overrun_cause(out, expected_end_ns=9 * MS, yielded_ns=15 * MS) == "commit"  # 4 ms against 1 and 1
     assert overrun_cause(out, expected_end_ns=14 * MS, yielded_ns=15 * MS) == "transfer"
     assert overrun_cause(out, expected_end_ns=15 * MS, yielded_ns=20 * MS) == "yield"
+
+
+def test_the_trainer_taking_its_core_back_is_preempted_whatever_ran() -> None:
+    out = BubbleOutcome(spans_ns=[(0, 10 * MS)], commits_ns=[(10 * MS, 14 * MS)])
+    assert overrun_cause(out, expected_end_ns=9 * MS, yielded_ns=15 * MS, preempted=True) == "preempted"
+    took = {"preemptible": True, "closed_ns": 12 * MS, "yielded_ns": 15 * MS, "involuntary": 1}
+    assert took_core(**took)  # idle priority on the trainer's core, closed before the yield, the core lost
+    assert not took_core(**{**took, "preemptible": False})  # a GPU, or a fill at normal priority: it may hold
+    assert not took_core(**{**took, "closed_ns": 0})  # still open when the fill yielded: nobody waited
+    assert not took_core(**{**took, "closed_ns": 16 * MS})  # closed after the yield
+    assert not took_core(**{**took, "involuntary": 0})  # the fill kept its core: it ran, so it was in the way
 
 
 def test_a_job_whose_steps_overrun_is_planned_with_a_larger_margin() -> None:

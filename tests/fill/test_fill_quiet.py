@@ -3,6 +3,10 @@ core, which preempted the filling thread's steps; and where each step's time wen
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -105,3 +109,64 @@ def test_a_step_that_blocks_shows_little_cpu_and_a_voluntary_switch() -> None:
     trace = StepTrace.between(before, mark(), host_ns=time.monotonic_ns() - t0)
     assert trace.host_us >= 20_000 and trace.cpu_us < 5_000 and trace.voluntary >= 1
     assert trace.row() == (trace.host_us, trace.cpu_us, trace.voluntary, trace.involuntary)
+
+
+_IDLE_STEP = """
+import json, os, sys, time
+os.sched_setaffinity(0, {CPU})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+from pipefill_fill.steptrace import StepTrace, mark
+print("ready", flush=True)
+sys.stdin.readline()
+before, t0 = mark(), time.monotonic_ns()
+print("stepping", flush=True)  # the trainer wakes on this core now
+while time.monotonic_ns() - t0 < 300_000_000:  # a 'step' of 300 ms of wall time, spinning
+    pass
+print(json.dumps(StepTrace.between(before, mark(), host_ns=time.monotonic_ns() - t0).row()), flush=True)
+"""
+
+_TRAINER = """
+import os, sys, time
+os.sched_setaffinity(0, {CPU})
+print("ready", flush=True)
+sys.stdin.readline()
+t0 = time.monotonic()
+while time.monotonic() - t0 < 0.15:  # the trainer's compute: 150 ms at normal priority on the same core
+    pass
+"""
+
+
+def test_a_step_the_trainer_preempts_on_its_core_shows_involuntary_switches_and_little_cpu() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    fill = subprocess.Popen(
+        [sys.executable, "-c", _IDLE_STEP.replace("{CPU}", f"{{{cpu}}}")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER.replace("{CPU}", f"{{{cpu}}}")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    procs = (fill, trainer)
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:  # the step starts; once it runs, the trainer's compute does (at idle priority the step
+            # could not even read its go while the trainer had the core)
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc is trainer or proc.stdout.readline().strip() == "stepping"
+        assert fill.stdout is not None
+        host_us, cpu_us, _, involuntary = json.loads(fill.stdout.readline())
+        assert trainer.wait(30) == 0
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+    # at idle priority the spinning step had the core only when the trainer did not want it: it lost it at least
+    # once, and ran for well under its wall time
+    assert host_us >= 300_000 and involuntary >= 1 and cpu_us < host_us - 50_000, (host_us, cpu_us, involuntary)

@@ -156,6 +156,7 @@ def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> Non
     bubble(0.003, "commit")
     bubble(0.007, "step")
     bubble(0.009, "step")
+    bubble(0.020, "preempted")  # the trainer took its core back: the fill held nothing, no warning
     log.close()
     assert state.poll([], outcome) == []  # within the rate limit: held back
     last = state.poll([], outcome, final=True)
