@@ -33,16 +33,11 @@ from dataclasses import dataclass, field
 
 from pipefill_fill.store import ProgressStore, Staged
 
-__all__ = ["QUIET_WAIT_S", "CommitWriter", "Pending", "Quiet", "write_now"]
+__all__ = ["QUIET_WAIT_S", "CommitWriter", "Pending", "Quiet"]
 
 log = logging.getLogger("pipefill_fill")
 
 WriteFn = Callable[[ProgressStore, Staged], int]
-
-
-def write_now(store: ProgressStore, staged: Staged) -> int:
-    """The file part as the store does it, at once."""
-    return store.write(staged)
 
 
 QUIET_WAIT_S = 1.0

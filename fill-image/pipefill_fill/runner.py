@@ -189,7 +189,7 @@ class Runner(Stoppable):
         return self._exit()
 
     def _on_bubble(self, bubble: Any, *, woke_ns: int) -> None:
-        woke = mark()
+        woke = mark() if self._preemptible else None  # only a fill the trainer can preempt asks who had the core
         switch_s = max(0, woke_ns - bubble.open_ns) / 1e9
         self.switch.record(switch_s)
         self.metrics.switch_seconds.observe(switch_s)
@@ -211,7 +211,7 @@ class Runner(Stoppable):
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
         cause = None
         if overrun_s > self.settings.guard_s:
-            took = took_core(
+            took = woke is not None and took_core(
                 preemptible=self._preemptible,
                 closed_ns=self.link.close_of(bubble),
                 yielded_ns=yielded_ns,
