@@ -282,8 +282,8 @@ class Jobs:
             self.fail(a.name, f"cannot start the next slice: {exc}")
             return
         if task is not None:  # the next slice: same workload and device, so the profile and estimates carry over
-            a.task = task
-            a.profiler, a.offloader = self._tools(task)
+            a.task, last, (a.profiler, a.offloader) = task, a.profiler, self._tools(task)
+            a.profile_taken = not a.profiler.carry_on(last) and a.profile_taken
             if not self._warm_up(a, t0):
                 return
             if a.profile is not None and a.offloader is not None:

@@ -252,6 +252,26 @@ class BubbleProfiler:
         self.pause()
         self.result = profile
 
+    def carry_on(self, last: BubbleProfiler) -> bool:
+        """The job's next slice, after ``last`` (the profiler of its slice before): a complete profile carries over
+        (the cache's, else ``last``'s); one that the last slice's work cut short (``stopped_by`` "work": not cached, or
+        cached for smaller jobs only) goes on from the sizes it measured, with the larger candidates. Returns whether
+        this slice has a profile to take in when complete (the job has not taken it in: measuring it again was
+        skipped, and the job waited without a profile for good, issue #31's user-code stall)."""
+        if self.result is not None:
+            return False
+        if last.result is not None and last.stopped_by != "work":
+            self.result = last.result
+            return False
+        full = [p for p in last.points if p.items_per_step is None or self.task.spec.kind != "inference"]
+        if full:  # a point cut short by the samples left is no measure of its batch size (store_profile)
+            largest = max(p.batch_size for p in full)
+            self._points = sorted(full, key=lambda p: p.batch_size)
+            self._i = next((i for i, b in enumerate(self.candidates) if b > largest), len(self.candidates))
+            if self._i >= len(self.candidates):
+                self._finish()
+        return True
+
     def give_up_candidate(self) -> None:
         """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
         self.stopped_by, self.last_step_s = "time", self.predict_s()

@@ -17,6 +17,7 @@ from usercode_helpers import user_job, write_code
 from pipefill import env
 from pipefill.events import EventWriter
 from pipefill.spec import load_file
+from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.profilecache import load_cached, profile_dir
 from pipefill_fill.profiler import BubbleProfiler, profile_task
 from pipefill_fill.sources import Identity, open_source
@@ -168,6 +169,55 @@ def test_jobs_of_one_workload_active_together_measure_its_profile_once(
         jobs.after_bubble("p0", out)  # p0's profile is taken in and cached; p1 takes it from there
         p1 = jobs.active["p1"].profile
         assert p1 is not None and p1.cached and jobs.active["p1"].profile_taken
+    finally:
+        jobs.shutdown()
+        source.close()
+
+
+def test_a_slice_after_one_that_cut_its_profile_short_measures_the_larger_sizes_and_works(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #31's user-code stall (``bench fill --life`` beside other tests: every bubble skipped for "memory" for
+    good): a job's early steps ended its first slice while its profile was measured, and the profile ended with the
+    sizes measured so far, cached for smaller jobs only. Its next slice found no profile it could use, yet the job
+    still counted as having taken one in: neither measured nor given a bubble. Now the next slice measures on from the
+    larger sizes (not the ones measured already) and works in the bubbles to its end."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    write_job(jobs_dir, "j", total=256, parameters=PARAMS, output=tmp_path / "out" / "j", max_parallel_ranks=2)
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = cpu_jobs(source, EventWriter(None))
+    try:
+        jobs.refresh()
+        a = jobs.active["j"]
+        first = a.slice
+        assert first.end - first.start < 256  # slices of 64
+        while not a.profiler.points:
+            a.profiler.measure_one()  # batch 1 measured in bubbles
+        a.profiler.pause()  # the job works with it meanwhile, to its slice's end
+        while not a.task.done():
+            a.task.step(1)
+        a.task.commit()
+        a.profiler.measure_one()  # batch 4: no work left to measure it with
+        assert a.profile is not None and a.profiler.stopped_by == "work"
+        jobs.after_bubble("j", BubbleOutcome())  # the profile taken in; the slice done, the next one claimed
+        a = jobs.active["j"]
+        second = a.slice
+        assert second != first and a.profile is None and a.profiler.batch_size == 4  # on from batch 4, not 1
+        fill = dispatcher(tmp_path, jobs).fill
+        for i in range(30):
+            now = time.monotonic_ns()
+            b = Bubble(i, now, now + int(2e9))
+            job, why, out, _batch = fill(b, b.expected_end_ns, 2.0)
+            assert job == "j", (i, job, why)  # the stall: (None, "memory") in every bubble
+            if (pending := jobs.active["j"].task.inflight) is not None:
+                pending.wait(10)  # its file part: the time between bubbles
+            jobs.after_bubble("j", out)
+            if "j" not in jobs.active or jobs.active["j"].slice != second:
+                break
+        else:
+            raise AssertionError(f"slice {second} was not finished in 30 bubbles: {jobs.active['j'].task.progress}")
+        assert [p.batch_size for p in a.profiler.points] == [1, 4, 16]  # the first slice's size and the larger ones
     finally:
         jobs.shutdown()
         source.close()
