@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipefill import env as env_names
-from pipefill.local.launcher import Forked, Launcher, startup_variables
+from pipefill.local.launcher import PRELOAD, Forked, Launcher, startup_variables
 
 __all__ = ["Launched", "Proc", "close_all", "popen"]
 
-_LAUNCHERS: dict[frozenset[tuple[str, str]], Launcher] = {}
+_LAUNCHERS: dict[tuple[frozenset[tuple[str, str]], tuple[str, ...]], Launcher] = {}
 _LOGS = Path(tempfile.mkdtemp(prefix="pipefill-test-launchers-"))
 
 
@@ -99,11 +99,11 @@ class Launched:
 Proc = subprocess.Popen[Any] | Launched  # what ``popen`` returns
 
 
-def _launcher(environ: Mapping[str, str]) -> Launcher:
-    key = frozenset(startup_variables(environ).items())
+def _launcher(environ: Mapping[str, str], preload: tuple[str, ...]) -> Launcher:
+    key = (frozenset(startup_variables(environ).items()), preload)
     if key not in _LAUNCHERS:
         own = {**environ, env_names.PARENT_PID: str(os.getpid())}  # a killed test session ends it
-        _LAUNCHERS[key] = Launcher(own, _LOGS / f"launcher-{len(_LAUNCHERS)}.log")
+        _LAUNCHERS[key] = Launcher(own, _LOGS / f"launcher-{len(_LAUNCHERS)}.log", preload=preload)
     return _LAUNCHERS[key]
 
 
@@ -130,13 +130,15 @@ def popen(
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
     text: bool = False,
+    preload: tuple[str, ...] = PRELOAD,
 ) -> Proc:
     """``subprocess.Popen(args, env=, cwd=, stdin=, stdout=, stderr=, text=)``, forked from a preloaded launcher
-    where one can start it."""
+    where one can start it: one that imported ``preload`` (default: what trainers and fill executors import first;
+    the operator's children take one with its own modules and no torch, whose pages would count in its memory)."""
     environ = dict(os.environ if env is None else env)
     argv = [str(a) for a in args]
     python_m = len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m"  # else no launcher is started for it
-    launcher = _launcher(environ) if python_m and os.environ.get("PIPEFILL_TEST_PRELOAD", "1") != "0" else None
+    launcher = _launcher(environ, preload) if python_m and os.environ.get("PIPEFILL_TEST_PRELOAD", "1") != "0" else None
     if launcher is not None and launcher.module_of(argv, environ) is not None:
         stdin_fd, stdin_file, close_in = _ends(stdin, False, text)
         out_fd, out_file, close_out = _ends(stdout, True, text)
