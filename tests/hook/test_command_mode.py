@@ -142,8 +142,8 @@ def test_local_processes_run_the_command_with_this_pythons_hook(tmp_path: Path) 
 def test_pipefill_local_runs_the_command_hooked_and_a_filljob_works_in_its_bubbles(tmp_path: Path) -> None:
     obj = _demo()  # the demo's own model and schedule: bubbles of several ms, long enough for the fill
     args = obj["spec"]["trainer"]["args"]
-    args[args.index("--steps") + 1] = "150"
-    _, out = run_local(tmp_path, obj, steps=150)
+    args[args.index("--steps") + 1] = "60"
+    _, out = run_local(tmp_path, obj, steps=60)
     for rank in (0, 1):
         events = read_events(out / "ranks" / str(rank) / "trainer" / "events.jsonl")
         assert any(isinstance(e, BubbleEvent) and e.announced for e in events), f"rank {rank} announced nothing"
