@@ -40,7 +40,10 @@ def _run(task: FillTask, *, left_s: float) -> tuple[BubbleOutcome, int]:
 def test_a_step_past_its_prediction_is_the_cause(jobs_dir: Path) -> None:
     task = open_task(write_job(jobs_dir, "enc", total=10**5, parameters=PARAMS))
     task.step(8)  # the batch size's first call is made: later ones are plain steps
-    out, end_ns = _run(task, left_s=0.005)
+    for _ in range(20):  # under load the thread can lose the core between its last step and the deadline check
+        out, end_ns = _run(task, left_s=0.005)
+        if out.steps and out.spans_ns[-1][1] > end_ns:
+            break
     assert out.steps and out.spans_ns[-1][1] > end_ns and not out.startup_steps
     assert overrun_cause(out, expected_end_ns=end_ns, yielded_ns=time.monotonic_ns()) == "step"
 
