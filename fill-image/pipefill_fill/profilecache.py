@@ -30,6 +30,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,12 @@ def load_cached(task: FillTask, device: torch.device, *, memory_budget_bytes: in
     return Profile(task.spec.workload_id, dkey, tuple(points), cached=True)
 
 
+def full_points(task: FillTask, points: Sequence[ProfilePoint]) -> list[ProfilePoint]:
+    """``points`` that measure their batch size: an inference point with fewer items than its batch was cut short by
+    the job's samples left."""
+    return [p for p in points if p.items_per_step is None or task.spec.kind != "inference"]
+
+
 def store_profile(
     task: FillTask,
     device: torch.device,
@@ -137,10 +144,9 @@ def store_profile(
     samples left, so the record is marked incomplete (it serves jobs no larger than its largest full batch), as is one
     whose slice ran out of work before every size was measured (``stopped_by`` "work")."""
     wkey, dkey = workload_key(task), device_key(device)
-    shared = points
+    shared = full_points(task, points)
     complete = True
     if task.spec.kind == "inference":
-        shared = [p for p in points if p.items_per_step is None]
         complete = len(shared) == len(points) and not any(p.items_per_step for p in points)
     if stopped_by == "work":  # the slice ran out of work before the larger sizes were measured
         complete = False

@@ -22,7 +22,7 @@ import torch
 from pipefill.plan import ProfilePoint
 from pipefill_fill.device import proc_status_kb
 from pipefill_fill.pieces import piece_steps
-from pipefill_fill.profilecache import Profile, device_key, load_cached, store_profile
+from pipefill_fill.profilecache import Profile, device_key, full_points, load_cached, store_profile
 from pipefill_fill.task import FillTask
 
 __all__ = ["PROFILE_BOUND", "BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
@@ -263,8 +263,8 @@ class BubbleProfiler:
         if last.result is not None and last.stopped_by != "work":
             self.result = last.result
             return False
-        full = [p for p in last.points if p.items_per_step is None or self.task.spec.kind != "inference"]
-        if full:  # a point cut short by the samples left is no measure of its batch size (store_profile)
+        full = full_points(self.task, last.points)
+        if full:
             largest = max(p.batch_size for p in full)
             self._points = sorted(full, key=lambda p: p.batch_size)
             self._i = next((i for i, b in enumerate(self.candidates) if b > largest), len(self.candidates))
