@@ -22,6 +22,12 @@ from pipefill.devcluster import BinaryMissing, ControlPlane, StartFailed, start
 
 _IN_CI = os.environ.get("CI", "").lower() == "true"
 
+# The start-up variables of pipefill local's children (pipefill/local/launcher.py, child_environment) for every child
+# of the tests: a `pipefill local` forked from the tests' launcher (tests/launched.py) then forks its own launcher from
+# itself rather than import torch again in a new one (pipefill/local/forker.py). `make test` sets the second already.
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # A shell that starts the tests in the background without job control (`make test &` in a script, nohup) leaves SIGINT
 # ignored, and every child inherits that: the tests' Ctrl-C to `pipefill local` would then be lost and its processes
 # left running. Handled here, the children start with the default action again (exec resets a handled signal).

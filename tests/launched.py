@@ -13,6 +13,7 @@ session of its own, and its parent is the launcher. One thread at a time may use
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from typing import IO, Any
 from pipefill import env as env_names
 from pipefill.local.launcher import PRELOAD, Forked, Launcher, startup_variables
 
-__all__ = ["Launched", "Proc", "close_all", "popen"]
+__all__ = ["Launched", "Proc", "close_all", "popen", "run"]
 
 _LAUNCHERS: dict[tuple[frozenset[tuple[str, str]], tuple[str, ...]], Launcher] = {}
 _LOGS = Path(tempfile.mkdtemp(prefix="pipefill-test-launchers-"))
@@ -61,6 +62,17 @@ class Launched:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> Launched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """As ``Popen``'s: its streams closed, its end awaited."""
+        for stream in (self.stdout, self.stderr, self.stdin):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self.wait()
 
     def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
         """Popen's: ``input`` to stdin, which is closed; stdout and stderr read to their ends; the exit awaited.
@@ -164,6 +176,35 @@ def popen(
             if file is not None:
                 file.close()
     return subprocess.Popen(argv, env=environ, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
+
+
+def run(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    input: str | None = None,
+    capture_output: bool = False,
+    text: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` of a child :func:`popen` starts (a ``pipefill local`` forked so also forks its own launcher
+    rather than start one, pipefill/local/selffork.py): on ``timeout`` the child is killed and
+    ``subprocess.TimeoutExpired`` raised; ``check``: ``subprocess.CalledProcessError`` for a non-zero exit."""
+    pipe = subprocess.PIPE if capture_output else None
+    stdin = subprocess.PIPE if input is not None else None
+    proc = popen(args, env=env, cwd=cwd, stdin=stdin, stdout=pipe, stderr=pipe, text=text)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    done = subprocess.CompletedProcess(list(args), proc.wait(), out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 @atexit.register

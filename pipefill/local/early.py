@@ -31,7 +31,7 @@ def start() -> None:
         return
     fd, log = tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log")
     os.close(fd)
-    _started = Launcher(child_environment(), Path(log))
+    _started = Launcher(child_environment(), Path(log), fork=True)  # forked where this process is preloaded
     atexit.register(_discard)
 
 

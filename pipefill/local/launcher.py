@@ -15,19 +15,17 @@ initializes in the child. numpy's global generator is reseeded in each child, as
 
 The launcher is the children's parent: it reaps them and reports each exit status (``Popen.returncode``'s form) to
 the runner, which still signals their process groups itself. It ends with the runner (``PIPEFILL_PARENT_PID``), and
-a child whose parent is the launcher is tied to the launcher, so a killed runner still stops every child.
+a child whose parent is the launcher is tied to the launcher, so a killed runner still stops every child. The
+launcher's own side, and the launcher forked from a process that has imported its preload already, are forker.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
-import runpy
 import select
-import shlex
 import signal
 import socket
 import subprocess
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipefill import env
+from pipefill.local.forker import ForkedLauncher, fork_launcher, forkable, main
 
 __all__ = ["Forked", "Launcher", "child_environment", "preload_wanted", "startup_variables"]
 
@@ -107,7 +106,11 @@ class Launcher:
     alone uses it). ``log`` receives the launcher's own output (its preload's warnings, a crash); :meth:`move_log`
     moves it."""
 
-    def __init__(self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(
+        self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD, fork: bool = False
+    ) -> None:
+        """``fork``: fork it from this process where it can (selffork.py: only where no caller above would catch
+        the exit of the children, which leave through the caller's frames)."""
         self.environ = dict(environ)
         ours, theirs = socket.socketpair()
         self._sock = ours
@@ -118,12 +121,22 @@ class Launcher:
         self._reply: dict[str, Any] | None = None
         self._closed = False  # its socket reached EOF: it exited, and no exit is reported any more
         self.down = ""  # why it starts no more children, once it does not
-        self._warned = False
-        self.log = log
+        self._warned, self.log = False, log
         self._copy_to: Path | None = None  # where the log goes at close, when it could not be moved there
         log.parent.mkdir(parents=True, exist_ok=True)
+        same = startup_variables(os.environ) == startup_variables(self.environ)
+        self.forked = fork and same and forkable(preload, (ours, theirs))  # it imported it all already
+        self._proc: subprocess.Popen[bytes] | ForkedLauncher
+        self._proc = (
+            fork_launcher(self.environ, log, ours, theirs, preload)
+            if self.forked
+            else self._start(log, theirs, preload)
+        )
+        theirs.close()
+
+    def _start(self, log: Path, theirs: socket.socket, preload: tuple[str, ...]) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
-            self._proc = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
                 env=self.environ,
                 stdin=subprocess.DEVNULL,
@@ -132,7 +145,6 @@ class Launcher:
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
             )
-        theirs.close()
 
     def _messages(self, timeout: float) -> list[dict[str, Any]]:
         """What arrived within ``timeout`` seconds (0: what is there now); at EOF the launcher is down for good."""
@@ -273,120 +285,6 @@ class Launcher:
                 kept.write(self.log.read_bytes())
             self.log.unlink(missing_ok=True)
             self.log, self._copy_to = self._copy_to, None
-
-
-# The launcher process ----------------------------------------------------------------------------------------------
-
-
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # the runner is gone: the loop sees EOF next
-        sock.sendall(json.dumps(message).encode() + b"\n")
-
-
-def _become(request: dict[str, Any], fds: list[int], launcher_pid: int) -> None:
-    """In a fresh fork: the child ``Popen`` would have started (own session, its streams: the descriptors passed for
-    them, else stdin from /dev/null and output to its log; its working directory and environment)."""
-    os.setsid()
-    given = iter(fds)
-    wanted = [next(given) if passed else None for passed in request.get("stdio", [False] * 3)]
-    stdin = os.open(os.devnull, os.O_RDONLY) if wanted[0] is None else wanted[0]
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if None in wanted[1:] else -1
-    streams = [stdin, *(log if fd is None else fd for fd in wanted[1:])]
-    for target, fd in enumerate(streams):
-        os.dup2(fd, target)
-    for fd in set(streams) - {0, 1, 2}:
-        os.close(fd)
-    with contextlib.suppress(ImportError):  # ps, top and pgrep -f show the child's own command line (not in images)
-        from setproctitle import setproctitle
-
-        setproctitle(shlex.join(request["argv"]))  # before the environment changes: it needs the original one
-    os.chdir(request["cwd"])
-    environ = dict(request["env"])
-    if environ.get(env.PARENT_PID):  # tied to its parent, this launcher, which is tied to the runner
-        environ[env.PARENT_PID] = str(launcher_pid)
-    os.environ.clear()
-    os.environ.update(environ)
-    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
-        sys.modules["numpy"].random.seed()
-    sys.argv = [sys.argv[0], *request["argv"][3:]]
-
-
-def _serve(sock: socket.socket) -> dict[str, Any] | None:
-    """Fork a child per request, report each exit; returns a request in the child, None in the launcher at EOF. A
-    request's stream descriptors arrive with its first bytes; the launcher closes its copies once it forked."""
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    buf = b""
-    passed: list[int] = []  # descriptors received, in order, for the requests not yet served
-    me = os.getpid()
-    while True:
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-        if sock.fileno() not in readable:
-            continue
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
-        if not data:
-            return None
-        buf += data
-        passed += fds
-        *lines, buf = buf.split(b"\n")
-        for line in filter(None, lines):
-            request = json.loads(line)
-            count = sum(request.get("stdio", []))
-            mine, passed = passed[:count], passed[count:]
-            sys.stdout.flush()
-            sys.stderr.flush()
-            try:
-                pid = os.fork()
-            except OSError as exc:
-                _send(sock, {"error": f"fork failed: {exc}"})
-                pid = -1
-            if pid != 0:
-                for fd in mine:  # the child's now (or nobody's): a pipe must see EOF when the child's ends close
-                    os.close(fd)
-                if pid > 0:
-                    _send(sock, {"pid": pid})
-                continue
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (wake_r, wake_w, *passed):  # passed: another request's (none while they come one at a time)
-                os.close(fd)
-            sock.close()
-            _become(request, mine, me)
-            return dict(request)
-
-
-def main(argv: list[str]) -> None:
-    from pipefill.parent import stop_with_parent
-
-    sock = socket.socket(fileno=int(argv[0]))
-    stop_with_parent()  # a killed runner ends the launcher, and with it (their parent) every child
-    try:
-        for name in argv[1:]:
-            with contextlib.suppress(ImportError):  # not installed here (numpy, say): nothing to share of it
-                importlib.import_module(name)
-    except Exception as exc:  # any failure of an import: the runner starts its children itself
-        _send(sock, {"ready": False, "error": f"preloading failed: {type(exc).__name__}: {exc}"})
-        return
-    _send(sock, {"ready": True})
-    request = _serve(sock)
-    if request is None:  # the runner closed the socket, its children ended: nothing of this process is left to
-        sys.stdout.flush()  # finalize, and tearing torch down took 0.6 s of every run's end (docs/benchmarks.md)
-        sys.stderr.flush()
-        os._exit(0)
-    # a child: run its module as ``python -m`` would, then exit as it does
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

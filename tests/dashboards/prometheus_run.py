@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import launched
 import yaml
 from operator_run import OPERATOR_NAMESPACE_LABEL, OperatorRun
 from waiting import wait_for
@@ -161,7 +162,7 @@ def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
             local = [sys.executable, "-m", "pipefill", "local", *files, "--out", str(tmp / "out")]
             start_s = time.time()
             operator.create_jobs()
-            done = subprocess.run(
+            done = launched.run(
                 [*local, "--metrics-port", str(metrics_port), "--plain"],
                 capture_output=True,
                 text=True,

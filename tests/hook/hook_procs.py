@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from launched import popen
+from launched import popen, run
 
 from pipefill import env
 from pipefill.channel import Bubble, Consumer
@@ -137,7 +137,7 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     fill_job = yaml.safe_load((REPO / "examples" / "fill-inference.yaml").read_text())
     fill_job["spec"]["output"]["path"] = str(tmp / "fill-out")
     fill.write_text(yaml.safe_dump(fill_job))
-    done = subprocess.run(
+    done = run(
         [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
          "--plain", "--metrics-port", "0"],
         capture_output=True, text=True, timeout=115, cwd=REPO,

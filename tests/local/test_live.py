@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import launched
 import pytest
 import yaml
 from manifests import fill_job
@@ -57,7 +58,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     job["spec"]["model"] = {"layers": 4, "hiddenSize": 128, "heads": 4, "seqLen": 64, "vocabSize": 256}
     job_file.write_text(yaml.safe_dump(job))
     manifests = ["-f", str(job_file), "-f", str(_fill(tmp))]
-    done = subprocess.run(
+    done = launched.run(
         [*LOCAL, *manifests, "--out", str(out), "--status-every", "0.5", "--metrics-port", "0"],
         capture_output=True,
         text=True,

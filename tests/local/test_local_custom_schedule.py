@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import launched
 import pytest
 import yaml
 
@@ -41,9 +42,7 @@ def _write(path: Path, *docs: dict[str, Any]) -> str:
 
 
 def _local(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipefill", "local", *args], capture_output=True, text=True, timeout=110, check=False
-    )
+    return launched.run([sys.executable, "-m", "pipefill", "local", *args], capture_output=True, text=True, timeout=110)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import launched
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_local_run import _job
@@ -125,7 +126,7 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
 @pytest.mark.slow
 def test_endpoint_during_a_tiny_run_serves_both_ranks_trainer_and_fill_series(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
+    proc = launched.popen(
         [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=True)), "--out", str(out), "--metrics-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import launched
 import pytest
 import yaml
 from manifests import fill_job
@@ -60,7 +61,7 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     # one fill job per rank at a time: the urgent job's two slices take both ranks first
     child_env = {**os.environ, env.FILL_MAX_ACTIVE_JOBS: "1"}
     args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
+    with launched.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
         try:
             # once the urgent job's first slice is committed its rank is free and takes the routine job while the
             # other rank may still be on the urgent job's second slice: wait for both (8-10 s on an idle machine)

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import launched
 import pytest
 import yaml
 from processes import alive
@@ -34,15 +36,14 @@ def _job(tmp: Path, *, steps: int, fill: bool) -> Path:
     return path
 
 
-def _local(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipefill", "local", *args], capture_output=True, text=True, timeout=110, **kw
-    )  # type: ignore[call-overload, no-any-return]
+def _local(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``pipefill local ARGS``, forked from the tests' preloaded launcher (tests/launched.py), run to its end."""
+    return launched.run([*LOCAL_ARGS, *args], capture_output=True, text=True, timeout=110, **kw)
 
 
-def _start_local(*args: str) -> subprocess.Popen[str]:
+def _start_local(*args: str) -> launched.Proc:
     """``pipefill local ARGS`` started, its output (stdout and stderr) in one pipe."""
-    return subprocess.Popen([*LOCAL_ARGS, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return launched.popen([*LOCAL_ARGS, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: Path) -> None:
@@ -207,7 +208,7 @@ def test_a_killed_runner_takes_its_processes_with_it(tmp_path: Path) -> None:
     training on, orphaned, for the rest of their steps."""
     out = tmp_path / "out"
     job = _job(tmp_path, steps=100000, fill=True)
-    proc = subprocess.Popen(
+    proc = launched.popen(
         [*LOCAL_ARGS, "-f", str(job), "--out", str(out), "--metrics-port", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

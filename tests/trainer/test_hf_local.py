@@ -4,10 +4,10 @@ them (examples/hf-demo.yaml, shortened, with a tiny inference FillJob)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import launched
 import pytest
 import yaml
 from manifests import fill_job
@@ -31,7 +31,7 @@ def test_the_bubbles_of_a_hugging_face_job_are_announced_and_filled(tmp_path: Pa
     files[1].write_text(yaml.safe_dump(fill))
     out = tmp_path / "out"
     args = ["-f", str(files[0]), "-f", str(files[1]), "--out", str(out), "--plain", "--metrics-port", "0"]
-    done = subprocess.run(
+    done = launched.run(
         [sys.executable, "-m", "pipefill", "local", *args],
         capture_output=True,
         text=True,

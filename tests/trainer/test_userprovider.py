@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launched
 import pytest
 import yaml
 
@@ -109,7 +110,7 @@ def _job(tmp: Path, *, function: str = "tinymixer:build", config_map: str = "tin
 
 def _local(tmp: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     args = [a for p in files for a in ("-f", str(p))]
-    return subprocess.run(
+    return launched.run(
         [sys.executable, "-m", "pipefill", "local", *args, "--out", str(tmp / "out"), "--plain", "--metrics-port", "0"],
         capture_output=True,
         text=True,
