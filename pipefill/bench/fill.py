@@ -30,6 +30,7 @@ Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,8 @@ from pipefill.events import (
     ProfileEvent,
     read_events,
 )
+from pipefill.local.launcher import Forked, Launcher, child_environment
+from pipefill.local.procs import preloaded_launcher
 from pipefill.local.stats import RankStats, merged, overrun_summary, quantile, worst_overruns
 from pipefill.parent import signal_on_parent_death
 
@@ -132,9 +135,10 @@ def stall_report(work: Path, *, last: int = 200) -> str:
     )
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+def _stop(proc: subprocess.Popen[bytes] | Forked | None) -> None:
     if proc is not None and proc.poll() is None:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -144,12 +148,13 @@ def _fill_core(a: argparse.Namespace) -> int:
 
 
 def _run_one(
-    work: Path, a: argparse.Namespace, *, bubble_ms: float, load: str, params: dict[str, Any]
+    work: Path, a: argparse.Namespace, *, bubble_ms: float, load: str, params: dict[str, Any], launcher: Launcher | None
 ) -> dict[str, Any]:
+    """One configuration; the fill executor forked from ``launcher`` where it can (torch imported once per bench)."""
     names = [f"life-{i}" for i in range(a.jobs)] if a.life else ["bench"]
     total = (a.total or life_total(a.workload)) if a.life else None
     jobs = write_jobs(work, a.workload, names=names, total=total, encoder=params, split=a.split if a.life else 1)
-    environ = dict(os.environ, OMP_NUM_THREADS="1")
+    environ = child_environment()  # one OpenMP thread; the start-up variables of the launcher's children
     fill_env = {
         **environ,
         env.CHANNEL_DIR: str(work / "channel"),
@@ -169,12 +174,15 @@ def _run_one(
     others = sorted(os.sched_getaffinity(0) - {a.cpu})
     deadline = time.monotonic() + a.timeout_s
     spinner = _spinner(others[0]) if load == "busy" and others else None
-    fill: subprocess.Popen[bytes] | None = None
+    fill: subprocess.Popen[bytes] | Forked | None = None
     trainer_proc: subprocess.Popen[bytes] | None = None
     try:
         (work / "fill").mkdir(parents=True, exist_ok=True)
-        with (work / "fill" / _OUTPUT).open("wb") as output:  # its warnings: the stall report quotes them
-            fill = subprocess.Popen([sys.executable, "-m", "pipefill_fill"], env=fill_env, stderr=output)
+        executor = [sys.executable, "-m", "pipefill_fill"]
+        fill = None if launcher is None else launcher.launch(executor, fill_env, work / "fill" / _OUTPUT)
+        if fill is None:
+            with (work / "fill" / _OUTPUT).open("wb") as output:  # its warnings: the stall report quotes them
+                fill = subprocess.Popen(executor, env=fill_env, stdout=output, stderr=subprocess.STDOUT)
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
             "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
@@ -297,12 +305,20 @@ def main(argv: list[str]) -> int:
     machine = describe_machine(cores_used=[args.cpu], gpus=gpus[:1])
 
     def run_all(root: Path) -> list[dict[str, Any]]:
+        launcher = preloaded_launcher(root / "launcher.log")  # every run's executor forked from it
+        try:
+            return run_each(root, launcher)
+        finally:
+            if launcher is not None:
+                launcher.close()
+
+    def run_each(root: Path, launcher: Launcher | None) -> list[dict[str, Any]]:
         runs = []
         for i, ms in enumerate(float(x) for x in args.bubbles_ms.split(",")):
             for load in loads:  # interleaved: each length idle, then busy
                 work = root / f"run{i}-{load}"
                 try:
-                    runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params))
+                    runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params, launcher=launcher))
                 except BenchTimeout as exc:
                     raise BenchError(
                         f"the {ms:g} ms {load} run took longer than --timeout-s {args.timeout_s:g} waiting for {exc}; "

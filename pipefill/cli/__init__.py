@@ -40,11 +40,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run one subcommand; returns the process exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["local"] and not {"-h", "--help"} & set(argv):
+    program, argv = argv is None, list(sys.argv[1:] if argv is None else argv)  # program: not a caller's (a test's)
+    forks = argv[:1] == ["local"] or argv[:2] in (["bench", "colocation"], ["bench", "fill"])  # children: launcher's
+    if program and forks and not {"-h", "--help"} & set(argv):
         from pipefill.local import early
 
-        early.start()  # its preload goes on beside this command's own imports (pipefill/local/early.py)
+        # its preload goes on beside this command's own imports; nothing above this call catches a child's exit
+        early.start(fork=True)  # (pipefill/local/early.py)
     args = _build_parser().parse_args(argv)
     try:
         code: int = args._run(args)

@@ -5,7 +5,9 @@ and ``pipefill local`` itself spends its first second importing the spec's model
 :func:`start` starts it at once, from ``pipefill``'s entry point, so the two imports run side by side on two cores;
 its output goes to a temporary file until the runner takes it (:func:`take`) and names the run's ``launcher.log``.
 A command that ends before its run (``--help``, a refused manifest) kills it at exit, which costs nothing: it has
-started no child. Imports only the standard library and launcher.py, which imports no more.
+started no child. Imports only the standard library and launcher.py, which imports no more. ``pipefill bench
+colocation`` and ``bench fill`` start one too (their runs fork their processes from it). Where this process is ``python -m pipefill``
+already preloaded (forked from a launcher itself), the launcher is forked from it (forker.py).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ __all__ = ["start", "take"]
 _started: Launcher | None = None
 
 
-def start() -> None:
+def start(*, fork: bool = False) -> None:
     """Start the launcher with this process's child environment, its output in a temporary file (unless
-    ``PIPEFILL_LOCAL_PRELOAD=0``, or started)."""
+    ``PIPEFILL_LOCAL_PRELOAD=0``, or started). ``fork``: from this process where it can (only where nothing above
+    the call catches a child's exit: ``pipefill``'s entry point, forker.py)."""
     global _started
     if _started is not None or not preload_wanted():
         return
     fd, log = tempfile.mkstemp(prefix="pipefill-launcher-", suffix=".log")
     os.close(fd)
-    _started = Launcher(child_environment(), Path(log), fork=True)  # forked where this process is preloaded
+    _started = Launcher(child_environment(), Path(log), fork=fork)
     atexit.register(_discard)
 
 

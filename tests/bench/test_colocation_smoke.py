@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import launched
 import numpy as np
 import pytest
 import torch
@@ -54,7 +55,7 @@ SEPARATE_KEYS = {
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quick_run_measures_the_blocked_run_and_all_three_modes_consistently() -> None:
-    done = subprocess.run(
+    done = launched.run(  # forked from the tests' launcher: so is its own (pipefill/local/forker.py)
         [sys.executable, "-m", "pipefill", "bench", "colocation", "--quick", "--json"],
         capture_output=True,
         text=True,
@@ -196,12 +197,12 @@ def test_naive_runner_ignores_bubbles_and_commits_exactly_once_across_a_sigkill(
     )  # fmt: skip
     naive_cmd = [sys.executable, "-m", "pipefill_fill.bench_worker"]
     try:
-        first = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.DEVNULL)
+        first = launched.popen(naive_cmd, env=environ, stderr=subprocess.DEVNULL)  # torch preloaded (tests/launched.py)
         _wait_for("a commit", lambda: any(isinstance(e, CommitEvent) for e in read_events(log)))
         first.send_signal(signal.SIGKILL)  # mid-work, uncommitted samples in flight
         first.wait(timeout=10)
         committed_at_kill = max(e.end for e in read_events(log) if isinstance(e, CommitEvent))
-        second = subprocess.Popen(naive_cmd, env=environ, stderr=subprocess.PIPE, text=True)
+        second = launched.popen(naive_cmd, env=environ, stderr=subprocess.PIPE, text=True)
         status = jobs / "enc.status.json"
         _wait_for(
             "the job to succeed", lambda: status.exists() and json.loads(status.read_text())["phase"] == "Succeeded"

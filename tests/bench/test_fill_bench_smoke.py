@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launched
 import pytest
 from sharing import own_core
 
@@ -23,7 +24,7 @@ from pipefill_fill.metrics import OVERRUN_CAUSES
 @pytest.mark.timeout(150)
 def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
     cpu = str(own_core())
-    done = subprocess.run(
+    done = launched.run(  # forked from the tests' launcher: so is its own (pipefill/local/forker.py)
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--bubbles-ms", "30", "--bubbles", "40",
          "--loads", "idle,busy", "--layers", "1", "--hidden", "32", "--seq-len", "16", "--cpu", cpu,
          "--timeout-s", "60"],  # a stall: the benchmark's own error, naming what it waited for (not a kill)
@@ -48,7 +49,7 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
 @pytest.mark.timeout(150)
 def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     cpu = str(own_core())
-    done = subprocess.run(
+    done = launched.run(  # forked from the tests' launcher: so is its own (pipefill/local/forker.py)
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
          "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu, "--timeout-s", "100"],
         capture_output=True, text=True, timeout=140,

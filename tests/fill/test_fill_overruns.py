@@ -176,8 +176,11 @@ def test_a_job_planned_with_a_margin_is_warned_about_once(
             now = time.monotonic_ns()
             _, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * MS), now + 49 * MS, 0.05)
             # planned 1.95 ms earlier (2 ms late every time, less the 50 µs budget); each fill's own outcome is learnt
-            # too and moves it a little
-            assert abs(out.margin_ns - 1.95 * MS) < (0.1 * MS if i else 1000) and out.steps
+            # too: one on time moves it down a little, a late one (a loaded machine: a commit took 8 ms) up, to 25 ms
+            if i == 0:
+                assert abs(out.margin_ns - 1.95 * MS) < 1000 and out.steps
+            else:
+                assert out.margin_ns > 1.75 * MS and out.steps, out
             # none started past the earlier deadline
             assert all(start < now + 49 * MS - out.margin_ns for start, _ in out.spans_ns)
     warnings = [r for r in caplog.records if "planned 1.95 ms shorter" in r.getMessage()]
