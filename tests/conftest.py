@@ -7,12 +7,14 @@ or a failed start fails the run (it must never skip there); elsewhere those test
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,7 +107,13 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         yield
 
 
+_SECONDS: dict[str, float] = {}  # each file's seconds (setup, call, teardown): tests/durations.json, tests/sharing.py
+_DURATIONS_OUT = "PIPEFILL_TEST_DURATIONS"  # where a run writes its table of them (a whole run's: the new table)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _SECONDS[path] = _SECONDS.get(path, 0.0) + report.duration
     if "cluster" not in report.keywords:
         return
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
@@ -126,3 +134,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _IN_CI and _outcomes["skipped"] and exitstatus == 0:
         session.exitstatus = 1
+    out = os.environ.get(_DURATIONS_OUT)
+    if out and not hasattr(session.config, "workerinput"):  # xdist's main process has every worker's reports
+        table = {path: round(seconds, 1) for path, seconds in sorted(_SECONDS.items())}
+        Path(out).write_text(json.dumps(table, indent=0) + "\n")

@@ -15,10 +15,13 @@ The files run in this order (:func:`files_in_run_order`, from ``pytest_collectio
 ``--no-loadscope-reorder``, without which xdist hands files out by their number of tests): the files that hold an
 ``alone`` test first, so that their ``alone`` tests mostly follow one another, each waiting for the other worker's
 ``alone`` test, not for a shared one to end (a whole run lost 225 s so, its alone tests spread among the shared
-ones); then the files that hold a ``busy`` test, each followed by files of shared tests, the ``slow`` ones first, so
-that while one worker is in a ``busy`` file the other mostly runs shared ones beside it (two ``busy`` files at once
-take turns, test by test); then the rest, so that no long file is left to run by itself at the end while the other
-worker idles (a run's last 27 s were one such file).
+ones); then the files that hold a ``busy`` test, longest first, each followed by files of shared tests that last
+about as long, so that while one worker is in a ``busy`` file the other runs shared ones beside it and seldom reaches
+the next ``busy`` file before it ends (two ``busy`` files at once take turns, test by test: with shares counted in
+files, not seconds, a run left one worker 84 s waiting for the other's); then the rest, the shortest last, so that
+no long file is left to run by itself at the end while the other worker idles (a run's last 27 s were one such
+file). A file's seconds are those of an earlier whole run, in tests/durations.json: ``PIPEFILL_TEST_DURATIONS=FILE``
+writes the table of a run (tests/conftest.py); a new file counts as short or, with a ``slow`` test, as long.
 
 A test that pins its processes to one core takes :func:`own_core`: each worker's core of its own, so that two workers'
 pinned tests do not pile onto core 0 while core 1 idles.
@@ -28,12 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["KINDS", "SHARING_DIR", "files_in_run_order", "kind_of", "own_core", "share_the_machine", "worker_index"]
+__all__ = [
+    "DURATIONS", "KINDS", "SHARING_DIR", "durations", "files_in_run_order", "kind_of", "own_core", "share_the_machine",
+    "worker_index",
+]  # fmt: skip
 
 SHARING_DIR = "PIPEFILL_TEST_SHARING_DIR"  # the lock's directory: made by pytest's main process, which starts workers
 
@@ -61,24 +68,52 @@ def _path(item: _Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def files_in_run_order(items: Sequence[_Item]) -> list[_Item]:
-    """``items`` with the files that hold an ``alone`` test first; then each file that holds a ``busy`` one (those
-    with a ``slow`` test first) followed by an equal share of the others (those with a ``slow`` test first), a share
-    left for the end; each file whole and the order otherwise kept (the same in every worker: xdist requires it)."""
+DURATIONS = Path(__file__).with_name("durations.json")  # each file's seconds in a whole run: conftest.py writes it
+
+
+def durations() -> dict[str, float]:
+    """Each test file's seconds in an earlier whole run (tests/durations.json), by path from the repository root."""
+    try:
+        table: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table
+
+
+def files_in_run_order(items: Sequence[_Item], seconds: Mapping[str, float] | None = None) -> list[_Item]:
+    """``items`` with the files that hold an ``alone`` test first; then each file that holds a ``busy`` one, longest
+    first, each followed by a share of the others (longest first, at least one) that lasts about as long as it does,
+    times the others' total over the busy files' total plus one busy file's mean, so that a share is left for the end
+    (the shortest files); each file whole and the order otherwise kept (the same in every worker: xdist requires it).
+    ``seconds``: each file's duration (default: tests/durations.json); a file not there counts 20 s where it holds a
+    ``slow`` test, else 2 s."""
 
     def files(marker: str) -> set[str]:
         return {_path(item) for item in items if item.get_closest_marker(marker) is not None}
 
     alone, slow = files("alone"), files("slow")
+    table = durations() if seconds is None else seconds
+
+    def length(path: str) -> float:
+        return table.get(path, table.get(path.removeprefix("tests/"), 20.0 if path in slow else 2.0))
+
     busy = files("busy") - alone
     paths = list(dict.fromkeys(_path(item) for item in items))
-    heavy = sorted((p for p in paths if p in busy), key=lambda p: p not in slow)
-    others = sorted((p for p in paths if p not in alone and p not in busy), key=lambda p: p not in slow)
+    heavy = sorted((p for p in paths if p in busy), key=lambda p: -length(p))
+    others = sorted((p for p in paths if p not in alone and p not in busy), key=lambda p: -length(p))
     order = [p for p in paths if p in alone]
-    share = len(others) // (len(heavy) + 1)  # the others after each busy file: a share is left for the end
-    for i, path in enumerate(heavy):
-        order += [path, *others[i * share : (i + 1) * share]]
-    order += others[len(heavy) * share :]
+    busy_s = sum(length(p) for p in heavy)
+    ratio = sum(length(p) for p in others) / (busy_s + busy_s / len(heavy)) if heavy else 0.0
+    taken = due = 0.0  # the others' seconds placed so far, and due so far (a share that ran over, the next makes up)
+    for path in heavy:
+        order.append(path)
+        due += ratio * length(path)
+        first = True  # at least one: never two busy files in a row while others are left
+        while others and (first or taken < due):
+            taken += length(others[0])
+            order.append(others.pop(0))
+            first = False
+    order += others
     position = {path: i for i, path in enumerate(order)}
     return sorted(items, key=lambda item: position[_path(item)])
 

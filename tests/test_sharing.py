@@ -113,18 +113,28 @@ class _Item:
         return object() if name == self.marker else None
 
 
-def test_the_alone_files_come_first_then_each_busy_file_with_a_share_of_the_others_slow_first(
+def test_the_alone_files_come_first_then_each_busy_file_longest_first_with_others_lasting_as_long(
     request: pytest.FixtureRequest,
 ) -> None:
     items = [_Item("a.py::x"), _Item("b.py::x"), _Item("b.py::y", "alone"), _Item("c.py::x"), _Item("d.py::x", "alone"),
              _Item("e.py::x"), _Item("e.py::y", "slow"), _Item("f.py::x", "slow"), _Item("g.py::x"),
              _Item("h.py::x", "busy"), _Item("i.py::x", "busy"), _Item("j.py::x")]  # fmt: skip
-    assert [i.nodeid for i in files_in_run_order(items)] == [
-        "b.py::x", "b.py::y", "d.py::x",  # alone
-        "h.py::x", "e.py::x", "e.py::y", "f.py::x",  # busy, then a share of the others (6 files: 3 shares of 2)
-        "i.py::x", "a.py::x", "c.py::x",  # the slow ones first, the order otherwise kept
-        "g.py::x", "j.py::x",  # the share left for the end
+    # busy: h 10 s, i 30 s; the others 80 s: shares of 80 / (40 + 20) = 4/3 of each busy file's seconds
+    seconds = {"a.py": 5, "c.py": 30, "e.py": 20, "f.py": 9, "g.py": 1, "h.py": 10, "i.py": 30, "j.py": 15}
+    assert [i.nodeid for i in files_in_run_order(items, seconds)] == [
+        "b.py::x", "b.py::y", "d.py::x",  # alone, in their order
+        "i.py::x", "c.py::x", "e.py::x", "e.py::y",  # the longest busy file, then 50 s of the others, longest first
+        "h.py::x", "j.py::x",  # 15 s after the 10 s one
+        "f.py::x", "a.py::x", "g.py::x",  # the rest for the end, the shortest last
     ]  # fmt: skip
+    # a file not in the table: 20 s where it holds a slow test (e, f), else 2 s: 48 s of others, shares of 8 times
+    assert [i.nodeid for i in files_in_run_order(items, {})][3:8] == [
+        "h.py::x",
+        "e.py::x",
+        "e.py::y",
+        "i.py::x",
+        "f.py::x",
+    ]
 
     # and so is this session ordered (tests/conftest.py): the alone files first, each busy file followed by others
     files = list(dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items))
