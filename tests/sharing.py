@@ -82,7 +82,8 @@ def durations() -> dict[str, float]:
 
 def files_in_run_order(items: Sequence[_Item], seconds: Mapping[str, float] | None = None) -> list[_Item]:
     """``items`` with the files that hold an ``alone`` test first; then each file that holds a ``busy`` one, longest
-    first, each followed by a share of the others (longest first, at least one) that lasts about as long as it does,
+    first, each followed by the shortest of the others (taken along by its worker), then a share of the others
+    (longest first, at least one) that lasts about as long as it does,
     times the others' total over the busy files' total plus one busy file's mean, so that a share is left for the end
     (the shortest files); each file whole and the order otherwise kept (the same in every worker: xdist requires it).
     ``seconds``: each file's duration (default: tests/durations.json); a file not there counts 20 s where it holds a
@@ -106,7 +107,9 @@ def files_in_run_order(items: Sequence[_Item], seconds: Mapping[str, float] | No
     ratio = sum(length(p) for p in others) / (busy_s + busy_s / len(heavy)) if heavy else 0.0
     taken = due = 0.0  # the others' seconds placed so far, and due so far (a share that ran over, the next makes up)
     for path in heavy:
-        order.append(path)
+        # xdist gives a worker its next file once 2 of its tests are left: a busy file of 2 takes the next one along,
+        # so the shortest goes there, not into the share the other worker runs beside it
+        order += [path, *([others.pop()] if len(others) > 1 else [])]
         due += ratio * length(path)
         first = True  # at least one: never two busy files in a row while others are left
         while others and (first or taken < due):

@@ -123,18 +123,15 @@ def test_the_alone_files_come_first_then_each_busy_file_longest_first_with_other
     seconds = {"a.py": 5, "c.py": 30, "e.py": 20, "f.py": 9, "g.py": 1, "h.py": 10, "i.py": 30, "j.py": 15}
     assert [i.nodeid for i in files_in_run_order(items, seconds)] == [
         "b.py::x", "b.py::y", "d.py::x",  # alone, in their order
-        "i.py::x", "c.py::x", "e.py::x", "e.py::y",  # the longest busy file, then 50 s of the others, longest first
-        "h.py::x", "j.py::x",  # 15 s after the 10 s one
-        "f.py::x", "a.py::x", "g.py::x",  # the rest for the end, the shortest last
+        "i.py::x", "g.py::x",  # the longest busy file, the shortest other (its worker takes it along),
+        "c.py::x", "e.py::x", "e.py::y",  # then 50 s of the others, longest first
+        "h.py::x", "a.py::x", "j.py::x",  # 15 s after the 10 s one
+        "f.py::x",  # the rest for the end
     ]  # fmt: skip
     # a file not in the table: 20 s where it holds a slow test (e, f), else 2 s: 48 s of others, shares of 8 times
     assert [i.nodeid for i in files_in_run_order(items, {})][3:8] == [
-        "h.py::x",
-        "e.py::x",
-        "e.py::y",
-        "i.py::x",
-        "f.py::x",
-    ]
+        "h.py::x", "j.py::x", "e.py::x", "e.py::y", "i.py::x"
+    ]  # fmt: skip
 
     # and so is this session ordered (tests/conftest.py): the alone files first, each busy file followed by others
     files = list(dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items))

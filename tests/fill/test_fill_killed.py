@@ -26,7 +26,7 @@ from pipefill.spec import load_file
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow]  # times a quiet core (tests/sharing.py)
+pytestmark = [pytest.mark.busy, pytest.mark.slow]  # heavy, untimed: exactly once at any speed (tests/sharing.py)
 
 # ~1.5 ms a step of 4 on one core: a job of a few thousand samples takes seconds of bubbles; a commit every 100
 # samples (at the end of a bubble) leaves slices half done when a kill comes
