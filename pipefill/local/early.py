@@ -6,8 +6,8 @@ and ``pipefill local`` itself spends its first second importing the spec's model
 its output goes to a temporary file until the runner takes it (:func:`take`) and names the run's ``launcher.log``.
 A command that ends before its run (``--help``, a refused manifest) kills it at exit, which costs nothing: it has
 started no child. Imports only the standard library and launcher.py, which imports no more. ``pipefill bench
-colocation`` and ``bench fill`` start one too (their runs fork their processes from it). Where this process is ``python -m pipefill``
-already preloaded (forked from a launcher itself), the launcher is forked from it (forker.py).
+colocation`` and ``bench fill`` start one too (their runs fork their processes from it). Where the program's entry
+point runs in a process already preloaded (forked from a launcher itself), the launcher is forked from it (forker.py).
 """
 
 from __future__ import annotations

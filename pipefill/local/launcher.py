@@ -109,8 +109,8 @@ class Launcher:
     def __init__(
         self, environ: Mapping[str, str], log: Path, *, preload: tuple[str, ...] = PRELOAD, fork: bool = False
     ) -> None:
-        """``fork``: fork it from this process where it can (selffork.py: only where no caller above would catch
-        the exit of the children, which leave through the caller's frames)."""
+        """``fork``: fork it from this process where it can (forker.py: only where no caller above would catch the
+        exit of the children, which leave through the caller's frames)."""
         self.environ = dict(environ)
         ours, theirs = socket.socketpair()
         self._sock = ours
