@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipefill.schedules import (
+    FILL_STEPS,
     SCHEDULE_NAMES,
     Costs,
     FillProfile,
@@ -76,7 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--activation-checkpointing", action="store_true", default=None, help="keep stage inputs only")
     model.add_argument("--profile", metavar="FILE", help="measured profile JSON (docs/schedules.md)")
     out = parser.add_argument_group("output")
-    out.add_argument("--fill-profile", metavar="FILE", help="fill workload JSON: time and memory per batch size")
+    out.add_argument(
+        "--fill-profile",
+        metavar="FILE",
+        help="fill workload JSON: time, memory and pieces per batch size, or the fill executor's cached profile",
+    )
+    out.add_argument(
+        "--fill-steps",
+        choices=FILL_STEPS,
+        help="fill in whole steps planned per bubble, or in pieces carried between bubbles (default: pieces where "
+        "the profile has them)",
+    )
+    out.add_argument("--fill-guard-ms", type=float, help="the fill's guard before a bubble's end (default: profile's)")
+    out.add_argument("--fill-switch-ms", type=float, help="the fill's wake-up per bubble (default: profile's)")
     mode = out.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="print the whole result as JSON")
     mode.add_argument("--order", action="store_true", help='print each rank\'s action order as {"ranks": {...}}')
@@ -257,5 +270,23 @@ def _costs(args: argparse.Namespace, model: _Model, shape: PipelineShape) -> tup
 
 def _fill(args: argparse.Namespace, timeline: Timeline) -> FillProjection | None:
     if not args.fill_profile:
+        given = [
+            f
+            for f, v in (
+                ("--fill-steps", args.fill_steps),
+                ("--fill-guard-ms", args.fill_guard_ms),
+                ("--fill-switch-ms", args.fill_switch_ms),
+            )
+            if v is not None
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with --fill-profile FILE (the fill workload to project)")
         return None
-    return project_fill(timeline, FillProfile.from_json(Path(args.fill_profile).read_text()))
+    for flag, value in (("--fill-guard-ms", args.fill_guard_ms), ("--fill-switch-ms", args.fill_switch_ms)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{flag} {value}: must be milliseconds >= 0")
+    profile = FillProfile.from_json(Path(args.fill_profile).read_text()).with_overheads(
+        guard_s=None if args.fill_guard_ms is None else args.fill_guard_ms / 1e3,
+        switch_s=None if args.fill_switch_ms is None else args.fill_switch_ms / 1e3,
+    )
+    return project_fill(timeline, profile, steps=args.fill_steps)

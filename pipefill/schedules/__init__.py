@@ -6,14 +6,15 @@
   schedules that cannot run, naming the first stuck action.
 - :func:`simulate` turns a schedule and :class:`Costs` (plus an optional :class:`MemoryModel`) into a
   :class:`Timeline`: start and end of every action, and every rank's bubbles (:class:`BubbleSpan`).
-- :func:`project_fill` estimates how much of a fill workload (:class:`FillProfile`) the bubbles hold.
+- :func:`project_fill` estimates how much of a fill workload (:class:`FillProfile`) the bubbles hold, in whole
+  steps or in pieces.
 - ``pipefill.schedules.trace.chrome_trace`` renders a timeline for Perfetto; ``pipefill.schedules.plot.plot_timeline``
   draws it (needs matplotlib).
 """
 
 from pipefill.schedules.costs import Costs
 from pipefill.schedules.csvio import dump_csv, load_csv
-from pipefill.schedules.fill import FillProfile, FillProjection, project_fill
+from pipefill.schedules.fill import FILL_STEPS, BubbleFill, FillProfile, FillProjection, project_fill
 from pipefill.schedules.generators import SCHEDULE_NAMES, ScheduleRuleError, build_schedule, canonical_name
 from pipefill.schedules.memory import MemoryModel
 from pipefill.schedules.model import Action, Kind, Schedule, ScheduleError, looped_placement, v_placement
@@ -23,9 +24,11 @@ from pipefill.schedules.validate import validate_schedule
 
 __all__ = [
     "BUBBLE_KINDS",
+    "FILL_STEPS",
     "SCHEDULE_NAMES",
     "Action",
     "ActionSpan",
+    "BubbleFill",
     "BubbleSpan",
     "Costs",
     "FillProfile",

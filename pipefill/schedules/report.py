@@ -52,7 +52,8 @@ def format_report(timeline: Timeline, fill: FillProjection | None = None, *, uni
     if fill is not None:
         lines += [
             "",
-            f"fill workload {fill.profile.name}: {fill.samples_per_step} samples per step, "
+            f"fill workload {fill.profile.name} in {'pieces' if fill.steps == 'pieces' else 'whole steps'}: "
+            f"{fill.samples_per_step:.6g} samples per step, "
             f"{fill.samples_per_s:.1f} samples/s per pipeline; uses {fill.bubble_use:.1%} of the bubble time; "
             f"utilization gain {fill.utilization_gain:+.1%} (fill seconds ÷ training seconds)",
         ]

@@ -50,35 +50,56 @@ def test_table_lists_bubbles_by_kind(capsys: pytest.CaptureFixture[str]) -> None
     assert "warm-up" in out and "cool-down" in out and "end-of-step" in out
 
 
+SCALE_8K = (
+    *("--schedule", "1f1b", "--stages", "16", "--global-batch", "1024", "--data-parallel", "64"),
+    *("--params", "40B", "--layers", "48", "--hidden-size", "8192", "--seq-len", "2048", "--tensor-parallel", "8"),
+)
+"""docs/scale.md's 8K-GPU 1F1B configuration"""
+
+
 def test_analytic_costs_give_free_memory_and_fill_gain(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(
-        capsys,
-        "--schedule",
-        "1f1b",
-        "--stages",
-        "16",
-        "--global-batch",
-        "1024",
-        "--data-parallel",
-        "64",
-        "--params",
-        "40B",
-        "--layers",
-        "48",
-        "--hidden-size",
-        "8192",
-        "--seq-len",
-        "2048",
-        "--tensor-parallel",
-        "8",
-        "--fill-profile",
-        str(FILL),
-        "--json",
-    )
+    out = run_json(capsys, *SCALE_8K, "--fill-profile", str(FILL), "--json")
     assert out["microbatches"] == 16 and out["costs"] == "analytic"
     assert 0.4 < out["bubble_fraction"] < 0.6  # (p − 1)/(m + p − 1) = 48% plus communication
     assert all(b["free_bytes"] > 0 for r in out["ranks"] for b in r["bubbles"])
     assert 0.3 < out["fill"]["utilization_gain"] < 1.0
+    assert out["fill"]["steps"] == "pieces"  # the example profile has 24 layer pieces a step
+
+
+def test_pieces_use_the_short_bubbles_whole_steps_leave(capsys: pytest.CaptureFixture[str]) -> None:
+    whole = run_json(capsys, *SCALE_8K, "--fill-profile", str(FILL), "--fill-steps", "whole", "--json")["fill"]
+    pieces = run_json(capsys, *SCALE_8K, "--fill-profile", str(FILL), "--fill-steps", "pieces", "--json")["fill"]
+    assert whole["steps"] == "whole" and pieces["steps"] == "pieces"
+    # whole batches leave 1F1B's 3 ms cool-down gaps and the long bubbles' tails empty (docs/scale.md: 72 %)
+    assert 0.70 < whole["bubble_use"] < 0.75
+    assert pieces["bubble_use"] > whole["bubble_use"] + 0.1
+    assert pieces["samples_per_step"] > whole["samples_per_step"]
+    assert all(len(sizes) == 1 for sizes in pieces["batch_sizes"])  # one batch in flight per rank
+    # a bigger guard leaves less of each bubble; none at all would leave more
+    guarded = run_json(
+        capsys, *SCALE_8K, "--fill-profile", str(FILL), "--fill-guard-ms", "2", "--fill-switch-ms", "0", "--json"
+    )["fill"]
+    assert guarded["bubble_use"] < pieces["bubble_use"]
+
+
+def test_the_fill_executors_profile_record_is_read(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    record = {  # what the fill executor's profile cache holds (fill-image/pipefill_fill/profilecache.py)
+        "workload_key": "k",
+        "workload_id": "builtin:encoder-inference",
+        "complete": True,
+        "points": [
+            {"batch_size": 1, "step_s": 0.004, "peak_bytes": 1 << 20, "items_per_step": None, "piece_s": [0.002] * 2},
+            {"batch_size": 4, "step_s": 0.012, "peak_bytes": 4 << 20, "items_per_step": None},
+        ],
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(record))
+    argv = ("--stages", "4", "--microbatches", "8", "--costs", "uniform", "--fill-profile", str(path))
+    out = run_json(capsys, *argv, "--fill-guard-ms", "0", "--json")["fill"]
+    assert out["workload"] == "builtin:encoder-inference" and out["steps"] == "pieces"
+    assert out["bubble_use"] > 0.9  # uniform costs: bubbles of whole time units, pieces of 2 ms
+    assert main(["simulate", *argv]) == 0
+    assert "fill workload builtin:encoder-inference in pieces:" in capsys.readouterr().out
 
 
 def test_measured_profile(capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,6 +176,15 @@ def test_trace_and_plot_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
         (["--stages", "4", "--microbatches", "8", "--schedule", "custom"], "needs --schedule-csv FILE"),
         (["--stages", "4", "--global-batch", "100", "--data-parallel", "3"], "not divisible"),
         (["--stages", "4", "--microbatches", "8", "--costs", "analytic"], "analytic costs need --params"),
+        (["--stages", "4", "--microbatches", "8", "--fill-steps", "pieces"], "--fill-steps: only with --fill-profile"),
+        (
+            ["--stages", "4", "--microbatches", "8", "--fill-profile", str(FILL), "--fill-guard-ms", "-1"],
+            "--fill-guard-ms -1.0: must be milliseconds >= 0",
+        ),
+        (
+            ["--stages", "4", "--microbatches", "8", "--fill-profile", str(PROFILE)],
+            "fill profile 'batches' must be a non-empty list",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
