@@ -52,19 +52,19 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.stop()
 
 
-_CORE: dict[str, Any] = {}  # the control plane's kubeconfig -> its CoreV1Api, one per worker
+@pytest.fixture(scope="session")
+def core_api(control_plane: ControlPlane) -> Any:
+    """The control plane's core API, as its admin, from this process."""
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(str(control_plane.kubeconfig)))
 
 
-def _fresh_namespace(control_plane: ControlPlane) -> Iterator[str]:
+def _fresh_namespace(core: Any) -> Iterator[str]:
     """A namespace made and deleted (without waiting) through the API from this process: two kubectl processes a
     test cost 0.2 CPU s, 40 s a whole run."""
-    from kubernetes import client, config
     from kubernetes.client.rest import ApiException
 
-    key = str(control_plane.kubeconfig)
-    if key not in _CORE:
-        _CORE[key] = client.CoreV1Api(config.new_client_from_config(key))
-    core = _CORE[key]
     name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
@@ -76,15 +76,15 @@ def _fresh_namespace(control_plane: ControlPlane) -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane) -> Iterator[str]:
+def namespace(core_api: Any) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
-    yield from _fresh_namespace(control_plane)
+    yield from _fresh_namespace(core_api)
 
 
 @pytest.fixture
-def other_namespace(control_plane: ControlPlane) -> Iterator[str]:
+def other_namespace(core_api: Any) -> Iterator[str]:
     """A second fresh namespace, for a test that needs two (one it may not reach, say)."""
-    yield from _fresh_namespace(control_plane)
+    yield from _fresh_namespace(core_api)
 
 
 _MADE: list[str] = []

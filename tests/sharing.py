@@ -96,7 +96,7 @@ def files_in_run_order(items: Sequence[_Item], seconds: Mapping[str, float] | No
     table = durations() if seconds is None else seconds
 
     def length(path: str) -> float:
-        return table.get(path, table.get(path.removeprefix("tests/"), 20.0 if path in slow else 2.0))
+        return table.get(path, 20.0 if path in slow else 2.0)
 
     busy = files("busy") - alone
     paths = list(dict.fromkeys(_path(item) for item in items))

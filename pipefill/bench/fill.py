@@ -30,7 +30,6 @@ Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -56,8 +55,8 @@ from pipefill.events import (
     ProfileEvent,
     read_events,
 )
-from pipefill.local.launcher import Forked, Launcher, child_environment
-from pipefill.local.procs import preloaded_launcher
+from pipefill.local.launcher import Launcher, child_environment
+from pipefill.local.procs import LocalProcess, preloaded_launcher
 from pipefill.local.stats import RankStats, merged, overrun_summary, quantile, worst_overruns
 from pipefill.parent import signal_on_parent_death
 
@@ -66,7 +65,7 @@ __all__ = ["main"]
 _WARMUP_BUBBLES = 20  # at least; then on until the fill's profile is complete and its step model has seen some steps
 _SETTLE_S = 1.0
 _TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
-_OUTPUT = "output.log"  # the fill executor's stderr, in its output directory
+_OUTPUT = "output.log"  # the fill executor's output, in its output directory (its LocalProcess's log)
 
 
 class BenchTimeout(Exception):
@@ -135,10 +134,13 @@ def stall_report(work: Path, *, last: int = 200) -> str:
     )
 
 
-def _stop(proc: subprocess.Popen[bytes] | Forked | None) -> None:
-    if proc is not None and proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
+def _stop(proc: subprocess.Popen[bytes] | LocalProcess | None) -> None:
+    if isinstance(proc, LocalProcess):
+        proc.signal(signal.SIGKILL)
+        proc.wait()
+        proc.close()
+    elif proc is not None and proc.poll() is None:
+        proc.kill()
         proc.wait()
 
 
@@ -174,15 +176,15 @@ def _run_one(
     others = sorted(os.sched_getaffinity(0) - {a.cpu})
     deadline = time.monotonic() + a.timeout_s
     spinner = _spinner(others[0]) if load == "busy" and others else None
-    fill: subprocess.Popen[bytes] | Forked | None = None
+    # the executor forked from ``launcher`` where it can (else Popen), its output in <work>/fill/output.log: the stall
+    # report quotes its warnings
+    fill = LocalProcess(
+        0, "fill-executor", [sys.executable, "-m", "pipefill_fill"], fill_env, work / "fill", 0, launcher
+    )
     trainer_proc: subprocess.Popen[bytes] | None = None
     try:
         (work / "fill").mkdir(parents=True, exist_ok=True)
-        executor = [sys.executable, "-m", "pipefill_fill"]
-        fill = None if launcher is None else launcher.launch(executor, fill_env, work / "fill" / _OUTPUT)
-        if fill is None:
-            with (work / "fill" / _OUTPUT).open("wb") as output:  # its warnings: the stall report quotes them
-                fill = subprocess.Popen(executor, env=fill_env, stdout=output, stderr=subprocess.STDOUT)
+        fill.start()
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
             "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
@@ -254,7 +256,7 @@ def _run_one(
         "samples": sum(b.items for b in used),
         "batch_sizes": sorted({s for b in used for s in b.batch_sizes if s}),
         "idle_share": {k: round(v, 4) for k, v in total["share"].items()},
-        "fill_exit_code": fill.returncode if fill is not None else None,
+        "fill_exit_code": fill.poll(),
     }
 
 
