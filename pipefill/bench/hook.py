@@ -14,6 +14,10 @@ over the B runs — with ``ratio_ci``, a 95 % percentile bootstrap interval over
 (:mod:`pipefill.bench.paired`; the target of #26 is an upper end ≤ 1.01), the medians of each mode, and
 ``bubble_prediction_error_median``: |predicted − measured| ÷ measured over the hooked runs' bubbles from
 ``--skip-steps`` on whose prediction reached ``--min-bubble-ms`` (the events the hook logs; target ≤ 0.15 on CPU).
+``hook_own_s_median`` is the hook's own time a step (each ``step`` record's ``hook_s``: its wrappers' bookkeeping,
+not the calls they wrap) over the hooked runs' ranks and steps from ``--skip-steps`` on, and ``hook_own_share`` that
+÷ the hooked step's median: what the hook itself adds, free of the run-to-run noise the ratio carries (on a shared
+VM steps of one command vary by 10–50 % from minute to minute, which takes many pairs to average out).
 Speed is measured on an idle machine only; tests run it tiny and assert nothing of it.
 """
 
@@ -41,7 +45,7 @@ from pipefill.bench.fill_jobs import REPO
 from pipefill.bench.machine import describe_machine
 from pipefill.bench.paired import Block, bootstrap_ci, pair_slowdowns
 from pipefill.bench.runs import BenchError, failure, in_root, log_tail, run_logged
-from pipefill.events import TRAINER_EVENTS, BubbleEvent, read_events
+from pipefill.events import TRAINER_EVENTS, BubbleEvent, StepEvent, read_events
 from pipefill.ports import free_port
 from pipefill.usercommand import HOOK_ENV, hook_pythonpath, local_argv
 
@@ -60,6 +64,8 @@ class RunResult:
     errors: list[float]
     announced: int
     wall_s: float
+    own_s: list[float]
+    """the hook's own time of each rank's timed steps (hooked runs)"""
 
     @property
     def median_s(self) -> float:
@@ -179,12 +185,12 @@ def run_once(a: argparse.Namespace, run_dir: Path, *, hook: bool) -> RunResult:
     step_s = _step_times(run_dir, a.world, skip=a.skip_steps)
     if not step_s:
         raise BenchError(f"{mode} run in {run_dir}: no optimizer step after the first {a.skip_steps} was timed")
-    errors, announced = (
-        _prediction(run_dir, a.world, skip=a.skip_steps, min_s=a.min_bubble_ms / 1e3) if hook else ([], 0)
+    errors, announced, own_s = (
+        _prediction(run_dir, a.world, skip=a.skip_steps, min_s=a.min_bubble_ms / 1e3) if hook else ([], 0, [])
     )
     if hook and not announced:
         raise BenchError(f"hooked run in {run_dir}: the hook announced no bubble (its output: output0.log)")
-    return RunResult(hook, step_s, errors, announced, wall_s)
+    return RunResult(hook, step_s, errors, announced, wall_s, own_s)
 
 
 def _step_times(run_dir: Path, world: int, *, skip: int) -> list[float]:
@@ -197,19 +203,21 @@ def _step_times(run_dir: Path, world: int, *, skip: int) -> list[float]:
     return [max(s[k] for s in per_rank) for k in range(n)]
 
 
-def _prediction(run_dir: Path, world: int, *, skip: int, min_s: float) -> tuple[list[float], int]:
+def _prediction(run_dir: Path, world: int, *, skip: int, min_s: float) -> tuple[list[float], int, list[float]]:
     """|predicted − measured| ÷ measured of each bubble predicted ≥ ``min_s`` from step ``skip`` on; how many were
-    announced."""
-    errors, announced = [], 0
+    announced; the hook's own time of each rank's steps from ``skip`` on."""
+    errors, announced, own = [], 0, []
     for rank in range(world):
         for e in read_events(run_dir / f"rank{rank}" / TRAINER_EVENTS):
+            if isinstance(e, StepEvent) and e.step >= skip and e.hook_s is not None:
+                own.append(e.hook_s)
             if not isinstance(e, BubbleEvent) or e.step < skip:
                 continue
             announced += e.announced
             measured = (e.end_ns - e.start_ns) / 1e9
             if e.predicted_s >= min_s and measured > 0:
                 errors.append(abs(e.predicted_s - measured) / measured)
-    return errors, announced
+    return errors, announced, own
 
 
 def comparable_jobs(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -271,12 +279,16 @@ def summarize(runs: list[RunResult]) -> dict[str, Any]:
     plain = [s for r in runs if not r.hook for s in r.step_s]
     hooked = [s for r in runs if r.hook for s in r.step_s]
     errors = sorted(e for r in runs for e in r.errors)
+    own = [s for r in runs for s in r.own_s]
+    own_median = statistics.median(own) if own else None
     return {
         "ratio": 1 + statistics.fmean(pairs) if pairs else None,
         "ratio_ci": [1 + ci[0], 1 + ci[1]] if ci else None,
         "pair_ratios": [1 + p for p in pairs],
         "unhooked_step_s_median": statistics.median(plain),
         "hooked_step_s_median": statistics.median(hooked),
+        "hook_own_s_median": own_median,
+        "hook_own_share": own_median / statistics.median(hooked) if own_median is not None and hooked else None,
         "bubble_prediction_error_median": statistics.median(errors) if errors else None,
         "bubble_prediction_error_p90": errors[min(len(errors) - 1, len(errors) * 9 // 10)] if errors else None,
         "bubbles_measured": len(errors),

@@ -65,6 +65,9 @@ class StepEvent(Event):
     """of the whole job"""
     start_ns: int
     """when the step began"""
+    hook_s: float | None = None
+    """the bubble hook's own time in the step: its wrappers' bookkeeping, not the calls they wrap (None: not the
+    hook)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

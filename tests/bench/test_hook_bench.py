@@ -34,6 +34,9 @@ def test_bench_hook_times_both_modes_the_hooks_predictions_and_both_recoveries(t
     assert result["unhooked_step_s_median"] > 0 and result["hooked_step_s_median"] > 0
     assert result["bubbles_announced"] > 0 and result["bubbles_measured"] > 0
     assert result["bubble_prediction_error_median"] >= 0
+    # the hook's own time: some, and far less than the step it is part of
+    assert 0 < result["hook_own_s_median"] < result["hooked_step_s_median"] / 2
+    assert result["hook_own_share"] == pytest.approx(result["hook_own_s_median"] / result["hooked_step_s_median"])
     # the hook ran in the B run only: its event log and channel there, none in the A runs
     assert (tmp_path / "run01-hooked" / "rank0" / "events.jsonl").is_file()
     assert not (tmp_path / "run00-plain" / "rank0").exists()
@@ -65,10 +68,11 @@ def test_too_few_steps_to_time_is_refused_with_the_fix() -> None:
 
 def test_the_ratio_pairs_each_hooked_run_with_its_unhooked_neighbours() -> None:
     def run(hook: bool, median: float) -> RunResult:
-        return RunResult(hook, [median], [0.1, 0.3] if hook else [], 2 if hook else 0, 1.0)
+        return RunResult(hook, [median], [0.1, 0.3] if hook else [], 2 if hook else 0, 1.0, [0.001] if hook else [])
 
     # A B A B A: the second A run drifted; each B is compared with the A runs on either side of it
     got = summarize([run(False, 1.0), run(True, 1.05), run(False, 1.1), run(True, 1.1), run(False, 1.1)])
     assert got["pair_ratios"] == pytest.approx([1.05 / 1.05, 1.1 / 1.1])
     assert got["ratio"] == pytest.approx(1.0) and got["ratio_ci"] == pytest.approx([1.0, 1.0])
     assert got["bubble_prediction_error_median"] == pytest.approx(0.2) and got["bubbles_announced"] == 4
+    assert got["hook_own_s_median"] == 0.001 and got["hook_own_share"] == pytest.approx(0.001 / 1.075)

@@ -43,6 +43,8 @@ def _check(tmp: Path, args: list[str]) -> None:
         assert {b.id for b in r.received}, f"rank {rank}: the consumer received none of {len(announced)} bubbles"
         assert len(r.received) <= len(announced)
         assert [s.step for s in r.steps()] == list(range(STEPS))
+        # the hook's own time of every step: its wrappers ran (each step has actions and waits), within the step
+        assert all(s.hook_s is not None and 0 < s.hook_s < s.step_s for s in r.steps()[1:]), r.steps()
         assert min(b.step for b in announced) >= 3, "a bubble announced while profiling"
     assert (hooked.ranks[0].out_dir / "profile.json").is_file()
 

@@ -11,7 +11,9 @@
   the end-of-step wait.
 
 Each wrapper calls the original with the same arguments and returns its result: the training computes exactly what
-it computes without the hook. On CUDA a wait means the GPU's idle time, as in the trainer
+it computes without the hook. What a wrapper does besides the call it wraps is the hook's own time
+(``Session.own_ns``, each step's ``hook_s`` in the event log): what the hook adds to the rank's step, which
+``pipefill bench hook`` reports beside the step times it compares. On CUDA a wait means the GPU's idle time, as in the trainer
 (:mod:`pipefill_trainer.devsync`): the bubble begins once the compute stream has run all queued work while the
 transfer is still pending, and ends when it completed on the device (a blocking all-reduce is issued as
 ``async_op=True`` and waited, which is what it does anyway). What is not seen: collectives inside a step (FSDP,
@@ -24,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,24 +65,30 @@ class _Works:
         return self._finish()
 
 
-def _timed(s: Session, idx: int, pending: _Works, sync: DeviceSync) -> Any:
-    """Wait for ``pending`` as the original call would, measured (and announced) as the wait before ``idx``."""
+def _timed(s: Session, idx: int, pending: _Works, sync: DeviceSync, entered_ns: int) -> Any:
+    """Wait for ``pending`` as the original call would, measured (and announced) as the wait before ``idx``; the
+    hook's own time from ``entered_ns`` (the wrapper's entry) on, less the wait, is added to the session's."""
     if pending.works and pending.done():
+        s.own_ns += time.monotonic_ns() - entered_ns
         return pending.wait()  # arrived already: no wait
     if not sync.idle_before(pending):
+        s.own_ns += time.monotonic_ns() - entered_ns
         return pending.wait()  # completed before the device ran out of work: no bubble
     try:
         start = s.wait_begin(idx, pending.done)
     except Exception as exc:
         s.disable(exc)
         return pending.wait()
+    s.own_ns += time.monotonic_ns() - entered_ns
     try:
         return sync.wait(pending)
     finally:
+        after = time.monotonic_ns()
         try:
             s.wait_end(idx, start)
         except Exception as exc:
             s.disable(exc)
+        s.own_ns += time.monotonic_ns() - after
 
 
 def _wait_index(s: Session | None) -> int | None:
@@ -91,12 +100,13 @@ def _wait_index(s: Session | None) -> int | None:
 def _wrap_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        entered = time.monotonic_ns()
         s = session()
         idx = _wait_index(s)
         if s is None or idx is None:
             return orig(work, *args, **kwargs)
         works = list(work)
-        return _timed(s, idx, _Works(works, lambda: orig(works, *args, **kwargs)), _state["sync"])
+        return _timed(s, idx, _Works(works, lambda: orig(works, *args, **kwargs)), _state["sync"], entered)
 
     return wait
 
@@ -104,15 +114,17 @@ def _wrap_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_collective(orig: Callable[..., Any], *, device_aware: bool) -> Callable[..., Any]:
     @functools.wraps(orig)
     def collective(*args: Any, **kwargs: Any) -> Any:
+        entered = time.monotonic_ns()
         s = session()
         idx = _wait_index(s)
         if s is None or idx is None or not s.end_wait_pending or kwargs.get("async_op") or len(args) >= 4:
             return orig(*args, **kwargs)
         sync: DeviceSync = _state["sync"]
         if device_aware and not isinstance(sync, BlockingSync):
+            s.own_ns += time.monotonic_ns() - entered
             work = orig(*args, **{**kwargs, "async_op": True})
-            return _timed(s, idx, _Works([work], lambda: _wait_none(work)), sync)
-        return _timed(s, idx, _Works([], lambda: orig(*args, **kwargs)), BlockingSync())
+            return _timed(s, idx, _Works([work], lambda: _wait_none(work)), sync, time.monotonic_ns())
+        return _timed(s, idx, _Works([], lambda: orig(*args, **kwargs)), BlockingSync(), entered)
 
     return collective
 
@@ -125,6 +137,7 @@ def _wait_none(work: Any) -> None:
 def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entered = time.monotonic_ns()
         s = session()
         nested = bool(getattr(_local, "depth", 0))
         if s is None or s.disabled or nested or not getattr(self, "_has_backward", True):
@@ -139,10 +152,12 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             s.disable(exc)
         _local.depth = 1
+        s.own_ns += time.monotonic_ns() - entered
         try:
             out = orig(self, *args, **kwargs)
         finally:
             _local.depth = 0
+        after = time.monotonic_ns()
         pp_rank = getattr(self, "rank", None)
         if pp_rank is None:
             pp_rank = stages[0].group_rank
@@ -153,6 +168,7 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
             s.disable(exc)
         finally:
             _local.quiet = False
+        s.own_ns += time.monotonic_ns() - after
         return out
 
     return step
@@ -191,6 +207,7 @@ def _wrap_compute(orig: Callable[..., Any], kind_of: Callable[[Callable[[str, An
 
     @functools.wraps(orig)
     def compute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entered = time.monotonic_ns()
         s = session()
         if s is None or s.disabled or not s.in_step:
             return orig(self, *args, **kwargs)
@@ -199,11 +216,14 @@ def _wrap_compute(orig: Callable[..., Any], kind_of: Callable[[Callable[[str, An
         if exact:
             sync.drain()
         s.compute_begin()
+        s.own_ns += time.monotonic_ns() - entered
         out = orig(self, *args, **kwargs)
+        after = time.monotonic_ns()
         if exact:
             sync.drain()
         kind = kind_of(lambda name, missing: reader.get(args, kwargs, name, missing))
         s.compute_end(int(self.stage_index), kind, int(reader.get(args, kwargs, reader.first)))
+        s.own_ns += time.monotonic_ns() - after
         return out
 
     return compute

@@ -100,6 +100,8 @@ class Session:
         """set by :meth:`disable`: every wrapper passes straight through"""
         self._quiet = False
         self._profiling = True
+        self.own_ns = 0
+        """the hook's own time since the last step's record (:mod:`pipefill_hook.patch` adds its wrappers' time)"""
 
     # --- start ----------------------------------------------------------------------------------------------
     def start(self, *, stage_idx: int, num_stages: int, device: torch.device) -> None:
@@ -261,7 +263,10 @@ class Session:
         if self.events.enabled:
             for idx, (a, (s, e)) in enumerate(zip(t.actions, t.spans, strict=True)):
                 self.events.write(ActionEvent(step=self.step, idx=idx, action=str(a), start_ns=s, end_ns=e))
-        self.events.write(StepEvent(step=self.step, loss=loss, step_s=step_s, tokens_per_s=0.0, start_ns=t.start_ns))
+        own_s, self.own_ns = self.own_ns / 1e9, 0  # this bookkeeping is counted in the next step's
+        self.events.write(
+            StepEvent(step=self.step, loss=loss, step_s=step_s, tokens_per_s=0.0, start_ns=t.start_ns, hook_s=own_s)
+        )
         self.events.flush()
         if self.producer is not None:
             self.producer.heartbeat()
@@ -291,5 +296,13 @@ class Session:
 
 
 def _mean(losses: Sequence[Any]) -> float:
-    values = [float(x.detach().float().mean()) if isinstance(x, torch.Tensor) else float(x) for x in losses]
+    """The mean of the step's microbatch losses; a scalar tensor is read as it is (``item``: 4 µs), not through three
+    new tensors (70 µs each on a CPU, four a step)."""
+    values = [_value(x) for x in losses]
     return sum(values) / len(values) if values else float("nan")
+
+
+def _value(x: Any) -> float:
+    if not isinstance(x, torch.Tensor):
+        return float(x)
+    return float(x.item()) if x.numel() == 1 else float(x.detach().float().mean())
