@@ -217,8 +217,10 @@ def run_steps(
         out.continued += 1
         if run(nxt, start=start, continued=True):
             out.stop = "done"
-    if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
-        _commit(task, out, commit_estimate, clock)  # the last one of a slice too: else the next bubble's start
+    # the last one of a slice too (else the next bubble's start), but only while the bubble is open: a trainer back
+    # before the expected end would wait for the commit's device part (a session-29 test found 8 ms waits)
+    if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) and is_open(bubble.id):
+        _commit(task, out, commit_estimate, clock)
     if moving:
         t = clock()
         offloader.to_host()  # type: ignore[union-attr]

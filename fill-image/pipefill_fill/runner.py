@@ -208,15 +208,23 @@ class Runner(Stoppable):
                 handoff_items = rest.items
                 out.extend(rest)
         yielded_ns = time.monotonic_ns()
+        closed_ns = self.link.close_of(bubble) if out.steps else 0  # 0: still open
         overrun_s = max(0, yielded_ns - bubble.expected_end_ns) / 1e9 if out.steps else 0.0
-        cause = None
-        if overrun_s > self.settings.guard_s:
-            took = woke is not None and took_core(
+        took = (
+            woke is not None
+            and 0 < closed_ns < yielded_ns
+            and took_core(
                 preemptible=self._preemptible,
-                closed_ns=self.link.close_of(bubble),
+                closed_ns=closed_ns,
                 yielded_ns=yielded_ns,
                 involuntary=mark().involuntary - woke.involuntary,
             )
+        )
+        # the device is the trainer's again once the fill's last work on it ended (the host code after it holds none)
+        held_ns = max(e for _, e in [*out.spans_ns, *out.commits_ns, *out.transfers_ns]) if out.steps else 0
+        trainer_wait_s = max(0, held_ns - closed_ns) / 1e9 if closed_ns and not took else 0.0
+        cause = None
+        if overrun_s > self.settings.guard_s:
             cause = overrun_cause(out, expected_end_ns=bubble.expected_end_ns, yielded_ns=yielded_ns, preempted=took)
             self.metrics.overruns.labels(cause).inc()
         used_s = (out.busy_ns + out.commit_ns + out.transfer_ns) / 1e9
@@ -245,6 +253,8 @@ class Runner(Stoppable):
                 overrun_s=round(overrun_s, 9),
                 overrun_cause=cause,
                 margin_s=round(out.margin_ns / 1e9, 9),
+                closed_ns=closed_ns,
+                trainer_wait_s=round(trainer_wait_s, 9),
                 commit_s=round(out.commit_ns / 1e9, 9),
                 stop=out.stop or reason,
                 spans_ns=out.spans_ns,

@@ -49,11 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-bubbles", type=int, default=0, help="bubbles before the logged ones (not logged)")
     p.add_argument("--measure-after", type=Path, default=None, help="and go on warming up until this file exists")
     p.add_argument("--stop-when", type=Path, default=None, help="stop after the bubble during which this file appears")
+    p.add_argument(
+        "--close-at",
+        type=float,
+        default=1.0,
+        help="close each bubble after this fraction of its announced length (below 1: a trainer back early)",
+    )
     p.add_argument("--job-name", default="synthetic")
     p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
     args = p.parse_args(argv)
     stop_with_parent()  # started by a benchmark: ends with it (PIPEFILL_PARENT_PID)
     lengths_s = [float(x) / 1e3 for x in args.bubbles_ms.split(",") if x.strip()]
+    if not 0 < args.close_at <= 1:
+        p.error(f"--close-at {args.close_at}: a fraction of the announced length, > 0 and <= 1")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     log = open(args.log, "w", buffering=1) if args.log else None  # noqa: SIM115
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             open_ns = time.monotonic_ns()
             end_ns = open_ns + int(length_s * 1e9)
-            _sleep_until(end_ns)
+            _sleep_until(open_ns + int(length_s * args.close_at * 1e9))
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
             if log is not None and i >= warmup:

@@ -232,6 +232,14 @@ class FillEvent(Event):
     step the trainer preempted on its core after the bubble closed: the fill held nothing)"""
     margin_s: float = 0.0
     """the extra margin the job's steps were planned with (learnt from its overruns; 0: the guard only)"""
+    closed_ns: int = 0
+    """when the trainer closed the bubble (its wait ended: it wants the device back), as the fill read it right after
+    it yielded; 0: the bubble was still open then (or no step ran)"""
+    trainer_wait_s: float = 0.0
+    """how long the trainer, back from the bubble, waited for the fill: from the close to the end of the fill's last
+    work on the device (a step, a commit's device part, a transfer; its host code after that holds no device); 0 when
+    the bubble was still open at the yield (however late past its expected end: the trainer was idle anyway), or when
+    the trainer took its core back from the fill (``preempted``: it held nothing)"""
     commit_s: float = 0.0
     stop: str | None = None
     """why the last step was not started: time, closed, done, profiling, idle, short, memory, error"""

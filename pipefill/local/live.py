@@ -33,9 +33,11 @@ from pipefill.spec import FillJob
 __all__ = ["OVERRUN_WARN_S", "FillProgress", "LiveState", "PlainView", "RichView", "make_view"]
 
 OVERRUN_WARN_S = 1e-3
-"""A fill that yields more than this (seconds) after a bubble's expected end delays training: worth a warning."""
+"""A fill that yields more than this (seconds) after the trainer closed its bubble delayed training: worth a warning
+(a fill record's ``trainer_wait_s``; past the bubble's *expected* end while the trainer was still idle, or suspended by
+a trainer that took its core back, the fill delayed nothing, and the closing summary counts it as an overrun only)."""
 _OVERRUN_WARN_EVERY_S = 5.0
-"""Per rank, later overruns are summed into one warning at most this often (seconds): on a busy CPU they are many."""
+"""Per rank, later waits are summed into one warning at most this often (seconds): on a busy CPU they are many."""
 _STATUS_SUFFIX = ".status.json"
 
 
@@ -88,15 +90,10 @@ class LiveState:
                 stats.add(e)
             for e in fill.read(final=final):
                 stats.add(e)
-                # a fill the trainer preempted on its core held nothing: the trainer did not wait (overruns.py)
-                if (
-                    isinstance(e, FillEvent)
-                    and e.overrun_s > OVERRUN_WARN_S
-                    and e.overrun_cause != "preempted"
-                    and e.wall_s >= self._since_unix_s
-                ):
+                # the trainer waited for the fill: it closed the bubble and the fill yielded later, not preempted
+                if isinstance(e, FillEvent) and e.trainer_wait_s > OVERRUN_WARN_S and e.wall_s >= self._since_unix_s:
                     overruns.count += 1
-                    overruns.worst_s = max(overruns.worst_s, e.overrun_s)
+                    overruns.worst_s = max(overruns.worst_s, e.trainer_wait_s)
                     if e.overrun_cause:
                         overruns.causes[e.overrun_cause] = overruns.causes.get(e.overrun_cause, 0) + 1
             if final:
@@ -104,9 +101,9 @@ class LiveState:
             if overruns.count and (final or now - overruns.warned_at >= _OVERRUN_WARN_EVERY_S):
                 causes = ", ".join(f"{c} {n}" for c, n in sorted(overruns.causes.items(), key=lambda kv: -kv[1]))
                 messages.append(
-                    f"{time.strftime('%H:%M:%S')} warning: rank {rank} fill overran {overruns.count} bubble(s), "
-                    f"worst {1e3 * overruns.worst_s:.1f} ms past the expected end"
-                    + (f" (by {causes})" if causes else "")
+                    f"{time.strftime('%H:%M:%S')} warning: rank {rank}'s trainer waited for the fill after "
+                    f"{overruns.count} bubble(s), worst {1e3 * overruns.worst_s:.1f} ms past the bubble's close"
+                    + (f" (overran by {causes})" if causes else "")
                 )
                 overruns.count, overruns.worst_s, overruns.warned_at, overruns.causes = 0, 0.0, now, {}
         self._read_status()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,15 +55,23 @@ def bubble(task: FillTask, *, left_s: float, commit_s: float, bubble_id: int = 0
     return run_bubble(task, Bubble(bubble_id, now, now + int(left_s * 1e9)), commit_s=commit_s)
 
 
-def run_bubble(task: FillTask, b: Bubble, *, commit_s: float, model: StepModel | None = None) -> BubbleOutcome:
-    """Steps of ``task`` in ``b`` until its expected end (``model``: by default, a profile of 0.1 ms a sample)."""
+def run_bubble(
+    task: FillTask,
+    b: Bubble,
+    *,
+    commit_s: float,
+    model: StepModel | None = None,
+    is_open: Callable[[int], bool] = lambda _id: True,
+) -> BubbleOutcome:
+    """Steps of ``task`` in ``b`` until its expected end (``model``: by default, a profile of 0.1 ms a sample), while
+    ``is_open`` says the trainer has not closed it."""
     return run_steps(
         b,
         task=task,
         max_batch=8,
         model=model or StepModel({1: 1e-4, 8: 1e-3}),
         commit_estimate=Estimator(default_s=commit_s),
-        is_open=lambda _id: True,
+        is_open=is_open,
         deadline_ns=b.expected_end_ns,
         device=CPU,
     )

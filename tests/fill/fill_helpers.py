@@ -81,10 +81,12 @@ def start_producer(
     cpu: int | None = None,
     log: Path | None = None,
     warmup: int = 0,
+    close_at: float = 1.0,
 ) -> subprocess.Popen[str]:
     """The synthetic trainer (the real channel producer) emitting ``count`` bubbles into ``channel`` (``log``: the
-    JSONL of each), after ``warmup`` bubbles that are not logged."""
+    JSONL of each), after ``warmup`` bubbles that are not logged; each closed after ``close_at`` of its length."""
     args = ["--channel-dir", str(channel), "--bubbles-ms", bubbles_ms, "--compute-ms", str(compute_ms)]
+    args += ["--close-at", str(close_at)]
     args += ["--count", str(count), "--warmup-bubbles", str(warmup)]
     args += ["--cpu", str(cpu)] if cpu is not None else []
     args += ["--log", str(log)] if log is not None else []
@@ -98,8 +100,11 @@ def start_producer(
     )
 
 
-def start_executor(channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: int | None = None) -> Proc:
-    """The fill executor (``python -m pipefill_fill``) of one rank, its work from the manifests in ``jobs``."""
+def start_executor(
+    channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: int | None = None, priority: str | None = None
+) -> Proc:
+    """The fill executor (``python -m pipefill_fill``) of one rank, its work from the manifests in ``jobs``
+    (``priority``: its filling thread's CPU priority, PIPEFILL_FILL_CPU_PRIORITY)."""
     env = subprocess_env(
         **{
             env_names.CHANNEL_DIR: str(channel),
@@ -112,6 +117,8 @@ def start_executor(channel: Path, jobs: Path, out: Path, *, rank: int = 0, cpu: 
     )
     if cpu is not None:
         env[env_names.CPU_AFFINITY] = str(cpu)
+    if priority is not None:
+        env[env_names.FILL_CPU_PRIORITY] = priority
     return _started(popen([sys.executable, "-m", "pipefill_fill"], env=env, stderr=subprocess.PIPE, text=True))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, cpu_jobs, open_task, stub_dispatcher
+from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, cpu_jobs, open_task, run_bubble, stub_dispatcher
 from fill_helpers import subprocess_env, write_job
 from launched import popen
 
@@ -123,6 +123,19 @@ def test_a_slice_waiting_for_its_last_commit_gets_the_next_bubble(jobs_dir: Path
         if expect == "done":
             assert out.commits_ns and not out.steps and done.inflight is not None
     # then the bubbles go to the class's job again
+
+
+def test_a_bubble_the_trainer_closed_makes_no_commit_after_its_last_step(jobs_dir: Path) -> None:
+    """The trainer came back before the expected end (on a GPU it would wait for the commit's device part): the last
+    commit waits for the next bubble, which an open bubble's would not."""
+    now = time.monotonic_ns()
+    b = Bubble(0, now, now + 60 * 10**9)
+    closed = open_task(write_job(jobs_dir, "closed", total=8, parameters=PARAMS))
+    out = run_bubble(closed, b, commit_s=0.0, is_open=lambda _id: not closed.done())  # closes with the last step
+    assert out.steps and closed.done() and closed.commit_due() and not out.commits_ns
+    still_open = open_task(write_job(jobs_dir, "open", total=8, parameters=PARAMS))
+    out = run_bubble(still_open, b, commit_s=0.0)
+    assert out.steps and still_open.done() and out.commits_ns and not still_open.commit_due()
 
 
 def test_a_commits_device_part_is_measured_before_the_first(jobs_dir: Path) -> None:

@@ -28,8 +28,17 @@ def _cpu() -> int:
     return own_core()
 
 
-def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_ms: float = 15.0) -> tuple[Any, Any]:
-    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=_cpu())
+def _start(
+    tmp_path: Path,
+    jobs: Path,
+    *,
+    bubbles_ms: str,
+    count: int,
+    compute_ms: float = 15.0,
+    close_at: float = 1.0,
+    priority: str | None = None,
+) -> tuple[Any, Any]:
+    fill = start_executor(tmp_path / "channel", jobs, tmp_path / "fill", cpu=_cpu(), priority=priority)
     producer = start_producer(
         tmp_path / "channel",
         bubbles_ms=bubbles_ms,
@@ -38,6 +47,7 @@ def _start(tmp_path: Path, jobs: Path, *, bubbles_ms: str, count: int, compute_m
         cpu=_cpu(),
         log=tmp_path / "producer.jsonl",
         warmup=20,  # the executor's start (its job claimed, its store opened) is not what is measured
+        close_at=close_at,
     )
     return fill, producer
 
@@ -74,6 +84,14 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
             assert end - b.expected_end_ns < 100e6, f"bubble {b.id}: a step ran {end - b.expected_end_ns} ns over"
         assert b.overrun_s < 0.1
         assert (b.overrun_cause is not None) == (b.overrun_s > 0.001)  # past the guard (1 ms), and only there
+        # the close as the fill read it after yielding (the producer logs its own clock just after closing), and the
+        # trainer's wait for the fill from there: none while the bubble was still open
+        if b.closed_ns:
+            assert 0 <= close_ns - b.closed_ns < 1e6, (b, close_ns)
+            wait_s = max(0, b.yielded_ns - b.closed_ns) / 1e9
+            assert b.trainer_wait_s == pytest.approx(wait_s, abs=1e-9) or b.trainer_wait_s == 0  # 0: preempted
+        else:
+            assert close_ns >= b.yielded_ns and b.trainer_wait_s == 0, (b, close_ns)
     committed = [e.end for e in events if isinstance(e, CommitEvent)]
     assert committed and committed[-1] > 0
     status = json.loads((jobs / "enc.status.json").read_text())
@@ -81,6 +99,37 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     recovered = ProgressStore(tmp_path / "out" / "enc", job="enc", with_outputs=True, epoch=epoch).recover()
     assert recovered.end == committed[-1] and recovered.adopted == 0 and recovered.removed == 0
     assert status["phase"] == "Running" and status["samplesDone"] == recovered.end
+
+
+@pytest.mark.alone  # times a quiet core (tests/sharing.py)
+def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_recorded(tmp_path: Path) -> None:
+    # every 30 ms bubble closes at 12 ms: the fill, planning to the expected end, sees the close before its next step
+    # and yields; on the same core at normal priority (as on a GPU, where the trainer cannot take the device back) the
+    # trainer waits from its close to that yield, which each record keeps — not an overrun of the expected end
+    jobs = tmp_path / "jobs"
+    write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
+    fill, producer = _start(tmp_path, jobs, bubbles_ms="30", count=60, close_at=0.4, priority="normal")
+    assert _finish(producer)[0] == 0
+    assert _finish(fill)[0] == 0
+    closes = {r["id"]: r["close_ns"] for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())}
+    worked = [
+        e
+        for e in read_events(tmp_path / "fill" / "fill-events.jsonl")
+        if isinstance(e, FillEvent) and e.id in closes and e.spans_ns
+    ]
+    # the first bubbles, before the executor learnt that they end early (it then plans to the learnt end)
+    late = [b for b in worked if b.closed_ns]
+    assert late and late[0].trainer_wait_s > 0, worked[:5]
+    for b in worked:
+        if b.closed_ns:
+            assert 0 <= closes[b.id] - b.closed_ns < 1e6, (b, closes[b.id])
+            # the wait is the rest of the step that ran at the close (on this shared core the trainer's spin stretches
+            # it 2-4x): no step started after the close, and no commit after that step (it waits for the next bubble)
+            assert b.trainer_wait_s == pytest.approx(max(0, b.spans_ns[-1][1] - b.closed_ns) / 1e9, abs=1e-9)
+            assert b.overrun_s == 0 and b.overrun_cause is None  # yielded long before the expected end
+            assert b.spans_ns[-1][0] < b.closed_ns and not any(c[1] > b.closed_ns for c in b.commits_ns), b
+        else:
+            assert closes[b.id] >= b.yielded_ns and b.trainer_wait_s == 0, (b, closes[b.id])
 
 
 def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:

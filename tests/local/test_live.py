@@ -133,11 +133,13 @@ def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> Non
     _, fill_log = rank_log_paths(tmp_path, 0)
     log = EventWriter(fill_log)
 
-    def bubble(overrun_s: float, cause: str | None = None) -> None:
+    def bubble(wait_s: float, cause: str | None = None, *, overrun_s: float | None = None) -> None:
+        closed = 10**9 if wait_s else 0  # 0: still open when the fill yielded
         log.write(
             FillEvent(
-                id=0, kind="steady", open_ns=0, expected_end_ns=1, woke_ns=0, yielded_ns=1, steps=2, items=2,
-                used_s=1e-9, overrun_s=overrun_s, overrun_cause=cause,
+                id=0, kind="steady", open_ns=0, expected_end_ns=1, woke_ns=0, yielded_ns=closed + int(wait_s * 1e9),
+                steps=2, items=2, used_s=1e-9, overrun_s=wait_s if overrun_s is None else overrun_s,
+                overrun_cause=cause, closed_ns=closed, trainer_wait_s=wait_s,
             )
         )  # fmt: skip
 
@@ -151,17 +153,22 @@ def test_overrun_warnings_and_runner_events_are_said_once(tmp_path: Path) -> Non
     outcome = RunOutcome(code=1, reason="running", events=["12:00:00 rank0/fill-executor exited 1: restarted"])
     first = state.poll([], outcome)
     assert first[0] == outcome.events[0]
-    # an overrun before the view started is history; one below the threshold is not worth a line
-    assert len(first) == 2 and "overran 1 bubble(s), worst 4.0 ms" in first[1]
-    assert "(by" not in first[1]  # no cause recorded (below the executor's guard)
+    # a wait before the view started is history; one below the threshold is not worth a line
+    assert len(first) == 2 and "trainer waited for the fill after 1 bubble(s), worst 4.0 ms" in first[1]
+    assert "(overran by" not in first[1]  # no cause recorded (below the executor's guard)
     bubble(0.003, "commit")
     bubble(0.007, "step")
     bubble(0.009, "step")
-    bubble(0.020, "preempted")  # the trainer took its core back: the fill held nothing, no warning
+    bubble(0.0, "preempted", overrun_s=0.020)  # the trainer took its core back: the fill held nothing, no warning
+    bubble(0.0, "step", overrun_s=0.030)  # past the expected end, but the trainer was still idle: no warning
     log.close()
     assert state.poll([], outcome) == []  # within the rate limit: held back
     last = state.poll([], outcome, final=True)
-    assert len(last) == 1 and "overran 3 bubble(s), worst 9.0 ms past the expected end (by step 2, commit 1)" in last[0]
+    assert len(last) == 1, last
+    assert (
+        "waited for the fill after 3 bubble(s), worst 9.0 ms past the bubble's close (overran by step 2, commit 1)"
+        in last[0]
+    )
 
 
 @pytest.mark.slow
