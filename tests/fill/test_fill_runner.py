@@ -101,7 +101,6 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
     assert status["phase"] == "Running" and status["samplesDone"] == recovered.end
 
 
-@pytest.mark.alone  # times a quiet core (tests/sharing.py)
 def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_recorded(tmp_path: Path) -> None:
     # every 30 ms bubble closes at 12 ms: the fill, planning to the expected end, sees the close before its next step
     # and yields; on the same core at normal priority (as on a GPU, where the trainer cannot take the device back) the
