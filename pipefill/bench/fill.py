@@ -235,6 +235,9 @@ def _run_one(
         "overrun_p99_ms": overruns["overrun_p99_ms"],
         "overrun_max_ms": overruns["overrun_max_ms"],
         "overrun_causes": overruns["causes"],
+        # how long the synthetic trainer, back from a bubble, waited for the fill (its bubbles close on time)
+        "trainer_wait_p99_ms": overruns["trainer_wait_p99_ms"],
+        "trainer_wait_max_ms": overruns["trainer_wait_max_ms"],
         # the worst bubbles with what their cause needs (the last step, the time it had, a commit being written)
         "worst_overruns": worst_overruns(used, (e for e in fill_log if isinstance(e, CommitEvent))),
         # a job's bubbles: its own and those handed to it mid-bubble (a small job may run only in those)

@@ -258,5 +258,6 @@ def _overruns(row: dict[str, Any]) -> str:
         return ""
     return (
         f" (overrun p50 {o['overrun_p50_ms']:.2f} / p99 {o['overrun_p99_ms']:.2f} / max {o['overrun_max_ms']:.2f} ms "
-        f"over {o['bubbles']} bubbles; past the guard {overrun_causes(o)})"
+        f"over {o['bubbles']} bubbles; past the guard {overrun_causes(o)}; the trainer waited for it at most "
+        f"{o['trainer_wait_max_ms']:.2f} ms)"
     )

@@ -357,19 +357,22 @@ def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
     lines += breakdown_markdown([(r["rank"], r["idle_breakdown"]) for r in report["ranks"]])
     lines += [
         "",
-        "Overruns: how long after a worked bubble's expected end the fill yielded; past the guard, by cause.",
+        "Overruns: how long after a worked bubble's expected end the fill yielded; past the guard, by cause. The "
+        "trainer's wait: how long after closing a bubble it waited for the fill's last work on the device.",
         "",
     ]
     lines += [
-        "| fill job | committed | total | phase | bubbles worked | overrun p50 ms | p99 ms | max ms | past the guard |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+        "| fill job | committed | total | phase | bubbles worked | overrun p50 ms | p99 ms | max ms | past the guard "
+        "| trainer's wait max ms |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---:|",
     ]
     for name, row in report["fill_jobs"].items():
         o = row.get("overruns") or overrun_summary([])
         phase = f"{row['phase']}: {row['waiting']}" if row.get("waiting") else row["phase"]
         lines.append(
             f"| {name} | {row['committed']} | {row['total']} | {phase} | {o['bubbles']} | "
-            f"{o['overrun_p50_ms']:.3f} | {o['overrun_p99_ms']:.3f} | {o['overrun_max_ms']:.3f} | {overrun_causes(o)} |"
+            f"{o['overrun_p50_ms']:.3f} | {o['overrun_p99_ms']:.3f} | {o['overrun_max_ms']:.3f} | {overrun_causes(o)} "
+            f"| {o['trainer_wait_max_ms']:.3f} |"
         )
     lines += ["", *(f"- {k}: `{v}`" for k, v in files.items())]
     return "\n".join(lines) + "\n"

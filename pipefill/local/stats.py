@@ -27,9 +27,11 @@ def quantile(values: Iterable[float], q: float) -> float:
 
 def overrun_summary(bubbles: Iterable[FillEvent]) -> dict[str, Any]:
     """Overruns of the bubbles ``bubbles`` worked in (``steps`` > 0): p50, p99 and max in ms, how many were past the
-    guard and their causes (the executor records a cause past the guard only)."""
+    guard and their causes (the executor records a cause past the guard only); and the trainer's waits for the fill
+    after closing a bubble (``trainer_wait_s``): p99, max, and how many over 1 ms."""
     worked = [b for b in bubbles if b.steps]
     ms = [1e3 * b.overrun_s for b in worked]
+    waits = [1e3 * b.trainer_wait_s for b in worked]
     causes: dict[str, int] = defaultdict(int)
     for b in worked:
         if b.overrun_cause:
@@ -41,6 +43,9 @@ def overrun_summary(bubbles: Iterable[FillEvent]) -> dict[str, Any]:
         "overrun_max_ms": round(max(ms, default=0.0), 3),
         "past_guard": sum(causes.values()),
         "causes": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+        "trainer_wait_p99_ms": round(quantile(waits, 0.99), 3),
+        "trainer_wait_max_ms": round(max(waits, default=0.0), 3),
+        "trainer_waits_over_1ms": sum(w > 1.0 for w in waits),
     }
 
 

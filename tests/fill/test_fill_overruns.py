@@ -124,16 +124,21 @@ def test_a_margin_is_the_smallest_that_keeps_the_expected_overrun_within_the_bud
     assert margin.extra_s(budget_s=0.001) == 0.0  # a budget above the mean: none
 
 
-def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1) -> FillEvent:
+def _fill(job: str, overrun_ms: float, cause: str | None, steps: int = 1, wait_ms: float = 0.0) -> FillEvent:
     return FillEvent(
         id=0, kind="steady", open_ns=0, expected_end_ns=0, woke_ns=0, yielded_ns=0, job=job, steps=steps,
         items=steps, used_s=0.0, overrun_s=overrun_ms / 1e3, overrun_cause=cause, wall_s=0.0, mono_ns=0, pid=1,
+        trainer_wait_s=wait_ms / 1e3,
     )  # fmt: skip
 
 
 def test_the_summary_gives_quantiles_and_causes() -> None:
     events = [_fill("a", 0.1, None) for _ in range(97)]
     events += [_fill("a", 3.0, "commit"), _fill("a", 7.0, "step"), _fill("a", 9.0, "commit"), _fill("a", 50, None, 0)]
+    events += [_fill("a", 0.0, None, wait_ms=2.5), _fill("a", 0.0, None, 0, wait_ms=99)]  # closed early; no step
+    got = overrun_summary(events)
+    assert (got["trainer_wait_max_ms"], got["trainer_waits_over_1ms"]) == (2.5, 1)
+    events = events[:-2]
     got = overrun_summary(events)
     assert got["bubbles"] == 100 and got["overrun_p50_ms"] == 0.1 and got["overrun_max_ms"] == 9.0
     assert got["overrun_p99_ms"] == 9.0 and got["causes"] == {"commit": 2, "step": 1}
