@@ -17,7 +17,10 @@ start-up, profile, slice ends, final commits and the switch to the next job incl
 Per configuration, in the same run: **recovery** = the fill's step time inside the bubbles ÷ their length, with
 the idle-time account of ``pipefill local``'s report (:class:`pipefill.local.idle.IdleAccount`, the synthetic trainer
 writes the trainer's ``bubble`` records); **overrun** = how long after a bubble's expected end the fill yielded
-(p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running.
+(p50, p99 and the maximum, over the bubbles it worked in); wake-up = bubble open to the fill running; **the
+trainer's wait** = how long after closing a bubble it waited for the fill's last work on the device
+(``trainer_wait_p99_ms``, ``trainer_wait_max_ms``): with ``--close-at`` below 1 the trainer comes back early, after a
+random share of each bubble (a wait it mispredicted), and the fill must notice and yield.
 Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield), and
 the worst bubbles with what a cause needs (``worst_overruns``: the last step, the time it had, a commit's write
 on the writer thread meanwhile).
@@ -188,6 +191,7 @@ def _run_one(
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
             "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
+            "--close-at", str(a.close_at),
             "--events", str(work / "trainer" / TRAINER_EVENTS),
         ]  # fmt: skip
         if a.life:  # every bubble, until the jobs are done
@@ -276,6 +280,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--split", type=int, default=2, help="life: an inference job's maxParallelRanks (its slices)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
     p.add_argument(
+        "--close-at",
+        type=float,
+        default=1.0,
+        help="the trainer closes each bubble after a fraction of its length drawn from [CLOSE_AT, 1]: back early "
+        "(its waits mispredicted); default 1, on time",
+    )
+    p.add_argument(
         "--timeout-s", type=float, default=900.0, help="give up on a configuration after this long (default 900)"
     )
     p.add_argument("--guard-ms", type=float, default=0.5, help="PIPEFILL_FILL_GUARD_MS of the executor (default 0.5)")
@@ -294,6 +305,8 @@ def main(argv: list[str]) -> int:
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads or set(loads) - {"idle", "busy"} or args.bubbles < 1:
         p.error(f"--loads {args.loads!r}: use idle, busy or both; --bubbles must be ≥ 1")
+    if not 0 < args.close_at <= 1:
+        p.error(f"--close-at {args.close_at}: a fraction of the announced length, > 0 and <= 1 (1: on time)")
     if not args.timeout_s > 0:
         p.error(f"--timeout-s {args.timeout_s}: must be > 0 seconds")
     if args.jobs < 1 or args.total < 0 or args.split < 1:
@@ -350,6 +363,7 @@ def main(argv: list[str]) -> int:
             else {}
         ),
         "compute_ms": args.compute_ms,
+        "close_at": args.close_at,
         "guard_ms": args.guard_ms,
         "cpu": args.cpu,
         "targets": {"overrun_p99_ms_at_50ms": _TARGET_OVERRUN_P99_MS},

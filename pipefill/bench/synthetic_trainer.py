@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         "--close-at",
         type=float,
         default=1.0,
-        help="close each bubble after this fraction of its announced length (below 1: a trainer back early)",
+        help="close each bubble after a fraction of its announced length drawn uniformly from [CLOSE_AT, 1] (a fixed "
+        "seed): below 1, a trainer back early by up to 1 - CLOSE_AT of its predicted wait (default 1: on time)",
     )
     p.add_argument("--job-name", default="synthetic")
     p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths_s = [float(x) / 1e3 for x in args.bubbles_ms.split(",") if x.strip()]
     if not 0 < args.close_at <= 1:
         p.error(f"--close-at {args.close_at}: a fraction of the announced length, > 0 and <= 1")
+    early = random.Random(0)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     log = open(args.log, "w", buffering=1) if args.log else None  # noqa: SIM115
@@ -83,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             open_ns = time.monotonic_ns()
             end_ns = open_ns + int(length_s * 1e9)
-            _sleep_until(open_ns + int(length_s * args.close_at * 1e9))
+            _sleep_until(
+                open_ns + int(length_s * (early.uniform(args.close_at, 1.0) if args.close_at < 1 else 1) * 1e9)
+            )
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
             if log is not None and i >= warmup:

@@ -51,12 +51,14 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     cpu = str(own_core())
     done = launched.run(  # forked from the tests' launcher: so is its own (pipefill/local/forker.py)
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
-         "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu, "--timeout-s", "100"],
+         "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu, "--timeout-s", "100",
+         "--close-at", "0.5"],  # the trainer back early, after 50-100 % of each bubble
         capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert out["mode"] == "life" and out["workload"] == {"name": "user-code"} and out["total"] == 2000
+    assert out["close_at"] == 0.5
     (run,) = out["runs"]
     assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
     assert run["jobs_failed"] == {}, run["jobs_failed"]
@@ -64,6 +66,7 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert set(run["per_job"]) == {"life-0", "life-1"} and all(j["bubbles"] > 0 for j in run["per_job"].values())
     assert sum(j["bubbles"] for j in run["per_job"].values()) >= run["bubbles_used"]  # hand-offs count for both
     assert run["overrun_p50_ms"] <= run["overrun_p99_ms"] <= run["overrun_max_ms"]
+    assert 0 <= run["trainer_wait_p99_ms"] <= run["trainer_wait_max_ms"]  # measured, not asserted (a benchmark)
     assert set(run["overrun_causes"]) <= set(OVERRUN_CAUSES)
     worst = run["worst_overruns"]  # the worst worked bubbles, worst first, the last one's step named
     assert 0 < len(worst) <= 8 and worst[0]["overrun_ms"] == run["overrun_max_ms"], worst
@@ -75,6 +78,10 @@ def test_bench_fill_refuses_an_unknown_load() -> None:
         [sys.executable, "-m", "pipefill", "bench", "fill", "--loads", "heavy"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "--loads 'heavy'" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "pipefill", "bench", "fill", "--close-at", "1.5"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--close-at 1.5: a fraction of the announced length, > 0 and <= 1" in done.stderr
 
 
 def test_a_run_that_times_out_says_what_the_executor_did(tmp_path: Path) -> None:

@@ -102,9 +102,9 @@ def test_work_only_inside_bubbles_and_overrun_bounded(tmp_path: Path) -> None:
 
 
 def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_recorded(tmp_path: Path) -> None:
-    # every 30 ms bubble closes at 12 ms: the fill, planning to the expected end, sees the close before its next step
-    # and yields; on the same core at normal priority (as on a GPU, where the trainer cannot take the device back) the
-    # trainer waits from its close to that yield, which each record keeps — not an overrun of the expected end
+    # each 30 ms bubble closes after 12-30 ms: the fill, planning to the expected end, sees the close before its next
+    # step and yields; on the same core at normal priority (as on a GPU: the trainer cannot take the device back) the
+    # trainer waits from its close to the end of the step it found running, which each record keeps
     jobs = tmp_path / "jobs"
     write_job(jobs, "enc", total=10**6, parameters=PARAMS, output=tmp_path / "out" / "enc")
     fill, producer = _start(tmp_path, jobs, bubbles_ms="30", count=60, close_at=0.4, priority="normal")
@@ -116,17 +116,17 @@ def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_record
         for e in read_events(tmp_path / "fill" / "fill-events.jsonl")
         if isinstance(e, FillEvent) and e.id in closes and e.spans_ns
     ]
-    # the first bubbles, before the executor learnt that they end early (it then plans to the learnt end)
+    # bubbles the trainer closed before the fill yielded, in most of which it found a step running
     late = [b for b in worked if b.closed_ns]
-    assert late and late[0].trainer_wait_s > 0, worked[:5]
+    assert sum(b.trainer_wait_s > 0 for b in late) >= 3, late
     for b in worked:
         if b.closed_ns:
             assert 0 <= closes[b.id] - b.closed_ns < 1e6, (b, closes[b.id])
-            # the wait is the rest of the step that ran at the close (on this shared core the trainer's spin stretches
-            # it 2-4x): no step started after the close, and no commit after that step (it waits for the next bubble)
-            assert b.trainer_wait_s == pytest.approx(max(0, b.spans_ns[-1][1] - b.closed_ns) / 1e9, abs=1e-9)
-            assert b.overrun_s == 0 and b.overrun_cause is None  # yielded long before the expected end
-            assert b.spans_ns[-1][0] < b.closed_ns and not any(c[1] > b.closed_ns for c in b.commits_ns), b
+            # the wait is the rest of the step (or commit) that ran at the close (on this shared core the trainer's spin
+            # stretches it 2-4x): nothing started after the close (a due commit waits for the next bubble)
+            work = [*b.spans_ns, *b.commits_ns]
+            assert all(start < b.closed_ns for start, _ in work), b
+            assert b.trainer_wait_s == pytest.approx(max(0, max(e for _, e in work) - b.closed_ns) / 1e9, abs=1e-9)
         else:
             assert closes[b.id] >= b.yielded_ns and b.trainer_wait_s == 0, (b, closes[b.id])
 
