@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             open_ns = time.monotonic_ns()
             end_ns = open_ns + int(length_s * 1e9)
-            _sleep_until(
-                open_ns + int(length_s * (early.uniform(args.close_at, 1.0) if args.close_at < 1 else 1) * 1e9)
-            )
+            _sleep_until(open_ns + int(length_s * early.uniform(args.close_at, 1.0) * 1e9))  # 1: on time
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
             if log is not None and i >= warmup:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +285,9 @@ def _fill(args: argparse.Namespace, timeline: Timeline) -> FillProjection | None
     for flag, value in (("--fill-guard-ms", args.fill_guard_ms), ("--fill-switch-ms", args.fill_switch_ms)):
         if value is not None and not value >= 0:
             raise ValueError(f"{flag} {value}: must be milliseconds >= 0")
-    profile = FillProfile.from_json(Path(args.fill_profile).read_text()).with_overheads(
-        guard_s=None if args.fill_guard_ms is None else args.fill_guard_ms / 1e3,
-        switch_s=None if args.fill_switch_ms is None else args.fill_switch_ms / 1e3,
-    )
+    profile = FillProfile.from_json(Path(args.fill_profile).read_text())
+    if args.fill_guard_ms is not None:
+        profile = replace(profile, guard_s=args.fill_guard_ms / 1e3)
+    if args.fill_switch_ms is not None:
+        profile = replace(profile, switch_s=args.fill_switch_ms / 1e3)
     return project_fill(timeline, profile, steps=args.fill_steps)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pipefill.plan import BubbleClass, ProfilePoint, plan_class
@@ -74,14 +74,6 @@ class FillProfile:
         name = obj.get("name") or obj.get("workload_id") or "fill"
         return cls(str(name), tuple(points), guard, switch)
 
-    def with_overheads(self, *, guard_s: float | None = None, switch_s: float | None = None) -> FillProfile:
-        """This profile with the guard and switch given here instead (None: keep the profile's)."""
-        guard = self.guard_s if guard_s is None else guard_s
-        switch = self.switch_s if switch_s is None else switch_s
-        if not (guard >= 0 and switch >= 0):
-            raise ValueError(f"the fill's guard and switch must be seconds >= 0, got {guard} and {switch}")
-        return replace(self, guard_s=guard, switch_s=switch)
-
 
 def _point(where: str, b: Any) -> ProfilePoint:
     try:
@@ -95,13 +87,16 @@ def _point(where: str, b: Any) -> ProfilePoint:
                 raise ValueError(f"pieces must be a whole number >= 1, got {count!r}")
             pieces = (step_s / count,) * count if count > 1 else ()
         items = b.get("items_per_step")
-        return ProfilePoint(
+        point = ProfilePoint(
             int(b["batch_size"]),
             step_s,
             int(b["peak_bytes"]),
             items_per_step=None if items is None else int(items),
             piece_s=pieces,
         )
+        if pieces and not sum(pieces) > 0:  # each ≥ 0 (ProfilePoint checks): a batch that never ends
+            raise ValueError(f"piece_s {list(pieces)} must add up to more than 0 seconds")
+        return point
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(
             f"fill profile {where} needs batch_size, step_s and peak_bytes (optionally piece_s: [seconds, ...] "

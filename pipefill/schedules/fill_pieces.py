@@ -69,20 +69,16 @@ def fill_rank_in_pieces(
 def _run(bubbles: Sequence[BubbleSpan], point: ProfilePoint, guard_s: float, switch_s: float) -> tuple[BubbleFill, ...]:
     pieces = pieces_of(point)
     n, cycle = len(pieces), sum(pieces)
-    uniform = max(pieces) - min(pieces) <= _EPS
-    steps = 1 if uniform else min(n, STEADY_STEPS)
+    if not cycle > 0:
+        raise ValueError(f"batch {point.batch_size}: its pieces {list(pieces)} must add up to more than 0 seconds")
+    steps = 1 if max(pieces) - min(pieces) <= _EPS else min(n, STEADY_STEPS)
     done = [0] * len(bubbles)
     busy = [0.0] * len(bubbles)
     pos = 0
-    for _ in range(steps):
+    for _ in range(steps):  # equal pieces: where the batch stands does not matter, one step is the steady state
         for i, bubble in enumerate(bubbles):
             left = bubble.duration_s - guard_s - switch_s
-            if uniform:  # where the batch stands does not matter
-                k = math.floor(left / pieces[0] + 1e-9) if left > 0 and pieces[0] > 0 else 0
-                done[i] += k
-                busy[i] += k * pieces[0]
-                continue
-            if cycle > 0 and left >= cycle:  # whole batches from wherever it stands: n pieces that sum to cycle
+            if left >= cycle:  # whole batches from wherever it stands: n pieces that sum to cycle
                 rounds = math.floor(left / cycle + 1e-9)
                 done[i] += rounds * n
                 busy[i] += rounds * cycle

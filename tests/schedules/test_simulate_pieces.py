@@ -96,6 +96,7 @@ def test_pieces_fill_more_of_1f1b_than_whole_steps() -> None:
         ({"pieces": 2, "piece_s": [0.1, 0.1]}, r"give piece_s or pieces, not both"),
         ({"piece_s": [0.1, -0.1]}, r"piece_s: \(0.1, -0.1\) must be ≥ 0 seconds each"),
         ({"piece_s": "fast"}, r"batches\[0\] needs batch_size, step_s and peak_bytes"),
+        ({"piece_s": [0.0, 0.0]}, r"piece_s \[0.0, 0.0\] must add up to more than 0 seconds"),
     ],
 )
 def test_bad_pieces_name_the_batch_and_the_rule(batch: dict[str, object], message: str) -> None:
