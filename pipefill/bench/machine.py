@@ -17,7 +17,24 @@ __all__ = ["describe_machine", "visible_gpus"]
 
 
 def visible_gpus() -> tuple[list[str], str]:
-    """Names of the visible CUDA GPUs (torch asked in a child process: the core never imports it), and why none."""
+    """Names of the visible CUDA GPUs (torch asked in a child process: the core never imports it), and why none.
+    Where NVML (nvidia-ml-py) says there is no driver or no GPU, that is the answer: torch's CUDA build takes seconds
+    to import only to count none."""
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError:
+        pass
+    else:
+        try:
+            pynvml.nvmlInit()
+            try:
+                count = pynvml.nvmlDeviceGetCount()
+            finally:
+                pynvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            return [], f"no NVIDIA driver: NVML says {exc}"
+        if count == 0:
+            return [], "NVML sees no GPU"
     code = "import torch\nfor i in range(torch.cuda.device_count()): print(torch.cuda.get_device_name(i))"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

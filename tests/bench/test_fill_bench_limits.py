@@ -60,10 +60,3 @@ def test_the_benchmarks_processes_end_when_it_is_killed(tmp_path: Path) -> None:
     proc.stdout.close()
     proc.stderr.close()
     _wait(lambda: not with_marker(marker), 30, "every child gone after the benchmark was killed")
-
-
-def test_bench_fill_refuses_a_deadline_that_is_not_positive() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "bench", "fill", "--timeout-s", "0"], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "--timeout-s 0.0: must be > 0 seconds" in done.stderr

@@ -5,7 +5,6 @@ never its speed."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import launched
 import pytest
 from sharing import own_core
 
+from pipefill.bench import fill
 from pipefill.bench.fill import stall_report
 from pipefill.events import FILL_EVENTS, CommitEvent, EventWriter, FillEvent, JobEvent
 from pipefill.local.idle import WORK
@@ -73,15 +73,20 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     assert all(w["last_ms"] > 0 and w["steps"] > 0 for w in worst), worst
 
 
-def test_bench_fill_refuses_an_unknown_load() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "bench", "fill", "--loads", "heavy"], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "--loads 'heavy'" in done.stderr
-    done = subprocess.run(
-        [sys.executable, "-m", "pipefill", "bench", "fill", "--close-at", "1.5"], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "--close-at 1.5: a fraction of the announced length, > 0 and <= 1" in done.stderr
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--loads", "heavy"], "--loads 'heavy'"),
+        (["--close-at", "1.5"], "--close-at 1.5: a fraction of the announced length, > 0 and <= 1"),
+        (["--timeout-s", "0"], "--timeout-s 0.0: must be > 0 seconds"),
+    ],
+)
+def test_bench_fill_refuses_bad_options_with_the_option_named(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        fill.main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_run_that_times_out_says_what_the_executor_did(tmp_path: Path) -> None:
