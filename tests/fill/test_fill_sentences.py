@@ -136,7 +136,7 @@ def test_a_model_directory_with_another_pooling_is_refused(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_the_executor_embeds_the_demo_corpus_in_bubbles_as_the_model_alone_does(tmp_path: Path) -> None:
-    jobs, cpu, total = tmp_path / "jobs", own_core(), 96
+    jobs, cpu, total = tmp_path / "jobs", own_core(), 40
     _job(jobs, "embed", total=total, parameters={"maxTokens": 32, "batchSizes": [1, 2, 4, 8]}, corpus=CORPUS)
     fill = start_fill(tmp_path, jobs, cpu=cpu)
     producer = start_producer(tmp_path / "channel", bubbles_ms="30,150", count=100_000, compute_ms=10.0, cpu=cpu)
