@@ -16,7 +16,7 @@ from processes import with_marker
 from sharing import own_core
 from waiting import wait_for
 
-pytestmark = pytest.mark.busy  # a busy load spins on the other core; nothing timed is asserted (tests/sharing.py)
+pytestmark = pytest.mark.alone  # a benchmark's runs keep both cores busy, or time a quiet one (tests/sharing.py)
 
 
 def _bench(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], bytes]:

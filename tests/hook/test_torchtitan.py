@@ -2,7 +2,7 @@
 interleaved) on 2 gloo ranks (CPU-only workarounds in examples/torchtitan/torchtitan_cpu.py, never in the hook).
 Per schedule, the same command twice: without the hook, and hooked under ``pipefill local`` with the inference
 FillJob of the examples — bubbles simulated from torchtitan's schedule and announced, the FillJob commits work in
-them, and the losses torchtitan logs equal the unhooked run's. Small steps (sequence 64) and few (8; the FillJob
+them, and the losses torchtitan logs equal the unhooked run's. Small steps (sequence 64) and few (6; the FillJob
 committed 333 samples in 8) keep it quick: each rank's start (torchtitan imports dynamo, inductor and datasets) costs
 11 CPU seconds, each step about one. torchtitan 0.2.2 is in the development lock (the ``torchtitan`` extra)."""
 
@@ -22,7 +22,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed: pip insta
 pytestmark = [pytest.mark.busy, pytest.mark.slow]  # torchrun and pipefill local: heavy, untimed (tests/sharing.py)
 
 SCRIPT = REPO / "examples" / "torchtitan" / "torchtitan_cpu.py"
-STEPS = 8
+STEPS = 6
 _LOSS = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*(-?[0-9.]+)")
 
 
