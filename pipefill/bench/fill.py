@@ -33,6 +33,7 @@ Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -137,10 +138,16 @@ def stall_report(work: Path, *, last: int = 200) -> str:
     )
 
 
+_STOP_WAIT_S = 30.0  # how long a killed fill executor is waited for
+
+
 def _stop(proc: subprocess.Popen[bytes] | LocalProcess | None) -> None:
     if isinstance(proc, LocalProcess):
         proc.signal(signal.SIGKILL)
-        proc.wait()
+        # bounded: a forked executor killed as its start was given up on was once never reported ended by its
+        # launcher, and this wait (and the benchmark, its spinner spinning) went on for good
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_STOP_WAIT_S)
         proc.close()
     elif proc is not None and proc.poll() is None:
         proc.kill()
@@ -215,7 +222,7 @@ def _run_one(
         except subprocess.TimeoutExpired:
             raise BenchTimeout("the fill executor's exit (its trainer ended)") from None
     finally:  # a run that failed or timed out leaves no process behind
-        for proc in (trainer_proc, fill, spinner):
+        for proc in (spinner, trainer_proc, fill):  # the spinner first: nothing else then keeps a core busy
             _stop(proc)
     trainer = read_events(work / "trainer" / TRAINER_EVENTS)
     fill_log = read_events(work / "fill" / FILL_EVENTS)
