@@ -2,9 +2,10 @@
 interleaved) on 2 gloo ranks (CPU-only workarounds in examples/torchtitan/torchtitan_cpu.py, never in the hook).
 Per schedule, the same command twice: without the hook, and hooked under ``pipefill local`` with the inference
 FillJob of the examples — bubbles simulated from torchtitan's schedule and announced, the FillJob commits work in
-them, and the losses torchtitan logs equal the unhooked run's. Small steps (sequence 64) and few (6; the FillJob
-committed 333 samples in 8) keep it quick: each rank's start (torchtitan imports dynamo, inductor and datasets) costs
-11 CPU seconds, each step about one. torchtitan 0.2.2 is in the development lock (the ``torchtitan`` extra)."""
+them, and the losses torchtitan logs equal the unhooked run's. Small steps (sequence 64) and few (6: the hook
+profiles the first steps and the FillJob still commits in the rest) keep it quick, though start-up bound: each
+rank's start (torchtitan imports dynamo, inductor and datasets) costs 11 CPU seconds, each step about one (10 steps
+took 9 s more). torchtitan 0.2.2 is in the development lock (the ``torchtitan`` extra)."""
 
 from __future__ import annotations
 
