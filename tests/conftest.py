@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -88,6 +89,7 @@ def other_namespace(core_api: Any) -> Iterator[str]:
 
 
 _MADE: list[str] = []
+_publishers: list[Any] = []  # tests/images/closures.py's Publisher, in xdist's main process
 _PROFILES_MADE = "PIPEFILL_TEST_PROFILE_DIR_MADE"  # the profile directory a pytest process made (not the user's)
 
 
@@ -103,6 +105,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         _MADE.append(tempfile.mkdtemp(prefix="pipefill-test-sharing-"))
         os.environ[SHARING_DIR] = _MADE[-1]
+        sys.path.insert(0, str(Path(__file__).with_name("images")))
+        from closures import start_for_workers  # the images' closures once, not in each worker (62 CPU s each)
+
+        _publishers.extend(filter(None, [start_for_workers(config)]))
 
 
 @pytest.hookimpl(trylast=True)
@@ -111,6 +117,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    while _publishers:  # after the workers ended: they read its files
+        _publishers.pop().close()
     for path in _MADE:
         shutil.rmtree(path, ignore_errors=True)
 

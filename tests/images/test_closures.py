@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from closures import CUDA, CUDA_EXTRAS, LOCK, Closures, pip
+from closures import CUDA, CUDA_EXTRAS, LOCK, Closures, Published, pip
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -37,7 +37,7 @@ def _pins(*files: Path) -> dict[str, str]:
 
 
 def test_the_operator_closure_installs_from_the_lock_and_imports_without_torch(
-    closures: Closures, tmp_path: Path
+    closures: Closures | Published, tmp_path: Path
 ) -> None:
     python = closures.operator.result()
     venv = python.parent.parent
@@ -91,7 +91,7 @@ def _unpinned(install: list[dict[str, Any]], extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("extra", CUDA_EXTRAS)
-def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(closures: Closures, extra: str) -> None:
+def test_the_cuda_closures_resolve_for_the_image_and_are_all_pinned(closures: Closures | Published, extra: str) -> None:
     install = closures.resolved[extra].result()
     got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in install}
     assert got["torch"] == _pins(LOCK)["torch"]
