@@ -108,7 +108,9 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.path.insert(0, str(Path(__file__).with_name("images")))
         from closures import start_for_workers  # the images' closures once, not in each worker (62 CPU s each)
 
-        _publishers.extend(filter(None, [start_for_workers(config)]))
+        publisher = start_for_workers(config)
+        if publisher is not None:
+            _publishers.append(publisher)
 
 
 @pytest.hookimpl(trylast=True)
