@@ -30,7 +30,10 @@ from pipefill_fill.store import read_outputs, read_pointer
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.work import Slice
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# Each test's waits are bounded by their own timeouts; its whole (pytest-timeout's 120 s by default) is not: the first
+# control-plane test of a worker starts the control plane in its setup (27 s in CI), and beside a busy test the
+# split-job call took 93 s (CI, session 31; 23 s alone), together past 120 s.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TOTAL = 16384  # 16 slices of 1024 with maxParallelRanks 4: long enough to be caught midway
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16], "commitEverySamples": 64}
