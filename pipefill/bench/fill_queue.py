@@ -90,7 +90,7 @@ def _run(config: str, steps: int, unit: int, directory: Path, timeout_s: float) 
     if fills:
         (directory / "fills.yaml").write_text(yaml.safe_dump_all(fills, sort_keys=False), encoding="utf-8")
         argv += ["-f", "fills.yaml"]
-    argv += ["--steps", str(steps), "--plain", "--metrics-port", "0", "--out", f"runs/{_JOB}"]
+    argv += ["--steps", str(steps), "--plain", "--no-timeline", "--metrics-port", "0", "--out", f"runs/{_JOB}"]
     what = f"pipefill local ({config}) in {directory}"
     run_logged(argv, cwd=directory, log=directory / "output.log", timeout_s=timeout_s, what=what)
     return analyze(directory / "runs" / _JOB)

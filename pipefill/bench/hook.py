@@ -263,7 +263,7 @@ def _local(a: argparse.Namespace, directory: Path, *, ours: bool) -> dict[str, A
     job = comparable_jobs(a)[1 if ours else 0]
     (directory / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     argv = [sys.executable, "-m", "pipefill", "local", "-f", "job.yaml", "-f", "examples/fill-inference.yaml",
-            "--plain", "--metrics-port", "0", "--out", "runs/out"]  # fmt: skip
+            "--plain", "--no-timeline", "--metrics-port", "0", "--out", "runs/out"]  # fmt: skip
     what = f"pipefill local of {'our trainer' if ours else 'the hooked command'} in {directory}"
     run_logged(argv, cwd=directory, log=directory / "output.log", timeout_s=a.timeout_s, what=what)
     report = json.loads((directory / "runs" / "out" / "report.json").read_text())

@@ -85,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between plain status lines (default 5)",
     )
     parser.add_argument(
+        "--no-timeline",
+        action="store_true",
+        help="do not draw the report's timeline.png (matplotlib: about 1.5 CPU s at the end of the run)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -145,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     state = LiveState(world_size=job.world_size, out_dir=out_dir, work_dir=runner.work_dir, fills=fills, steps=steps)
     view = make_view(state, plain=args.plain, interval_s=args.status_every)
     runner.on_tick = view.tick
-    prepare_plotting()  # the report's timeline: matplotlib imported while the run goes on
+    if not args.no_timeline:
+        prepare_plotting()  # the report's timeline: matplotlib imported while the run goes on
     try:
         outcome = runner.run()
     finally:
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     files = write_report(
         job,
         out_dir,
+        timeline=not args.no_timeline,
         outcome={
             "code": outcome.code,
             "reason": outcome.reason,

@@ -378,8 +378,11 @@ def _markdown(report: dict[str, Any], files: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any]) -> dict[str, str]:
-    """Write every report file into ``out_dir``; returns name -> path of what was written."""
+def write_report(
+    job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, Any], timeline: bool = True
+) -> dict[str, str]:
+    """Write every report file into ``out_dir`` (``timeline``: timeline.png too, where matplotlib is installed);
+    returns name -> path of what was written."""
     report = build_report(job, out_dir, outcome=outcome)
     files = {
         "report.json": str(out_dir / "report.json"),
@@ -387,7 +390,7 @@ def write_report(job: PipelineTrainingJob, out_dir: Path, *, outcome: dict[str, 
         "trace": str(out_dir / "trace.json"),
     }
     (out_dir / "trace.json").write_text(json.dumps(_trace(job, out_dir)), encoding="utf-8")
-    if _plot(job, out_dir, out_dir / "timeline.png"):
+    if timeline and _plot(job, out_dir, out_dir / "timeline.png"):
         files["timeline"] = str(out_dir / "timeline.png")
     (out_dir / "report.json").write_text(
         json.dumps({**report, "files": files}, indent=2, default=str), encoding="utf-8"

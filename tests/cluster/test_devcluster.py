@@ -87,6 +87,19 @@ def test_service_account_kubeconfig_is_that_identity_and_audited(control_plane: 
     )
 
 
+def test_the_audit_log_is_read_up_to_its_last_whole_line(tmp_path: Path) -> None:
+    """The API server appends the audit log as it goes: a read can end in the middle of a line (CI, session 32)."""
+    log = tmp_path / "audit.log"
+    cp = ControlPlane(tmp_path, "https://127.0.0.1:1", tmp_path / "admin.kubeconfig", log, nodes=0)
+    assert cp.audit_events() == []  # none written yet
+    whole = [{"auditID": "a", "verb": "list"}, {"auditID": "b", "verb": "watch"}]
+    log.write_text("".join(json.dumps(e) + "\n" for e in whole) + '{"kind":"Event","apiVersion"')
+    assert cp.audit_events() == whole
+    with log.open("a") as f:
+        f.write(':"audit.k8s.io/v1","auditID":"c"}\n')
+    assert [e["auditID"] for e in cp.audit_events()] == ["a", "b", "c"]
+
+
 def _cli(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "pipefill", "cluster", *args, "--dir", str(root), "--nodes", "2"]
     return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=110)

@@ -163,7 +163,7 @@ def run_scraped(tmp: Path, operator: OperatorRun) -> Iterator[ScrapedRun]:
             start_s = time.time()
             operator.create_jobs()
             done = launched.run(
-                [*local, "--metrics-port", str(metrics_port), "--plain"],
+                [*local, "--metrics-port", str(metrics_port), "--plain", "--no-timeline"],
                 capture_output=True,
                 text=True,
                 timeout=90,

@@ -61,7 +61,7 @@ def test_user_code_from_a_config_map_and_an_installed_package_in_pipefill_local(
     job["spec"]["checkpoint"] = {"path": str(tmp_path / "ckpt"), "intervalSteps": 20}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *sys.path]), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "pipefill", "local", "--plain", "-f", str(tmp_path / "job.yaml")]
+    argv = [sys.executable, "-m", "pipefill", "local", "--plain", "--no-timeline", "-f", str(tmp_path / "job.yaml")]
     argv += ["-f", str(tmp_path / "fills.yaml"), "--out", str(tmp_path / "run")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=110, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

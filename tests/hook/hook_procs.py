@@ -139,7 +139,7 @@ def run_local(tmp: Path, job: dict[str, Any], *, steps: int) -> tuple[dict[str, 
     fill.write_text(yaml.safe_dump(fill_job))
     done = run(
         [sys.executable, "-m", "pipefill", "local", "-f", str(job_file), "-f", str(fill), "--out", str(out),
-         "--plain", "--metrics-port", "0"],
+         "--plain", "--no-timeline", "--metrics-port", "0"],
         capture_output=True, text=True, timeout=115, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -59,7 +59,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     job_file.write_text(yaml.safe_dump(job))
     manifests = ["-f", str(job_file), "-f", str(_fill(tmp))]
     done = launched.run(
-        [*LOCAL, *manifests, "--out", str(out), "--status-every", "0.5", "--metrics-port", "0"],
+        [*LOCAL, *manifests, "--out", str(out), "--status-every", "0.5", "--metrics-port", "0", "--no-timeline"],
         capture_output=True,
         text=True,
         timeout=110,
@@ -195,8 +195,10 @@ def test_rich_view_draws_ranks_and_fill_progress(plain_run: tuple[Path, subproce
 def test_ctrl_c_under_the_terminal_view_stops_everything_and_restores_the_terminal(tmp_path: Path) -> None:
     out = tmp_path / "out"
     master, slave = pty.openpty()
+    argv = [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out), "--metrics-port", "0",
+            "--no-timeline"]  # fmt: skip
     proc = subprocess.Popen(
-        [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out), "--metrics-port", "0"],
+        argv,
         stdin=slave,
         stdout=slave,
         stderr=slave,

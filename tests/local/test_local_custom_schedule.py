@@ -51,7 +51,7 @@ def test_the_configmaps_schedule_drives_the_trainers(tmp_path: Path) -> None:
     out = tmp_path / "out"
     files = ["-f", _write(tmp_path / "job.yaml", _tiny(job, tmp_path, steps=3)), "-f"]
     files.append(_write(tmp_path / "schedule.yaml", config_map))  # a file of its own, as users keep it
-    done = _local(*files, "--out", str(out), "--plain", "--metrics-port", "0")
+    done = _local(*files, "--out", str(out), "--plain", "--no-timeline", "--metrics-port", "0")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "schedule custom" in done.stdout and "training finished" in done.stdout
     csv = config_map["data"]["schedule.csv"]

@@ -126,8 +126,10 @@ def test_a_down_or_silent_child_leaves_out_its_series_and_the_scrape_still_answe
 @pytest.mark.slow
 def test_endpoint_during_a_tiny_run_serves_both_ranks_trainer_and_fill_series(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    argv = [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=True)), "--out", str(out), "--metrics-port", "0",
+            "--no-timeline"]  # fmt: skip
     proc = launched.popen(
-        [*LOCAL, "-f", str(_job(tmp_path, steps=100000, fill=True)), "--out", str(out), "--metrics-port", "0"],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -60,7 +60,8 @@ def test_two_fill_jobs_run_in_priority_order_through_the_queue(tmp_path: Path) -
     files = ["-f", str(job), "-f", str(_fill(tmp_path, "routine", 0)), "-f", str(_fill(tmp_path, "urgent", 10))]
     # one fill job per rank at a time: the urgent job's two slices take both ranks first
     child_env = {**os.environ, env.FILL_MAX_ACTIVE_JOBS: "1"}
-    args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain"]
+    args = [*LOCAL_ARGS, *files, "--out", str(out), "--policy", "priority", "--metrics-port", "0", "--plain",
+            "--no-timeline"]  # fmt: skip
     with launched.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
         try:
             # once the urgent job's first slice is committed its rank is free and takes the routine job while the

@@ -81,14 +81,16 @@ def test_training_alone_writes_reports_that_agree_with_the_event_logs(tmp_path: 
 
 def test_a_second_run_of_a_finished_job_says_why_it_trained_nothing_and_steps_trains_on(tmp_path: Path) -> None:
     job, out = _job(tmp_path, steps=3, fill=False), tmp_path / "out"
-    assert _local("-f", str(job), "--out", str(out)).returncode == 0
-    again = _local("-f", str(job), "--out", str(out))
+    assert _local("-f", str(job), "--out", str(out), "--no-timeline").returncode == 0
+    again = _local("-f", str(job), "--out", str(out), "--no-timeline")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"nothing to train: the checkpoints in {tmp_path / 'ckpt'} are at step 3 of spec.steps 3" in again.stdout
-    more = _local("-f", str(job), "--out", str(out), "--steps", "5")
+    more = _local("-f", str(job), "--out", str(out), "--steps", "5", "--no-timeline")
     assert more.returncode == 0 and "nothing to train" not in more.stdout, more.stdout + more.stderr
     steps = [e.step for e in read_events(out / "ranks" / "0" / "trainer" / "events.jsonl") if isinstance(e, StepEvent)]
     assert steps == [0, 1, 2, 3, 4]  # three steps, none, then two more from the checkpoint (steps count from 0)
+    assert "timeline" not in json.loads((out / "report.json").read_text())["files"]  # --no-timeline
+    assert not (out / "timeline.png").exists() and "timeline:" not in more.stdout
 
 
 def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) -> None:
@@ -103,7 +105,7 @@ def test_invalid_manifest_is_rejected_with_admissions_message(tmp_path: Path) ->
 
 def test_ctrl_c_stops_every_process_and_keeps_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with _start_local("-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out)) as proc:
+    with _start_local("-f", str(_job(tmp_path, steps=100000, fill=False)), "--out", str(out), "--no-timeline") as proc:
         try:
             events = out / "ranks" / "0" / "trainer" / "events.jsonl"
             wait_for(lambda: sum(isinstance(e, StepEvent) for e in read_events(events)) >= 6, "6 steps", timeout_s=90)
@@ -140,7 +142,7 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
     (tmp_path / "fill.yaml").write_text(yaml.safe_dump(fill))
     job = _job(tmp_path, steps=100000, fill=True)
     with _start_local(
-        "-f", str(job), "-f", str(tmp_path / "fill.yaml"), "--out", str(out), "--metrics-port", "0"
+        "-f", str(job), "-f", str(tmp_path / "fill.yaml"), "--out", str(out), "--metrics-port", "0", "--no-timeline"
     ) as proc:
         try:
             events = out / "ranks" / "1" / "trainer" / "events.jsonl"

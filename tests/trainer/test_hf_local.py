@@ -30,7 +30,8 @@ def test_the_bubbles_of_a_hugging_face_job_are_announced_and_filled(tmp_path: Pa
     files[0].write_text(yaml.safe_dump(job))
     files[1].write_text(yaml.safe_dump(fill))
     out = tmp_path / "out"
-    args = ["-f", str(files[0]), "-f", str(files[1]), "--out", str(out), "--plain", "--metrics-port", "0"]
+    args = ["-f", str(files[0]), "-f", str(files[1]), "--out", str(out), "--plain", "--no-timeline",
+            "--metrics-port", "0"]  # fmt: skip
     done = launched.run(
         [sys.executable, "-m", "pipefill", "local", *args],
         capture_output=True,

@@ -110,8 +110,9 @@ def _job(tmp: Path, *, function: str = "tinymixer:build", config_map: str = "tin
 
 def _local(tmp: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     args = [a for p in files for a in ("-f", str(p))]
+    args += ["--out", str(tmp / "out"), "--plain", "--no-timeline", "--metrics-port", "0"]
     return launched.run(
-        [sys.executable, "-m", "pipefill", "local", *args, "--out", str(tmp / "out"), "--plain", "--metrics-port", "0"],
+        [sys.executable, "-m", "pipefill", "local", *args],
         capture_output=True,
         text=True,
         timeout=110,
