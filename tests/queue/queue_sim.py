@@ -87,6 +87,7 @@ class Cluster:
         self.ranks: dict[str, tuple[TrainingJobView, RankView]] = {
             r.pod_uid: (t, r) for t in training_jobs for r in t.ranks
         }
+        self._split: dict[tuple[str, tuple[tuple[str, int], ...]], dict[str, float]] = {}  # rank_units_per_s's
 
     def run(self, *, max_passes: int = 100_000) -> SimResult:
         t_s, done, passes = 0.0, {}, 0
@@ -125,9 +126,11 @@ class Cluster:
                 continue
             profile = v.profile or (self.true[v.name] if o.assignments else ())  # its executor profiles it
             phase = "Running" if o.assignments else v.phase
-            self.views[v.name] = replace(
-                v, slices=o.slices, assignments=o.assignments, epoch=o.epoch, profile=profile, phase=phase
-            )
+            now = (o.slices, o.assignments, o.epoch, profile, phase)
+            if now != (v.slices, v.assignments, v.epoch, v.profile, v.phase):  # a new view is validated again
+                self.views[v.name] = replace(
+                    v, slices=o.slices, assignments=o.assignments, epoch=o.epoch, profile=profile, phase=phase
+                )
             self.progress.setdefault(v.name, [float(s.committed) for s in o.slices])
             for p in o.new:
                 self.placed_at[v.name, p.start] = len(self.placed_at)
@@ -146,7 +149,10 @@ class Cluster:
             placed = placed[: self.max_jobs]  # the executor's limit: one assigned early waits for a finishing one
             jobs = [(name, self.true[name], self.views[name].priority) for name, _ in placed]
             step_s = rank.step_s if rank.step_s is not None else math.inf
-            per_job = rank_units_per_s(rank.bubble_classes, step_s, tj.guard_s, jobs)
+            key = (uid, tuple((name, priority) for name, _, priority in jobs))  # the true profiles never change
+            per_job = self._split.get(key)
+            if per_job is None:
+                per_job = self._split[key] = rank_units_per_s(rank.bubble_classes, step_s, tj.guard_s, jobs)
             for name, idx in placed:
                 if per_job[name] > 0:
                     out[name, idx] = per_job[name]
@@ -169,4 +175,6 @@ class Cluster:
                 for i, s in enumerate(v.slices)
             )
             phase = "Succeeded" if name in done else v.phase
-            self.views[name] = replace(v, slices=slices, phase=phase, assignments=() if name in done else v.assignments)
+            assignments = () if name in done else v.assignments
+            if (slices, phase, assignments) != (v.slices, v.phase, v.assignments):
+                self.views[name] = replace(v, slices=slices, phase=phase, assignments=assignments)
