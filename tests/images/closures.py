@@ -2,15 +2,14 @@
 installed into a fresh venv, and the CUDA closures resolved for the image's platform.
 
 It waits on the package index (70-100 s on CI's machine kind) and computes too (62 CPU seconds on the development VM,
-session 31: pip unpacking and installing), so it starts early, in threads at idle priority, and the tests that run
-before these hide its waits and lend it their idle cores; and once a run: under xdist, in pytest's main process (:func:`start_for_workers`, from tests/conftest.py),
+session 31: pip unpacking and installing), so it starts early, in threads, and the tests that run before these hide
+its waits; and once a run: under xdist, in pytest's main process (:func:`start_for_workers`, from tests/conftest.py),
 which publishes each result to a directory its workers read (:class:`Published`; every worker collects every test,
 and each of the two used to start its own); in one process, when its collection ends (tests/images/conftest.py).
 Each test still takes its own result, or its own error."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -91,24 +90,13 @@ def resolve(wheel: Path, extra: str, tmp: Path) -> list[dict[str, Any]]:
     return install
 
 
-def _idle_priority() -> None:
-    """The closures' threads, and every process they start, at ``SCHED_IDLE`` (the policy is a thread's, and a child
-    inherits it): their 62 CPU s come from what the tests leave idle, not from a test's core (they used to slow the
-    workers' collection and the alone tests, which time a quiet core, at the run's start). The tests that read the
-    results run late; a worker waiting for them leaves its core to the work."""
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
 @dataclass
 class Closures:
     """The pip work, started in threads: ``wheel``, ``operator`` (the installed venv's python) and ``resolved`` (per
     CUDA extra) resolve to their result or raise their error. ``close`` waits for what runs and removes the files."""
 
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pipefill-closures-")))
-    pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1 + 1 + len(CUDA_EXTRAS), initializer=_idle_priority)
-    )
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1 + 1 + len(CUDA_EXTRAS)))
     wheel: Future[Path] = field(init=False)
     operator: Future[Path] = field(init=False)
     resolved: dict[str, Future[list[dict[str, Any]]]] = field(init=False)
