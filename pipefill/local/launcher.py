@@ -38,7 +38,7 @@ from typing import Any
 from pipefill import env
 from pipefill.local.forker import ForkedLauncher, fork_launcher, forkable, main
 
-__all__ = ["Forked", "Launcher", "child_environment", "preload_wanted", "startup_variables"]
+__all__ = ["Forked", "Launcher", "child_environment", "preload_wanted", "signal_group", "startup_variables"]
 
 _logger = logging.getLogger("pipefill")
 
@@ -71,6 +71,17 @@ def child_environment(container: Mapping[str, str] | None = None) -> dict[str, s
     child.update(container or {})
     child.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", env.PARENT_PID: str(os.getpid())})
     return child
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group of child ``pid`` (its own session's), or to ``pid`` alone while it does
+    not lead one yet: a forked child's pid reaches the runner as soon as the launcher has forked it, before the child
+    calls ``setsid()``, and a group signal sent in between found no group and was lost. Nothing where it is gone."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def startup_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -178,8 +189,8 @@ class Launcher:
             elif self._waiting:
                 self._reply = message
             elif "pid" in message:  # too late: the runner started it with Popen meanwhile
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(int(message["pid"]), signal.SIGKILL)
+                with contextlib.suppress(PermissionError):
+                    signal_group(int(message["pid"]), signal.SIGKILL)
 
     def ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
         """Whether the launcher has preloaded and takes requests (waits up to ``timeout`` seconds for it)."""

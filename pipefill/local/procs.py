@@ -8,7 +8,6 @@ one GPU: a stage's trainer and its fill executor share that core).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from typing import IO
 
 from pipefill import env
 from pipefill.local import early
-from pipefill.local.launcher import Forked, Launcher, child_environment, preload_wanted
+from pipefill.local.launcher import Forked, Launcher, child_environment, preload_wanted, signal_group
 from pipefill.pods import rank_containers
 from pipefill.ports import free_port
 from pipefill.spec import PipelineTrainingJob, Schedule
@@ -79,8 +78,7 @@ class LocalProcess:
 
     def signal(self, signum: int) -> None:
         if self.child is not None and self.child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, signum)
+            signal_group(self.child.pid, signum)
 
     def close(self) -> None:
         if self.log is not None:
