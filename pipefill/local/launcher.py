@@ -73,15 +73,19 @@ def child_environment(container: Mapping[str, str] | None = None) -> dict[str, s
     return child
 
 
-def signal_group(pid: int, signum: int) -> None:
+def signal_group(pid: int, signum: int) -> bool:
     """Send ``signum`` to the process group of child ``pid`` (its own session's), or to ``pid`` alone while it does
     not lead one yet: a forked child's pid reaches the runner as soon as the launcher has forked it, before the child
-    calls ``setsid()``, and a group signal sent in between found no group and was lost. Nothing where it is gone."""
+    calls ``setsid()``, and a group signal sent in between found no group and was lost. False where it is gone (0:
+    whether it is there)."""
     try:
         os.killpg(pid, signum)
     except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(pid, signum)
+        except ProcessLookupError:
+            return False
+    return True
 
 
 def startup_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -259,13 +263,10 @@ class Launcher:
         if pid in self._exits:
             return self._exits[pid]
         if self._closed:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                self._exits[pid] = -signal.SIGTERM
-                return self._exits[pid]
-            except PermissionError:
-                pass
+            with contextlib.suppress(PermissionError):
+                if not signal_group(pid, 0):
+                    self._exits[pid] = -signal.SIGTERM
+                    return self._exits[pid]
         return None
 
     def move_log(self, to: Path) -> None:

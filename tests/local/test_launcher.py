@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import alive
 from waiting import wait_for
 
 from pipefill import env
@@ -194,21 +195,13 @@ def test_a_signal_reaches_a_child_that_leads_no_group_yet_and_a_whole_group_othe
     """A forked child's pid reaches the runner before the child calls ``setsid()``: a signal to its group then finds
     none, and went nowhere; it goes to the child alone. A child that leads its group gets it with its own children."""
     before_setsid = subprocess.Popen(["sleep", "30"])  # in this process's group, as a fork is until its setsid()
-    signal_group(before_setsid.pid, signal.SIGTERM)
+    assert signal_group(before_setsid.pid, signal.SIGTERM)
     assert before_setsid.wait(10) == -signal.SIGTERM
-    signal_group(before_setsid.pid, signal.SIGTERM)  # gone and reaped: nothing to signal, no error
+    assert not signal_group(before_setsid.pid, signal.SIGTERM)  # gone and reaped: nothing to signal, no error
     leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
     assert leader.stdout is not None
     grandchild = int(leader.stdout.readline())
     signal_group(leader.pid, signal.SIGTERM)
     assert leader.wait(10) == -signal.SIGTERM
     leader.stdout.close()
-    wait_for(lambda: not _alive(grandchild), "the leader's own child ended with its group", 10)
-
-
-def _alive(pid: int) -> bool:
-    """Running: neither gone nor a zombie its new parent has not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_for(lambda: not alive(grandchild), "the leader's own child ended with its group", 10)
