@@ -28,6 +28,9 @@ FILL_EVENTS = "fill-events.jsonl"
 _STAMP = frozenset(f.name for f in dataclasses.fields(Event))
 _PAYLOAD = {cls: tuple(f.name for f in dataclasses.fields(cls) if f.name not in _STAMP) for cls in EVENT_TYPES.values()}
 _ACCEPTED = {cls: frozenset(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()}
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""One encoder for every line: ``json.dumps`` with ``separators`` builds a new encoder at each call (3–4 µs of a
+record's ~10; a trainer writes about 20 records a step)."""
 
 
 class EventWriter:
@@ -64,7 +67,7 @@ class EventWriter:
             value = getattr(record, name)
             if value is not None:
                 line[name] = value
-        self._fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._fh.write(_ENCODE(line) + "\n")
 
     def flush(self) -> None:
         if self._fh is not None:

@@ -68,6 +68,9 @@ class StepEvent(Event):
     hook_s: float | None = None
     """the bubble hook's own time in the step: its wrappers' bookkeeping, not the calls they wrap (None: not the
     hook)"""
+    hook_wait_s: float | None = None
+    """the hook's bookkeeping of the step before (its records and metrics) that it did inside this step's waits,
+    where the rank idles anyway: not part of ``hook_s`` (None: not the hook)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -60,3 +60,21 @@ def test_a_csv_schedule_is_announced_and_computes_the_same(tmp_path: Path) -> No
     csv = tmp_path / "zb.csv"
     csv.write_text(dump_csv(build_schedule("zero-bubble-h1", ranks=2, microbatches=4)))
     _check(tmp_path, ["--csv", str(csv), "--microbatches", "4", "--steps", str(STEPS)])
+
+
+def test_a_steps_records_are_written_inside_a_wait_of_the_next_step(tmp_path: Path) -> None:
+    """The example's own width (1F1B bubbles of 3–6 ms): once the hook announces, a step's records and metrics are
+    written in a wait of the next step, before its bubble is announced, not at its start (where they delayed the first
+    action); every step's records are still in the log, the last one's written at exit."""
+    run = run_example(tmp_path, ["--schedule", "1F1B", "--microbatches", "4", "--steps", str(STEPS)], hook=True)
+    for rank, r in enumerate(run.ranks):
+        steps = r.steps()
+        assert [s.step for s in steps] == list(range(STEPS)), f"rank {rank}: {steps}"
+        start = {s.step: s.start_ns for s in steps}
+        # step 3 announces first; its books are the first a wait of the next step can take
+        deferred = [s.step for s in steps if s.step >= 4 and (s.hook_wait_s or 0) > 0]
+        assert len(deferred) >= (STEPS - 4) // 2, f"rank {rank}: books written in waits only at steps {deferred}"
+        for k in deferred:
+            written = [b.mono_ns for b in r.bubbles() if b.step == k - 1]
+            assert written and min(written) > start[k], f"rank {rank}: step {k - 1}'s bubbles written before step {k}"
+        assert all(s.hook_wait_s == 0 for s in steps if s.step < 4), steps

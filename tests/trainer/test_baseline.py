@@ -20,7 +20,10 @@ def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
     return registry.get_sample_value(name, labels)
 
 
-def test_quiet_and_held_steps_count_unless_the_fill_worked_in_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("said", [True, False], ids=["quiet-said", "quiet-unsaid"])
+def test_quiet_and_held_steps_count_unless_the_fill_worked_in_them(tmp_path: Path, said: bool) -> None:
+    """The same outcomes whether ``begin`` is told the step is quiet (it then skips the answer block of a step that
+    cannot count) or not."""
     registry = CollectorRegistry()
     metrics = TrainerMetrics(registry)
     assert math.isnan(_value(registry, "pipefill_trainer_baseline_step_seconds") or 0.0)
@@ -36,25 +39,29 @@ def test_quiet_and_held_steps_count_unless_the_fill_worked_in_them(tmp_path: Pat
 
     try:
         steps = NoFillSteps(metrics, producer=producer, channel_dir=tmp_path, every_steps=4)
+
+        def told(quiet: bool) -> bool | None:
+            return quiet if said else None
+
         assert [s for s in range(12) if steps.quiet(s)] == [3, 7, 11]  # the same step numbers on every rank
-        steps.begin()  # the warm-up and profiling steps: no bubble announced, but never counted
+        steps.begin(quiet=told(False))  # the warm-up and profiling steps: no bubble announced, but never counted
         assert steps.end(step_s=9.0, profiling=True, quiet=False) is None
-        steps.begin()  # a normal step, fill running
+        steps.begin(quiet=told(False))  # a normal step, fill running
         fill_works_in_a_bubble()
         assert steps.end(step_s=0.40, profiling=False, quiet=False) is None
-        steps.begin()  # a quiet step, nothing filled
+        steps.begin(quiet=told(True))  # a quiet step, nothing filled
         assert steps.end(step_s=0.30, profiling=False, quiet=True) == "quiet"
-        steps.begin()  # a quiet step into which the bubble before overran
+        steps.begin(quiet=told(True))  # a quiet step into which the bubble before overran
         fill_works_in_a_bubble()
         assert steps.end(step_s=0.41, profiling=False, quiet=True) is None
         hold_fill(tmp_path, True)
-        steps.begin()  # held, but the fill took one more bubble and worked in it
+        steps.begin(quiet=told(False))  # held, but the fill took one more bubble and worked in it
         fill_works_in_a_bubble()
         assert steps.end(step_s=0.45, profiling=False, quiet=False) is None
-        steps.begin()  # held all step long, no fill work
+        steps.begin(quiet=told(False))  # held all step long, no fill work
         assert steps.end(step_s=0.34, profiling=False, quiet=False) == "held"
         hold_fill(tmp_path, False)
-        steps.begin()  # released during the step
+        steps.begin(quiet=told(False))  # released during the step
         hold_fill(tmp_path, True)
         assert steps.end(step_s=0.50, profiling=False, quiet=False) is None
     finally:
@@ -65,6 +72,36 @@ def test_quiet_and_held_steps_count_unless_the_fill_worked_in_them(tmp_path: Pat
     assert _value(registry, "pipefill_trainer_baseline_steps_total", source="quiet") == 1
     assert _value(registry, "pipefill_trainer_baseline_steps_total", source="held") == 1
     assert _value(registry, "pipefill_trainer_baseline_steps_total", source="no-fill") == 0
+
+
+def test_a_step_that_cannot_count_leaves_the_answer_block_unread(tmp_path: Path) -> None:
+    """Neither quiet nor held when it begins, a step cannot count: its two reads of the fill's answer block are
+    skipped. A quiet one, or one begun held, reads it at both ends."""
+    producer = Producer.create(channel_dir=tmp_path)
+
+    class Counted:
+        reads = 0
+
+        def fill_answer(self) -> object:
+            Counted.reads += 1
+            return producer.fill_answer()
+
+    try:
+        steps = NoFillSteps(
+            TrainerMetrics(CollectorRegistry()), producer=Counted(), channel_dir=tmp_path, every_steps=4
+        )
+        steps.begin(quiet=False)
+        assert steps.end(step_s=0.4, profiling=False, quiet=False) is None
+        assert Counted.reads == 0
+        steps.begin(quiet=True)
+        assert steps.end(step_s=0.3, profiling=False, quiet=True) == "quiet"
+        assert Counted.reads == 2
+        hold_fill(tmp_path, True)
+        steps.begin(quiet=False)
+        assert steps.end(step_s=0.35, profiling=False, quiet=False) == "held"
+        assert Counted.reads == 4
+    finally:
+        producer.close()
 
 
 def test_without_fill_every_step_after_the_profile_counts_and_none_is_quiet() -> None:

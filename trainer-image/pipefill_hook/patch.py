@@ -74,12 +74,13 @@ def _timed(s: Session, idx: int, pending: _Works, sync: DeviceSync, entered_ns: 
     if not sync.idle_before(pending):
         s.own_ns += time.monotonic_ns() - entered_ns
         return pending.wait()  # completed before the device ran out of work: no bubble
+    books_ns = s.wait_ns
     try:
         start = s.wait_begin(idx, pending.done)
     except Exception as exc:
         s.disable(exc)
         return pending.wait()
-    s.own_ns += time.monotonic_ns() - entered_ns
+    s.own_ns += time.monotonic_ns() - entered_ns - (s.wait_ns - books_ns)  # the books written in the wait: not own
     try:
         return sync.wait(pending)
     finally:

@@ -16,6 +16,12 @@ announcer, metrics and event log.
   :class:`~pipefill_trainer.instrument.BubbleAnnouncer` announces from step ``K`` on, learning each slot's length
   from what it measures. A wait the order did not predict becomes a slot of its own.
 
+A step's records and most of its metrics (the event log's ``step``, ``action`` and ``bubble`` lines, the bubble
+metrics, the loss) are written in the next step's first wait long enough for them (:data:`BOOKS_MIN_WAIT_S`, and
+twice what they took last time), before it is announced: there the rank idles anyway, where at the step's start they
+delayed its first action (about half a millisecond a step on a CPU core the compute left cold). A step with no such
+wait writes them at its end, as before. The step counters and the baseline are kept at once.
+
 Everything here is bounded and never blocks on the fill. An exception in the hook's bookkeeping is not the
 training's: the hook reports it once and stops announcing (:meth:`Session.disable`).
 """
@@ -61,6 +67,10 @@ def warn(message: str) -> None:
     print(f"pipefill hook: {message}", file=sys.stderr, flush=True)
 
 
+BOOKS_MIN_WAIT_S = 1e-3
+"""The shortest predicted wait a step's deferred records and metrics are written in (see the module docstring)."""
+
+
 @dataclass
 class StepTrace:
     """What one step did on this rank (monotonic ns)."""
@@ -71,6 +81,18 @@ class StepTrace:
     waits: list[tuple[int, int, int]] = field(default_factory=list)
     """(index of the action it precedes, start, end)"""
     losses: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Books:
+    """A finished step's records and metrics, still to be written (:meth:`Session.write_books`)."""
+
+    step: int
+    trace: StepTrace
+    step_s: float
+    records: list[Any]
+    own_s: float
+    wait_s: float
 
 
 class Session:
@@ -102,6 +124,10 @@ class Session:
         self._profiling = True
         self.own_ns = 0
         """the hook's own time since the last step's record (:mod:`pipefill_hook.patch` adds its wrappers' time)"""
+        self.wait_ns = 0
+        """the deferred books written inside this step's waits (not in ``own_ns``)"""
+        self._books: _Books | None = None
+        self._books_ns = 0  # what the last books took to write
 
     # --- start ----------------------------------------------------------------------------------------------
     def start(self, *, stage_idx: int, num_stages: int, device: torch.device) -> None:
@@ -144,7 +170,7 @@ class Session:
         self._quiet = self.nofill.quiet(self.step)
         if self.announcer is not None:
             self.announcer.begin_step(self.step, quiet=self._quiet)
-        self.nofill.begin()
+        self.nofill.begin(quiet=self._quiet)
 
     def step_end(self, losses: Sequence[Any] | None, *, pp_rank: int, sched: Any) -> None:
         """``step`` returned: keep the losses (read at the step's end, not now: no device sync here), collect the
@@ -218,10 +244,20 @@ class Session:
         a = None if self._profiling else self.announcer  # installed after this step's end: from the next one
         if a is None or self._drain(idx):
             return start
+        if self._books is not None and self._books_fit(a, idx):
+            self.write_books()  # the rank idles now anyway: before the bubble is announced
+            end = time.monotonic_ns()
+            self.wait_ns += end - start
+            start = end
         if self._last_wait != (self.step, idx):  # a second wait before the same action extends the first
             a.wait_begin(idx)
             a.while_waiting(idx, done)
         return start
+
+    def _books_fit(self, a: BubbleAnnouncer, idx: int) -> bool:
+        """Whether the wait before ``idx`` is predicted long enough for the deferred books."""
+        slot = a.slots.get(idx)
+        return slot is not None and slot.predicted_s >= max(BOOKS_MIN_WAIT_S, 2 * self._books_ns / 1e9)
 
     def wait_end(self, idx: int, start_ns: int) -> None:
         assert self.trace is not None
@@ -238,43 +274,60 @@ class Session:
 
     # --- the step's end -------------------------------------------------------------------------------------
     def finish_step(self, now_ns: int) -> None:
-        """The step that began at ``trace.start_ns`` is over (the next one begins, or the process ends)."""
+        """The step that began at ``trace.start_ns`` is over (the next one begins, or the process ends): its counters
+        and baseline now, its records and the rest of its metrics in a wait of the next step (the module docstring)."""
         t, m = self.trace, self.metrics
         if t is None or m is None or self.nofill is None:
             return
         self.trace = None
+        if self._books is not None:
+            self.write_books()  # no wait of this step was long enough for the step before's
         step_s = (now_ns - t.start_ns) / 1e9
-        loss = _mean(t.losses)
         m.step_seconds.observe(step_s)
         m.steps.inc()
         m.step.set(self.step + 1)
-        if not math.isnan(loss):
-            m.loss.set(loss)
         self.nofill.end(step_s=step_s, profiling=self._profiling, quiet=self._quiet)
-        if self.announcer is not None and not self._profiling:
-            for rec in self.announcer.end_step():
-                measured_s = (rec.end_ns - rec.start_ns) / 1e9
-                m.observe_bubble(kind=rec.kind, measured_s=measured_s, predicted_s=rec.predicted_s,
-                                 announced=rec.announced)  # fmt: skip
-                self.events.write(
-                    BubbleEvent(step=self.step, idx=rec.action_idx, kind=rec.kind, start_ns=rec.start_ns,
-                                end_ns=rec.end_ns, predicted_s=rec.predicted_s, announced=rec.announced, late=rec.late)
-                )  # fmt: skip
-        if self.events.enabled:
-            for idx, (a, (s, e)) in enumerate(zip(t.actions, t.spans, strict=True)):
-                self.events.write(ActionEvent(step=self.step, idx=idx, action=str(a), start_ns=s, end_ns=e))
+        records = self.announcer.end_step() if self.announcer is not None and not self._profiling else []
         own_s, self.own_ns = self.own_ns / 1e9, 0  # this bookkeeping is counted in the next step's
-        self.events.write(
-            StepEvent(step=self.step, loss=loss, step_s=step_s, tokens_per_s=0.0, start_ns=t.start_ns, hook_s=own_s)
-        )
-        self.events.flush()
+        wait_s, self.wait_ns = self.wait_ns / 1e9, 0
+        self._books = _Books(self.step, t, step_s, list(records), own_s, wait_s)
+        if self._profiling:
+            self.write_books()  # no announcer, so no wait takes them; the profiling steps are not timed
         if self.producer is not None:
             self.producer.heartbeat()
+
+    def write_books(self) -> None:
+        """Write the deferred records and metrics of the last finished step (see the module docstring)."""
+        b, m = self._books, self.metrics
+        if b is None or m is None:
+            return
+        self._books = None
+        started = time.monotonic_ns()
+        loss = _mean(b.trace.losses)
+        if not math.isnan(loss):
+            m.loss.set(loss)
+        for rec in b.records:
+            measured_s = (rec.end_ns - rec.start_ns) / 1e9
+            m.observe_bubble(kind=rec.kind, measured_s=measured_s, predicted_s=rec.predicted_s, announced=rec.announced)
+            self.events.write(
+                BubbleEvent(step=b.step, idx=rec.action_idx, kind=rec.kind, start_ns=rec.start_ns, end_ns=rec.end_ns,
+                            predicted_s=rec.predicted_s, announced=rec.announced, late=rec.late)
+            )  # fmt: skip
+        if self.events.enabled:
+            for idx, (a, (s, e)) in enumerate(zip(b.trace.actions, b.trace.spans, strict=True)):
+                self.events.write(ActionEvent(step=b.step, idx=idx, action=str(a), start_ns=s, end_ns=e))
+        self.events.write(
+            StepEvent(step=b.step, loss=loss, step_s=b.step_s, tokens_per_s=0.0, start_ns=b.trace.start_ns,
+                      hook_s=b.own_s, hook_wait_s=b.wait_s)
+        )  # fmt: skip
+        self.events.flush()
+        self._books_ns = time.monotonic_ns() - started
 
     def close(self) -> None:
         """At exit: the last step ends now; the channel is closed."""
         try:
             self.finish_step(time.monotonic_ns())
+            self.write_books()
             self.events.close()
         finally:
             if self.producer is not None:

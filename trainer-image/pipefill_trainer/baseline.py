@@ -62,25 +62,38 @@ class NoFillSteps:
         self._hold = str(channel_dir / HOLD_FILE) if channel_dir is not None else None
         self._steps_s: deque[float] = deque(maxlen=WINDOW)
         self._at_begin: tuple[bool, int | None] = (False, None)
+        self._read = True  # whether begin read the state (else the step cannot count)
 
     def quiet(self, step: int) -> bool:
         """Whether ``step`` (counted from the start of training, the same on every rank) announces no bubble."""
         return self._producer is not None and self.every_steps > 0 and (step + 1) % self.every_steps == 0
 
+    def _held(self) -> bool:
+        return self._hold is not None and os.path.exists(self._hold)
+
     def _state(self) -> tuple[bool, int | None]:
         """(fill held, the fill's used time since it attached: None when unreadable)."""
         if self._producer is None:
             return False, None
-        held = self._hold is not None and os.path.exists(self._hold)
+        held = self._held()
         answer = self._producer.fill_answer()
         return held, answer.used_total_ns if answer is not None else None
 
-    def begin(self) -> None:
-        self._at_begin = self._state()
+    def begin(self, *, quiet: bool | None = None) -> None:
+        """Before a step; ``quiet``: whether it is one (None: not said). A step that is neither quiet nor begins held
+        cannot count, so the fill's answer block is not read for it (two reads a step, ~0.1 ms together on a core
+        the step's compute just left cold)."""
+        if self._producer is not None and quiet is False and not self._held():
+            self._at_begin = (False, None)
+            self._read = False
+        else:
+            self._at_begin, self._read = self._state(), True
 
     def end(self, *, step_s: float, profiling: bool, quiet: bool) -> str | None:
         """Record the step just ended: ``profiling``, the warm-up or a profiling step; ``quiet``, one announcing
         nothing (:meth:`quiet`). Returns the source it counted under, or None."""
+        if not self._read:  # began neither quiet nor held: it cannot count (see begin)
+            return None
         held0, used0 = self._at_begin
         held1, used1 = self._state()
         idle = used0 is not None and used0 == used1  # the fill reported no work during the step

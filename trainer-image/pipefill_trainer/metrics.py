@@ -82,10 +82,9 @@ class TrainerMetrics:
             buckets=_ERROR_BUCKETS,
             registry=registry,
         )
+        self._by_kind: dict[str, tuple[Any, Any, Any]] = {}  # kind → its three children, looked up once
         for kind in BUBBLE_KINDS:
-            self.bubbles.labels(kind)
-            self.bubble_seconds.labels(kind)
-            self.bubble_predicted_seconds.labels(kind)
+            self._children(kind)
         for source in BASELINE_SOURCES:
             self.baseline_steps.labels(source)
         self._nvml: Any = None
@@ -118,11 +117,23 @@ class TrainerMetrics:
             self.tokens_per_second.set(tokens / step_s)
             self.model_flops.set(flops / step_s)
 
+    def _children(self, kind: str) -> tuple[Any, Any, Any]:
+        children = self._by_kind.get(kind)
+        if children is None:
+            labelled = (
+                self.bubble_seconds.labels(kind),
+                self.bubble_predicted_seconds.labels(kind),
+                self.bubbles.labels(kind),
+            )
+            children = self._by_kind[kind] = labelled
+        return children
+
     def observe_bubble(self, *, kind: str, measured_s: float, predicted_s: float, announced: bool) -> None:
-        self.bubble_seconds.labels(kind).inc(max(0.0, measured_s))
-        self.bubble_predicted_seconds.labels(kind).inc(max(0.0, predicted_s))
+        seconds, predicted, count = self._children(kind)  # a rank's every wait: no label lookups
+        seconds.inc(max(0.0, measured_s))
+        predicted.inc(max(0.0, predicted_s))
         if announced:
-            self.bubbles.labels(kind).inc()
+            count.inc()
             if measured_s > 0:
                 self.prediction_error.observe(abs(predicted_s - measured_s) / measured_s)
 

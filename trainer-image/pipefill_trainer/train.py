@@ -198,7 +198,7 @@ class Trainer:
         profiling, quiet = self.announcer is None, self.nofill.quiet(step)
         if self.announcer is not None:
             self.announcer.begin_step(step, quiet=quiet)
-        self.nofill.begin()
+        self.nofill.begin(quiet=quiet)
         t0 = time.monotonic_ns()
         loss_local = executor.run_step(
             tokens if first else None,
