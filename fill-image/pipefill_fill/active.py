@@ -4,16 +4,23 @@ to slice; and which batch sizes its steps will run (:func:`tail_sizes`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pipefill.plan import ObservedBubble
+from pipefill.queue.status import Identity
+from pipefill.spec.fillstatus import ProfileEntry, UnfitReport
+from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.offload import Offloader
 from pipefill_fill.overruns import Margin
 from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profiler import BubbleProfiler, Profile
+from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.unfit import STARVED_BUBBLES, starved_report, unit_s
 from pipefill_fill.work import Slice
 
 __all__ = ["ActiveJob", "tail_sizes"]
@@ -41,6 +48,34 @@ class ActiveJob:
     reported_at: float = 0.0
     rate_units: int = 0
     rate_since: float = field(default_factory=time.monotonic)
+    starved: int = 0  # bubbles in a row it ran nothing in, nothing fitting the time left (STARVED_BUBBLES)
+
+    def starving(
+        self, out: BubbleOutcome, bubbles: Callable[[], list[ObservedBubble]], identity: Identity, settings: Settings
+    ) -> UnfitReport | None:
+        """Count a bubble of this profiled job: once it ran nothing, nothing fitting the time left, in
+        :data:`~pipefill_fill.unfit.STARVED_BUBBLES` bubbles in a row, why it fits none (else None)."""
+        if self.profile is None or not self.profile_taken:
+            return None
+        self.starved = 0 if out.steps or out.stop != "time" else self.starved + 1
+        if self.starved < STARVED_BUBBLES:
+            return None
+        unit = min((unit_s(p) for p in self.profile.points), default=0.0)
+        free, guard = settings.reserved_bytes, settings.guard_s
+        return starved_report(self.starved, unit, bubbles(), identity=identity, free_bytes=free, guard_s=guard)
+
+    @property
+    def measured(self) -> tuple[ProfileEntry, ...]:
+        """Its profile as a status report gives it (ms)."""
+        points = self.profile.points if self.profile is not None else ()
+        return tuple(ProfileEntry(p.batch_size, p.step_s * 1e3, p.peak_bytes) for p in points if p.step_s > 0)
+
+    def commit_rest(self) -> None:
+        """Commit what was stepped and not committed yet (at shutdown: a restart continues from there)."""
+        if self.task.progress > self.task.committed and self.profile is not None:
+            if self.offloader is not None:
+                self.offloader.to_device()
+            self.task.commit()
 
     @property
     def name(self) -> str:

@@ -16,7 +16,7 @@ from pipefill.env import fill_max_active_jobs
 from pipefill.events import EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
-from pipefill.spec.fillstatus import ProfileEntry, RankBubbles
+from pipefill.spec.fillstatus import RankBubbles, UnfitReport
 from pipefill_fill.active import ActiveJob, tail_sizes
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, built_key, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
@@ -189,17 +189,11 @@ class Jobs:
         rows = [{"batch_size": p.batch_size, "step_s": p.step_s, "peak_bytes": p.peak_bytes} for p in points]
         self.events.write(ProfileEvent(job=a.name, cached=a.profile.cached, device=a.profile.device_key, points=rows))
         log.info("job %s: profile %s", a.name, ", ".join(f"{p.batch_size}:{p.step_s * 1e3:.2f}ms" for p in points))
-        measured = tuple(ProfileEntry(p.batch_size, p.step_s * 1e3, p.peak_bytes) for p in points if p.step_s > 0)
+        measured = a.measured
         bubbles, free, guard = self.recent_bubbles(), self.settings.reserved_bytes, self.settings.guard_s
         unfit = unfit_report(a.profiler, points, bubbles, identity=self.identity, free_bytes=free, guard_s=guard)
-        if unfit is not None:  # not a failure of the job: another rank (longer bubbles, more memory) may run it
-            log.warning("job %s: %s; left for another executor", a.name, unfit.message)
-            self._remove(a.name)
-            self.failed.add(a.name)
-            self.events.write(JobEvent(job=a.name, phase="Queued", message=unfit.message))
-            self.source.release(a.name)
-            report = progress_report(a.spec, a.job, FillJobPhase.QUEUED, message=unfit.message)
-            self.source.report(a.name, dataclasses.replace(report, unfit=unfit, profile=measured))
+        if unfit is not None:
+            self._unfit(a, unfit)
             return
         if measured:
             report = progress_report(a.spec, a.job, FillJobPhase.RUNNING, start_time=a.started)
@@ -219,12 +213,25 @@ class Jobs:
                 b.profiler.adopt(cached)
                 self.profiled(b)
 
+    def _unfit(self, a: ActiveJob, unfit: UnfitReport) -> None:
+        """``a`` fits none of this rank's bubbles: not a failure, another rank (longer bubbles, more memory) may run it."""
+        log.warning("job %s: %s; left for another executor", a.name, unfit.message)
+        self._remove(a.name)
+        self.failed.add(a.name)
+        self.events.write(JobEvent(job=a.name, phase="Queued", message=unfit.message))
+        self.source.release(a.name)
+        report = progress_report(a.spec, a.job, FillJobPhase.QUEUED, message=unfit.message)
+        self.source.report(a.name, dataclasses.replace(report, unfit=unfit, profile=a.measured))
+
     def after_bubble(self, name: str, out: BubbleOutcome) -> None:
-        """After a bubble of job ``name``: account for commits written since, move on when its slice is durable."""
+        """After a bubble of job ``name``: account for commits written since, move on when its slice is durable; a job
+        starved of bubbles it fits (:meth:`ActiveJob.starving`) is left for another executor."""
         a = self.active.get(name)
         if a is not None and a.profile is not None and not a.profile_taken:
             self.profiled(a)  # its last measurement was in this bubble: reports and files, after the bubble
             a = self.active.get(name)  # gone when it fits none of this rank's bubbles
+        elif a is not None and (unfit := a.starving(out, self.recent_bubbles, self.identity, self.settings)):
+            return self._unfit(a, unfit)
         if a is not None:
             self._settle(a)
 
@@ -361,10 +368,7 @@ class Jobs:
     def _stop_job(self, a: ActiveJob) -> None:
         self._remove(a.name)
         try:
-            if a.task.progress > a.task.committed and a.profile is not None:
-                if a.offloader is not None:
-                    a.offloader.to_device()
-                a.task.commit()
+            a.commit_rest()
         except Superseded as exc:
             log.warning("job %s: at shutdown: %s", a.name, exc)
             return
@@ -376,15 +380,10 @@ class Jobs:
 
     def _claim(self, spec: TaskSpec, job: JobDir) -> FillTask | None:
         task = claim_slice(
-            self.source,
-            spec,
-            job,
-            device=self.device,
-            memory_budget_bytes=self.settings.reserved_bytes,
-            events=self.events,
-            lock_timeout_s=self.lock_timeout_s,
+            self.source, spec, job, device=self.device, memory_budget_bytes=self.settings.reserved_bytes,
+            events=self.events, lock_timeout_s=self.lock_timeout_s,
             built=None if self.settings.offload else self.built,  # offload moves a job's modules: not shared
-        )
+        )  # fmt: skip
         if task is not None:
             task.writer = self.writer
         return task

@@ -1,0 +1,82 @@
+"""A profiled job whose every step and piece is too long for what its bubbles leave is given up for this rank after a
+bounded number of bubbles (pipefill_fill.unfit.STARVED_BUBBLES), with the numbers, instead of taking bubbles for ever.
+`pipefill bench fill --life` at 2 ms found the encoder's job taking 12 692 bubbles with steps in 14: its shortest unit
+passed the check at its profile (it is shorter than the bubble less the guard), but not the planner's (the wake-up,
+the learnt margin), so no verdict ever came."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from commit_helpers import Bubble, cpu_jobs, dispatcher
+from fill_helpers import write_job
+
+from pipefill import env
+from pipefill.events import EventWriter
+from pipefill.plan import ObservedBubble
+from pipefill.queue import Identity
+from pipefill.spec.fillstatus import UnfitReason
+from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.sources import open_source
+from pipefill_fill.unfit import STARVED_BUBBLES, starved_report
+
+PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4]}
+
+
+def test_the_report_names_the_bubbles_in_a_row_the_unit_and_the_usable_bubble() -> None:
+    bubbles = [ObservedBubble(0.002, 1 << 30, "F")] * 40
+    report = starved_report(512, 0.0012, bubbles, identity=Identity("gpt", 1), free_bytes=1 << 30, guard_s=5e-4)
+    assert report.reason == UnfitReason.BUBBLE_TOO_SHORT and (report.training_job, report.rank) == ("gpt", 1)
+    assert report.step_milliseconds == 1.2 and report.longest_bubble_milliseconds == 1.5
+    assert report.message == (
+        "no bubble long enough: nothing of the job fitted the time left in 512 bubbles in a row (after the wake-up, "
+        "the guard and the step's learnt margin); its shortest step or piece takes 1.200 ms, this rank's longest "
+        "usable bubble is 1.500 ms"
+    )
+
+
+def test_a_job_nothing_of_which_fits_its_bubbles_is_left_for_another_executor(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    write_job(jobs_dir, "j", total=10**5, parameters=PARAMS, output=tmp_path / "out" / "j")
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = cpu_jobs(source, EventWriter(None))
+    try:
+        jobs.refresh()
+        fill = dispatcher(tmp_path, jobs).fill
+
+        def bubble(i: int, length_s: float) -> tuple[str | None, BubbleOutcome]:
+            now = time.monotonic_ns()
+            b = Bubble(i, now, now + int(length_s * 1e9))
+            job, _why, out, _batch = fill(b, b.expected_end_ns, length_s)
+            if job is not None:
+                jobs.after_bubble(job, out)
+            return job, out
+
+        i = 0
+        while (a := jobs.active["j"]).profile is None or not a.profile_taken:  # profiled in long bubbles
+            bubble(i, 2.0)
+            i += 1
+            assert i < 200, "the profile was never completed"
+        for n in range(STARVED_BUBBLES - 1):  # bubbles too short for any step: the job takes them, runs nothing
+            job, out = bubble(i + n, 20e-6)
+            assert job == "j" and not out.steps and out.stop == "time", (n, job, out)
+        assert "j" in jobs.active, "given up before STARVED_BUBBLES bubbles in a row"
+        bubble(i + STARVED_BUBBLES, 2.0)  # one bubble it works in resets the count
+        for n in range(STARVED_BUBBLES - 1):
+            bubble(i + STARVED_BUBBLES + 1 + n, 20e-6)
+        assert "j" in jobs.active, "a bubble with steps did not reset the count"
+        bubble(i + 2 * STARVED_BUBBLES + 1, 20e-6)
+        assert "j" not in jobs.active and "j" in jobs.failed
+        status = json.loads((jobs_dir / "j.status.json").read_text())
+        assert status["phase"] == "Queued", status
+        assert f"nothing of the job fitted the time left in {STARVED_BUBBLES} bubbles in a row" in status["message"]
+        assert status["unfit"][0]["reason"] == UnfitReason.BUBBLE_TOO_SHORT.value, status
+    finally:
+        jobs.shutdown()
+        source.close()
