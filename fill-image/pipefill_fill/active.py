@@ -20,7 +20,7 @@ from pipefill_fill.settings import Settings
 from pipefill_fill.slices import JobDir
 from pipefill_fill.sources.base import now_rfc3339
 from pipefill_fill.task import FillTask, TaskSpec
-from pipefill_fill.unfit import STARVED_BUBBLES, starved_report, unit_s
+from pipefill_fill.unfit import STARVED_BUBBLES, STARVED_SHARE, starved_report, unit_s
 from pipefill_fill.work import Slice
 
 __all__ = ["ActiveJob", "tail_sizes"]
@@ -48,21 +48,24 @@ class ActiveJob:
     reported_at: float = 0.0
     rate_units: int = 0
     rate_since: float = field(default_factory=time.monotonic)
-    starved: int = 0  # bubbles in a row it ran nothing in, nothing fitting the time left (STARVED_BUBBLES)
+    offered: tuple[int, int] = (0, 0)  # of its bubbles lately: those with steps, those nothing fitted (STARVED_BUBBLES)
 
     def starving(
         self, out: BubbleOutcome, bubbles: Callable[[], list[ObservedBubble]], identity: Identity, settings: Settings
     ) -> UnfitReport | None:
-        """Count a bubble of this profiled job: once it ran nothing, nothing fitting the time left, in
-        :data:`~pipefill_fill.unfit.STARVED_BUBBLES` bubbles in a row, why it fits none (else None)."""
-        if self.profile is None or not self.profile_taken:
+        """Count a bubble of this profiled job; once :data:`~pipefill_fill.unfit.STARVED_BUBBLES` were counted, why it
+        fits none of them when fewer than :data:`~pipefill_fill.unfit.STARVED_SHARE` had steps (else the count starts
+        over). Counted: bubbles it ran steps in, and bubbles it ran nothing in because nothing fitted the time left."""
+        if self.profile is None or not self.profile_taken or not (out.steps or out.stop == "time"):
             return None
-        self.starved = 0 if out.steps or out.stop != "time" else self.starved + 1
-        if self.starved < STARVED_BUBBLES:
+        worked, starved = self.offered
+        worked, starved = worked + (out.steps > 0), starved + (out.steps == 0)
+        self.offered = (worked, starved) if worked + starved < STARVED_BUBBLES else (0, 0)
+        if worked + starved < STARVED_BUBBLES or worked >= STARVED_SHARE * (worked + starved):
             return None
         unit = min((unit_s(p) for p in self.profile.points), default=0.0)
         free, guard = settings.reserved_bytes, settings.guard_s
-        return starved_report(self.starved, unit, bubbles(), identity=identity, free_bytes=free, guard_s=guard)
+        return starved_report(starved, worked, unit, bubbles(), identity=identity, free_bytes=free, guard_s=guard)
 
     @property
     def measured(self) -> tuple[ProfileEntry, ...]:

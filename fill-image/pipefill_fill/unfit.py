@@ -17,6 +17,7 @@ __all__ = [
     "LONGEST_QUANTILE",
     "MIN_BUBBLES_SEEN",
     "STARVED_BUBBLES",
+    "STARVED_SHARE",
     "bubble_classes",
     "starved_report",
     "unfit_report",
@@ -33,12 +34,17 @@ piece fits no 10 ms bubble, "fit" the rank, where the planner (which plans for a
 it: 16 000 bubbles without a step, and no verdict. Bubbles long one time in ten or more still count."""
 
 STARVED_BUBBLES = 512
-"""A profiled job that ran no step or piece in this many bubbles in a row offered to it, each ending because nothing
-fitted the time left (``stop: time``), is left for another executor as one no bubble is long enough for. The check
-at its profile (:func:`unfit_report`) compares its shortest unit with the bubbles' lengths less the guard; the planner
-also takes the wake-up and the unit's learnt margin, so a unit a little shorter than the usable bubble can still
-never run: `pipefill bench fill --life` at 2 ms bubbles found the encoder's job taking 12 692 bubbles, steps in 14,
-until the benchmark gave up. 512 bubbles are a few seconds of a training's bubbles."""
+"""A profiled job is looked at again every this many bubbles offered to it that it ran steps in, or ran nothing in
+because nothing fitted the time left (``stop: time``): when fewer than :data:`STARVED_SHARE` of them had steps, it is
+left for another executor as one no bubble of this rank is long enough for. The check at its profile
+(:func:`unfit_report`) compares its shortest unit with the bubbles' lengths less the guard; the planner also takes the
+wake-up and the unit's learnt margin, so a unit a little shorter than the usable bubble can still (almost) never run:
+`pipefill bench fill --life` at 2 ms found the encoder's job taking 12 692 bubbles, steps in 14, until the benchmark
+gave up; the next job of its kind, when the first was given up, ran steps in 3 of 200. 512 bubbles are a few seconds
+of a training's bubbles."""
+STARVED_SHARE = 1 / 32
+"""See :data:`STARVED_BUBBLES`: a job with steps in fewer than one in 32 of its bubbles gets almost nothing from this
+rank, and the steps it does run are the ones that only just fitted."""
 
 
 class _Point(Protocol):
@@ -121,7 +127,8 @@ def unfit_report(
 
 
 def starved_report(
-    bubbles_in_a_row: int,
+    starved: int,
+    worked: int,
     shortest_unit_s: float,
     bubbles: Sequence[ObservedBubble],
     *,
@@ -129,15 +136,16 @@ def starved_report(
     free_bytes: int,
     guard_s: float,
 ) -> UnfitReport:
-    """A profiled job ran nothing in ``bubbles_in_a_row`` bubbles (:data:`STARVED_BUBBLES`): no bubble long enough, as
-    the planner sees them (the numbers: its shortest step or piece, the longest usable bubble)."""
+    """A profiled job fitted nothing in ``starved`` of its last ``starved + worked`` bubbles (:data:`STARVED_BUBBLES`):
+    no bubble long enough, as the planner sees them (the numbers: its shortest step or piece, the longest usable
+    bubble)."""
     lengths = sorted(b.duration_s for b in bubbles)
     longest_s = lengths[math.ceil(LONGEST_QUANTILE * len(lengths)) - 1] if lengths else None
     longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
     report = _too_short(identity, round(shortest_unit_s * 1e3, 3), longest_ms, free_bytes)
     why = (
-        f"no bubble long enough: nothing of the job fitted the time left in {bubbles_in_a_row} bubbles in a row (after "
-        f"the wake-up, the guard and the step's learnt margin); its shortest step or piece takes "
+        f"no bubble long enough: nothing of the job fitted the time left in {starved} of its last {starved + worked} "
+        f"bubbles (after the wake-up, the guard and the step's learnt margin); its shortest step or piece takes "
     )
     return dataclasses.replace(report, message=why + report.message.split("the shortest step takes ", 1)[1])
 
