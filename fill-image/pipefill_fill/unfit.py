@@ -4,7 +4,6 @@ pass places the job elsewhere. Torch-free: it reads the profiler's results, neve
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Protocol
@@ -98,9 +97,7 @@ def unfit_report(
     memory). No bubble long enough: the job's shortest measured step (or, in pieces, its longest piece) is longer than
     the longest of at least :data:`MIN_BUBBLES_SEEN` bubbles seen (:data:`LONGEST_QUANTILE`), less the guard (or the
     profile stopped on time before a batch size was kept)."""
-    lengths = sorted(b.duration_s for b in bubbles)
-    longest_s = lengths[math.ceil(LONGEST_QUANTILE * len(lengths)) - 1] if lengths else None
-    longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
+    longest_ms = _longest_usable_ms(bubbles, guard_s)
     if not points:
         if profiler.stopped_by == "work":
             return None  # the slice had no work left to measure with: nothing says the job does not fit
@@ -139,15 +136,12 @@ def starved_report(
     """A profiled job fitted nothing in ``starved`` of its last ``starved + worked`` bubbles (:data:`STARVED_BUBBLES`):
     no bubble long enough, as the planner sees them (the numbers: its shortest step or piece, the longest usable
     bubble)."""
-    lengths = sorted(b.duration_s for b in bubbles)
-    longest_s = lengths[math.ceil(LONGEST_QUANTILE * len(lengths)) - 1] if lengths else None
-    longest_ms = None if longest_s is None else round(max(0.0, longest_s - guard_s) * 1e3, 3)
-    report = _too_short(identity, round(shortest_unit_s * 1e3, 3), longest_ms, free_bytes)
+    longest_ms = _longest_usable_ms(bubbles, guard_s)
     why = (
-        f"no bubble long enough: nothing of the job fitted the time left in {starved} of its last {starved + worked} "
-        f"bubbles (after the wake-up, the guard and the step's learnt margin); its shortest step or piece takes "
+        f"nothing of the job fitted the time left in {starved} of its last {starved + worked} bubbles (after the "
+        "wake-up, the guard and the step's learnt margin); its shortest step or piece"
     )
-    return dataclasses.replace(report, message=why + report.message.split("the shortest step takes ", 1)[1])
+    return _too_short(identity, round(shortest_unit_s * 1e3, 3), longest_ms, free_bytes, what=why)
 
 
 def unit_s(point: _Point) -> float:
@@ -155,16 +149,29 @@ def unit_s(point: _Point) -> float:
     return max(getattr(point, "piece_s", ()) or (point.step_s,))
 
 
+def _longest_usable_ms(bubbles: Sequence[ObservedBubble], guard_s: float) -> float | None:
+    """The rank's "longest" bubble (:data:`LONGEST_QUANTILE` of the lengths seen) less the guard, ms; None: none seen."""
+    lengths = sorted(b.duration_s for b in bubbles)
+    if not lengths:
+        return None
+    return round(max(0.0, lengths[math.ceil(LONGEST_QUANTILE * len(lengths)) - 1] - guard_s) * 1e3, 3)
+
+
 def _too_short(
-    identity: Identity, step_ms: float, longest_ms: float | None, free_bytes: int, *, peak: int | None = None
+    identity: Identity,
+    step_ms: float,
+    longest_ms: float | None,
+    free_bytes: int,
+    *,
+    peak: int | None = None,
+    what: str = "the shortest step",
 ) -> UnfitReport:
     longest = "none seen yet" if longest_ms is None else f"{longest_ms:.3f} ms"
     return UnfitReport(
         identity.training_job,
         identity.rank,
         UnfitReason.BUBBLE_TOO_SHORT,
-        f"no bubble long enough: the shortest step takes {step_ms:.3f} ms, this rank's longest usable bubble is "
-        f"{longest}",
+        f"no bubble long enough: {what} takes {step_ms:.3f} ms, this rank's longest usable bubble is {longest}",
         longest_bubble_milliseconds=longest_ms,
         step_milliseconds=step_ms,
         free_bytes=free_bytes,

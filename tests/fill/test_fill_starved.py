@@ -27,7 +27,7 @@ from pipefill_fill.unfit import STARVED_BUBBLES, STARVED_SHARE, starved_report
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4]}
 
 
-def test_the_report_names_the_bubbles_in_a_row_the_unit_and_the_usable_bubble() -> None:
+def test_the_report_names_the_counts_the_unit_and_the_usable_bubble() -> None:
     bubbles = [ObservedBubble(0.002, 1 << 30, "F")] * 40
     report = starved_report(500, 12, 0.0012, bubbles, identity=Identity("gpt", 1), free_bytes=1 << 30, guard_s=5e-4)
     assert report.reason == UnfitReason.BUBBLE_TOO_SHORT and (report.training_job, report.rank) == ("gpt", 1)

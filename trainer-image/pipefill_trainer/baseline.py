@@ -61,8 +61,7 @@ class NoFillSteps:
         self._sink, self._producer, self.every_steps = sink, producer, every_steps
         self._hold = str(channel_dir / HOLD_FILE) if channel_dir is not None else None
         self._steps_s: deque[float] = deque(maxlen=WINDOW)
-        self._at_begin: tuple[bool, int | None] = (False, None)
-        self._read = True  # whether begin read the state (else the step cannot count)
+        self._at_begin: tuple[bool, int | None] | None = (False, None)  # None: not read (the step cannot count)
 
     def quiet(self, step: int) -> bool:
         """Whether ``step`` (counted from the start of training, the same on every rank) announces no bubble."""
@@ -83,16 +82,13 @@ class NoFillSteps:
         """Before a step; ``quiet``: whether it is one (None: not said). A step that is neither quiet nor begins held
         cannot count, so the fill's answer block is not read for it (two reads a step, ~0.1 ms together on a core
         the step's compute just left cold)."""
-        if self._producer is not None and quiet is False and not self._held():
-            self._at_begin = (False, None)
-            self._read = False
-        else:
-            self._at_begin, self._read = self._state(), True
+        cannot_count = self._producer is not None and quiet is False and not self._held()
+        self._at_begin = None if cannot_count else self._state()
 
     def end(self, *, step_s: float, profiling: bool, quiet: bool) -> str | None:
         """Record the step just ended: ``profiling``, the warm-up or a profiling step; ``quiet``, one announcing
         nothing (:meth:`quiet`). Returns the source it counted under, or None."""
-        if not self._read:  # began neither quiet nor held: it cannot count (see begin)
+        if self._at_begin is None:  # began neither quiet nor held: it cannot count (see begin)
             return None
         held0, used0 = self._at_begin
         held1, used1 = self._state()
