@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from pipefill.events import AssignEvent, EventWriter
+from pipefill.events import AssignEvent, EventWriter, MeasureEvent
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
 from pipefill_fill.claim import built_key
-from pipefill_fill.inbubble import BubbleOutcome, run_profile_steps, run_steps
+from pipefill_fill.inbubble import BubbleOutcome, due_between, run_profile_steps, run_steps
 from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.predict import Estimator, StepModel
@@ -108,6 +109,27 @@ class Dispatcher:
             chosen, a, bubble, deadline_ns, offered_s, a.model, any_size=a.any_batch_size, pieces=a.piece_costs()
         )
         return chosen, why, out, batch
+
+    def measure_between(self) -> list[str]:
+        """Between bubbles: one measurement of each profile whose next one no bubble takes (:func:`due_between`: the
+        first size, nothing measured yet, fitting none of the last bubbles), at the executor's priority, as the warm-up
+        runs; a ``measure`` record each. Returns the jobs whose profile is complete now (the runner takes them in).
+        Raises :class:`JobError` where the workload raised."""
+        complete = []
+        for name, a in self._measuring(None).items():
+            if not due_between(a.profiler):
+                continue
+            batch_size, start = a.profiler.batch_size, time.monotonic_ns()
+            with _guard(name):
+                step_s = a.profiler.measure_one()
+            self.events.write(
+                MeasureEvent(
+                    job=name, batch_size=batch_size, start_ns=start, end_ns=time.monotonic_ns(), step_s=round(step_s, 9)
+                )
+            )
+            if a.profile is not None:
+                complete.append(name)
+        return complete
 
     def _measuring(self, exclude: str | None) -> dict[str, ActiveJob]:
         """The jobs whose profiles are measured in bubbles now: one per workload, the first active one of it without a

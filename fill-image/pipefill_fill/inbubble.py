@@ -36,6 +36,7 @@ __all__ = [
     "PROFILE_MISSES",
     "BubbleOutcome",
     "OpenBubble",
+    "due_between",
     "run_profile_steps",
     "run_steps",
 ]
@@ -50,7 +51,20 @@ job's completion and, meanwhile, its seat."""
 
 
 PROFILE_MISSES = 8
-"""Bubbles in a row in which a profile's next measurement did not run before its candidate batch size is given up."""
+"""Bubbles in a row in which a profile's next measurement did not run before its candidate batch size is given up, or
+— the first size, nothing measured yet — before it is measured between bubbles (:func:`due_between`)."""
+
+
+def due_between(profiler: BubbleProfiler) -> bool:
+    """Whether the profile's next measurement is taken between bubbles, not in one: nothing is measured yet, and
+    nothing predicts what the measurement takes, or it fitted none of the last :data:`PROFILE_MISSES` bubbles. The
+    first size is never given up (its slow steps may have been interrupted ones; without it there is no profile), and
+    measured in a bubble whatever its prediction it overran each by what it did not fit (issue #31: 14–42 bubbles of
+    a job too large for 2 ms ones, up to 9.8 ms past their ends, before its verdict). Between bubbles, at the
+    executor's priority, it runs as the warm-up does (:meth:`pipefill_fill.dispatch.Dispatcher.measure_between`)."""
+    if profiler.result is not None or profiler.measured:
+        return False
+    return profiler.misses >= PROFILE_MISSES or profiler.bound_s() is None
 
 
 class OpenBubble(Protocol):
@@ -306,33 +320,31 @@ def run_profile_steps(
     deadline_ns: int,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> BubbleOutcome:
-    """Measurement steps of ``profiler`` while they fit; the very first (nothing known yet) only at a fresh bubble. The
-    first size's steps are measured one piece at a time (where the workload runs its steps in pieces) when a whole one
-    does not fit: that size is measured whatever its prediction, and whole it would overrun the bubble.
+    """Measurement steps of ``profiler`` while they fit. The first size's steps are measured one piece at a time
+    (where the workload runs its steps in pieces) when a whole one does not fit; what fits no bubble of it is measured
+    between bubbles (:func:`due_between`). Nothing unpredicted runs in a bubble.
 
     A bubble in which the next measurement did not run counts as a miss, whatever the reason (a step predicted to fit
     a fresh bubble can still never fit after the wake-up); after :data:`PROFILE_MISSES` in a row the candidate is
     given up (the profile ends with the sizes measured so far), or — the first size, nothing measured yet — measured
-    at the next bubble's start whatever its prediction. So a profile takes at most (warm-up + measured steps +
-    :data:`PROFILE_MISSES`) bubbles per candidate. ``out.stop`` is "time" when the next measurement did not fit the
+    between bubbles until its measurements predict that it fits. So a profile takes at most (warm-up + measured steps
+    + :data:`PROFILE_MISSES`) bubbles per candidate. ``out.stop`` is "time" when the next measurement did not fit the
     time left (the rest of the bubble may go to work that fits: :mod:`pipefill_fill.dispatch`)."""
     out = BubbleOutcome()
     while profiler.result is None:
         start = clock()
+        if due_between(profiler):
+            out.stop = "time"
+            break
         whole = None if profiler.mid_step else profiler.bound_s()  # conservative: a first look at a size's cost
-        # the first size, where its whole step does not fit (it is measured whatever its prediction): one piece at a
-        # time where the workload runs steps in pieces; a larger size must fit whole, else it is given up
+        # the first size, where its whole step does not fit: one piece at a time where the workload runs steps in
+        # pieces; a larger size must fit whole, else it is given up
         piecewise = profiler.mid_step or (
             not profiler.measured and (whole is None or start + int(1e9 * whole) > deadline_ns)
         )
         guess = profiler.next_bound_s() if piecewise else whole
-        retry = not profiler.measured and not out.steps and profiler.misses >= PROFILE_MISSES
-        if guess is None:
-            if out.steps or start - bubble.open_ns > (deadline_ns - bubble.open_ns) // 2:
-                out.stop = "time"
-                break
-        elif start + int(1e9 * guess) > deadline_ns and not retry:
-            out.stop = "time"  # the first size is never given up: its slow steps may have been interrupted ones
+        if guess is None or start + int(1e9 * guess) > deadline_ns:
+            out.stop = "time"
             break
         if not is_open(bubble.id):
             out.stop = "closed"

@@ -163,6 +163,8 @@ class Runner(Stoppable):
                     self._released_ns = time.monotonic_ns()
                 self.events.write(HoldEvent(held=held))
                 log.info("fill %s", "held: taking no bubbles" if held else "released: working in bubbles again")
+            if not held:
+                self._measure_between()
             bubble = None if held else self.link.wait_bubble(0.25 if self.jobs.active else 1.0)
             if bubble is None:
                 if self.link.trainer_alive():
@@ -274,6 +276,18 @@ class Runner(Stoppable):
                 if name not in self.jobs.active:
                     self._next_poll = 0.0  # room for another job
         self.link.publish_floor(self.dispatcher.floor_s())  # the trainer announces no bubble shorter (if unset)
+
+    def _measure_between(self) -> None:
+        """The profile measurements no bubble fits (:meth:`Dispatcher.measure_between`); a profile complete now is
+        taken in (its verdict included), a job whose workload raised fails."""
+        try:
+            complete = self.dispatcher.measure_between()
+        except JobError as exc:
+            self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
+            return
+        for name in complete:
+            if (a := self.jobs.active.get(name)) is not None:
+                self.jobs.profiled(a)
 
     def _fill(
         self, bubble: Any, deadline_ns: int, offered_s: float, *, exclude: str | None = None

@@ -23,6 +23,7 @@ __all__ = [
     "FillEvent",
     "HoldEvent",
     "JobEvent",
+    "MeasureEvent",
     "ProfileEvent",
     "RestartEvent",
     "SliceEvent",
@@ -199,6 +200,20 @@ class ProfileEvent(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MeasureEvent(Event):
+    """A profile's measurement taken between bubbles, not in one: the first batch size of a job, nothing measured yet,
+    whose next measurement no bubble fitted (or nothing predicted it)."""
+
+    EVENT = "measure"
+    job: str
+    batch_size: int
+    start_ns: int
+    end_ns: int
+    step_s: float
+    """the measured step's cost (on a CPU at idle priority this thread's CPU time, else wall time)"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AssignEvent(Event):
     """Which job each bubble class goes to."""
 
@@ -329,6 +344,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StartupEvent,
         SliceEvent,
         ProfileEvent,
+        MeasureEvent,
         AssignEvent,
         FillEvent,
         HoldEvent,

@@ -22,6 +22,7 @@ from pipefill.events import (
     FillEvent,
     HoldEvent,
     JobEvent,
+    MeasureEvent,
     ProfileEvent,
     RestartEvent,
     SliceEvent,
@@ -44,6 +45,7 @@ SAMPLES: list[Event] = [
         job="embed", slice=[0, 50], start_ns=1, end_ns=9, open_s=5e-9, warm_s=3e-9, batch_sizes=[1, 4], warm_before=[1]
     ),
     ProfileEvent(job="embed", cached=False, device="cpu", points=[{"batch_size": 4, "step_s": 0.01, "peak_bytes": 9}]),
+    MeasureEvent(job="embed", batch_size=4, start_ns=3, end_ns=40, step_s=3.5e-8),
     AssignEvent(classes={"12.500ms": "embed"}, jobs=["embed"]),
     FillEvent(
         id=7,

@@ -14,7 +14,7 @@ from commit_helpers import dispatcher
 from fill_helpers import fill_on_one_cpu, write_job
 
 from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent
-from pipefill_fill.inbubble import PROFILE_MISSES, run_profile_steps
+from pipefill_fill.inbubble import PROFILE_MISSES, due_between, run_profile_steps
 from pipefill_fill.predict import StepModel
 
 pytestmark = pytest.mark.alone  # times a quiet core (tests/sharing.py)
@@ -81,10 +81,17 @@ def test_a_measurement_that_fits_only_a_fresh_bubble_is_given_up_after_the_bound
     assert profiler.result == "given up" and profiler.measurements == 0
 
 
-def test_the_first_size_is_measured_at_a_bubble_start_after_the_misses_whatever_its_prediction() -> None:
-    profiler = _Profiler(0.050, measured=False)  # nothing measured yet: giving it up would leave no profile
-    assert _bubbles(profiler, woke_after_ns=120_000) == PROFILE_MISSES + 1
-    assert profiler.result == "measured" and profiler.measurements == 1
+def test_the_first_size_that_fits_no_bubble_is_measured_between_them_never_in_one() -> None:
+    """Nothing measured yet: giving the size up would leave no profile. It was measured at the next bubble's start
+    whatever its prediction, and overran that bubble by what it did not fit; now it is due between bubbles."""
+    profiler = _Profiler(0.050, measured=False)
+    assert _bubbles(profiler, woke_after_ns=120_000, limit=3 * PROFILE_MISSES) == 3 * PROFILE_MISSES + 1
+    assert profiler.result is None and profiler.measurements == 0  # no bubble ran it
+    assert due_between(profiler)  # type: ignore[arg-type]
+    fits = _Profiler(0.010, measured=False)  # the same with a prediction that fits: measured in the first bubble
+    assert _bubbles(fits, woke_after_ns=120_000) == 1 and not due_between(fits)  # type: ignore[arg-type]
+    unknown = _Profiler(None, measured=False)  # nothing predicts it: between bubbles at once
+    assert due_between(unknown) and _bubbles(unknown, woke_after_ns=0, limit=2) == 3  # type: ignore[arg-type]
 
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 2, 4096]}
