@@ -24,8 +24,9 @@ random share of each bubble (a wait it mispredicted), and the fill must notice a
 Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield), and
 the worst bubbles with what a cause needs (``worst_overruns``: the last step, the time it had, a commit's write
 on the writer thread meanwhile).
-Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped and the benchmark exits 1
-naming what it waited for. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
+Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped, its entry in ``runs`` says
+so (``timed_out``, ``error``: what it waited for and what the executor did), the other configurations still run, and
+the benchmark prints them all and exits 1. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
 is killed.
 Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_max_ms", ...}, ...]}``.
 """
@@ -47,7 +48,7 @@ from typing import Any
 from pipefill import env
 from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
 from pipefill.bench.machine import describe_machine, visible_gpus
-from pipefill.bench.runs import BenchError, in_root, log_tail
+from pipefill.bench.runs import in_root, log_tail
 from pipefill.events import (
     FILL_EVENTS,
     TRAINER_EVENTS,
@@ -344,11 +345,14 @@ def main(argv: list[str]) -> int:
                 work = root / f"run{i}-{load}"
                 try:
                     runs.append(_run_one(work, args, bubble_ms=ms, load=load, params=params, launcher=launcher))
-                except BenchTimeout as exc:
-                    raise BenchError(
+                except BenchTimeout as exc:  # the others still run: one length's stall voids none of them
+                    error = (
                         f"the {ms:g} ms {load} run took longer than --timeout-s {args.timeout_s:g} waiting for {exc}; "
                         f"its processes were stopped. Raise --timeout-s, or see why: {stall_report(work)}"
-                    ) from None
+                    )
+                    print(error, file=sys.stderr, flush=True)
+                    runs.append({"bubble_ms": ms, "load": load, "timed_out": True, "error": error})
+                    continue
                 print(f"{ms:g} ms {load}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
         return runs
 
@@ -377,4 +381,4 @@ def main(argv: list[str]) -> int:
         "runs": runs,
     }
     print(json.dumps(out, indent=None if args.json else 2))
-    return 0
+    return 1 if any(r.get("timed_out") for r in runs) else 0

@@ -1,9 +1,11 @@
 """``pipefill bench fill`` has a deadline and leaves no process behind (issue #25, "Found while measuring"): a run
-past ``--timeout-s`` stops with an error naming what it waited for, and its children (fill executor, synthetic
+past ``--timeout-s`` stops with an error naming what it waited for, the other runs still measured and printed, and
+its children (fill executor, synthetic
 trainer, the busy load's spinner) end when the benchmark is killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -38,11 +40,17 @@ def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_run_past_its_deadline_stops_with_an_error_naming_what_it_waited_for(tmp_path: Path) -> None:
-    proc, marker = _bench(tmp_path, "--loads", "busy", "--timeout-s", "1.5")  # the executor is not even attached
-    _, err = proc.communicate(timeout=90)
+    # the executor is not even attached in the first; the second, its executor forked from the launcher warm by then,
+    # cannot see its 40 bubbles of 40 ms in 1.5 s either: each stops at its deadline, the second runs all the same
+    proc, marker = _bench(tmp_path, "--loads", "busy", "--timeout-s", "1.5", "--bubbles-ms", "30,40")
+    out, err = proc.communicate(timeout=90)
     assert proc.returncode == 1, err[-2000:]
     assert "the 30 ms busy run took longer than --timeout-s 1.5 waiting for the fill's profile" in err
+    assert "the 40 ms busy run took longer than --timeout-s 1.5 waiting for" in err
     assert "Raise --timeout-s" in err
+    runs = json.loads(out)["runs"]  # every configuration has its entry, the stalled ones marked
+    assert [(r["bubble_ms"], r["load"], r["timed_out"]) for r in runs] == [(30, "busy", True), (40, "busy", True)]
+    assert all(r["error"] in err for r in runs)
     _wait(lambda: not with_marker(marker), 15, "no process of the run left")
 
 
