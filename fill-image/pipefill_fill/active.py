@@ -48,24 +48,30 @@ class ActiveJob:
     reported_at: float = 0.0
     rate_units: int = 0
     rate_since: float = field(default_factory=time.monotonic)
-    offered: tuple[int, int] = (0, 0)  # of its bubbles lately: those with steps, those nothing fitted (STARVED_BUBBLES)
+    # of its bubbles lately: those with steps, those nothing fitted, those a batch completed in (STARVED_BUBBLES)
+    offered: tuple[int, int, int] = (0, 0, 0)
 
     def starving(
         self, out: BubbleOutcome, bubbles: Callable[[], list[ObservedBubble]], identity: Identity, settings: Settings
     ) -> UnfitReport | None:
         """Count a bubble of this profiled job; once :data:`~pipefill_fill.unfit.STARVED_BUBBLES` were counted, why it
-        fits none of them when fewer than :data:`~pipefill_fill.unfit.STARVED_SHARE` had steps (else the count starts
-        over). Counted: bubbles it ran steps in, and bubbles it ran nothing in because nothing fitted the time left."""
+        fits none of them when fewer than :data:`~pipefill_fill.unfit.STARVED_SHARE` had steps, or when no batch was
+        completed in any (its pieces ran, and its batch in flight was dropped where a later piece fitted no bubble);
+        else the count starts over. Counted: bubbles it ran steps in, and bubbles it ran nothing in because nothing
+        fitted the time left."""
         if self.profile is None or not self.profile_taken or not (out.steps or out.stop == "time"):
             return None
-        worked, starved = self.offered
-        worked, starved = worked + (out.steps > 0), starved + (out.steps == 0)
-        self.offered = (worked, starved) if worked + starved < STARVED_BUBBLES else (0, 0)
-        if worked + starved < STARVED_BUBBLES or worked >= STARVED_SHARE * (worked + starved):
+        worked, starved, completed = self.offered
+        worked, starved, completed = worked + (out.steps > 0), starved + (out.steps == 0), completed + (out.items > 0)
+        counted = worked + starved
+        self.offered = (worked, starved, completed) if counted < STARVED_BUBBLES else (0, 0, 0)
+        if counted < STARVED_BUBBLES or (worked >= STARVED_SHARE * counted and completed):
             return None
         unit = min((unit_s(p) for p in self.profile.points), default=0.0)
         free, guard = settings.reserved_bytes, settings.guard_s
-        return starved_report(starved, worked, unit, bubbles(), identity=identity, free_bytes=free, guard_s=guard)
+        return starved_report(
+            starved, worked, unit, bubbles(), identity=identity, free_bytes=free, guard_s=guard, completed=completed
+        )
 
     @property
     def measured(self) -> tuple[ProfileEntry, ...]:

@@ -73,6 +73,8 @@ class Pending:
     staged: Staged
     stage_s: float
     """what its device part took"""
+    between: bool = False
+    """its device part was made between bubbles (it fit none: :func:`pipefill_fill.inbubble.commit_between`)"""
     done: threading.Event = field(default_factory=threading.Event)
     written: int = 0
     write_s: float = 0.0

@@ -21,7 +21,7 @@ from pipefill.events import AssignEvent, EventWriter, MeasureEvent
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
 from pipefill_fill.claim import built_key
-from pipefill_fill.inbubble import BubbleOutcome, due_between, run_profile_steps, run_steps
+from pipefill_fill.inbubble import BubbleOutcome, commit_between, due_between, run_profile_steps, run_steps
 from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.predict import Estimator, StepModel
@@ -109,6 +109,13 @@ class Dispatcher:
             chosen, a, bubble, deadline_ns, offered_s, a.model, any_size=a.any_batch_size, pieces=a.piece_costs()
         )
         return chosen, why, out, batch
+
+    def commit_between(self) -> None:
+        """Between bubbles: the device part of each job's due commit that fit no bubble's start for long enough
+        (:func:`pipefill_fill.inbubble.commit_between`). Raises :class:`JobError` where the workload raised."""
+        for name, a in list(self.jobs.active.items()):
+            with _guard(name):
+                commit_between(a.task, a.commit_estimate, cost_clock=self.jobs.step_clock)
 
     def measure_between(self) -> list[str]:
         """Between bubbles: one measurement of each profile whose next one no bubble takes (:func:`due_between`: the

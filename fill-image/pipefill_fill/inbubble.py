@@ -10,7 +10,8 @@ Rules (docs/fill.md, "Guarantees"):
   the last commit of a slice too, which otherwise waits for the next bubble where it fits (the end-of-step bubble is
   usually the longest). Its file part (write, fsync, rename) is the commit writer's, off this thread
   (:mod:`pipefill_fill.commits`). A commit that fit no bubble's start for :data:`DEFER_BUBBLES` bubbles in a row, or
-  for :data:`DEFER_S`, is made at the next one's start anyway: work must become durable.
+  for :data:`DEFER_S`, has its device part made between bubbles (:func:`commit_between`): work must become durable,
+  and no bubble is held past its end for it.
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ __all__ = [
     "PROFILE_MISSES",
     "BubbleOutcome",
     "OpenBubble",
+    "commit_between",
     "due_between",
     "run_profile_steps",
     "run_steps",
 ]
 
 DEFER_BUBBLES = 64
-"""Bubbles in a row a due commit may wait for one whose start fits its device part; then it is made at a start anyway
-(its overrun, if any, is recorded with the cause ``commit``)."""
+"""Bubbles in a row a due commit may wait for one whose start fits its device part; then that part is made between
+bubbles (:func:`commit_between`). It was made at the next bubble's start anyway, and overran it by what it did not
+fit (the cause ``commit``)."""
 DEFER_S = 1.0
 """And at most this long: where bubbles are few (a rank with one or two a step, steps of a second) or their planned
 ends fall at their starts (a loaded machine), 64 of them are a minute, for which a finished slice would hold its
@@ -185,7 +188,7 @@ def run_steps(
         out.transfers_ns.append((t, clock()))
         out.transfer_ns += out.transfers_ns[-1][1] - t
     if task.commit_due() and is_open(bubble.id):  # what earlier bubbles did, before steps fill this one to its end
-        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) or _deferred_enough(task, clock):
+        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
             _commit(task, out, commit_estimate, clock)
         else:
             if task.deferred == 0:
@@ -287,6 +290,28 @@ def _run(
     out.items += items
     out.busy_ns += end - start
     return items <= 0 and task.in_flight() is None
+
+
+def commit_between(
+    task: FillTask,
+    commit_estimate: Estimator,
+    *,
+    clock: Callable[[], int] = time.monotonic_ns,
+    cost_clock: Callable[[], int],
+) -> tuple[int, int] | None:
+    """Between bubbles: the device part of ``task``'s due commit that fit no bubble's start for :data:`DEFER_BUBBLES`
+    bubbles in a row or for :data:`DEFER_S` (its file part goes to the writer as any commit's). Its cost, by
+    ``cost_clock`` (the step clock: on a CPU at idle priority the thread's CPU time, which the trainer's work meanwhile
+    does not inflate), teaches the commit's estimate. Returns its [start, end] (``clock``), or None: nothing due."""
+    if not (task.commit_due() and _deferred_enough(task, clock)):
+        return None
+    start, cost0 = clock(), cost_clock()
+    pending = task.stage_commit(clock)
+    task.deferred = 0
+    if pending is not None:
+        pending.between = True
+    commit_estimate.record((cost_clock() - cost0) / 1e9)
+    return start, clock()
 
 
 def _deferred_enough(task: FillTask, clock: Callable[[], int]) -> bool:

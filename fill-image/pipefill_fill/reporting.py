@@ -67,7 +67,8 @@ def commit_event(
 def written_event(a: ActiveJob, pending: Pending) -> CommitEvent:
     """The event of ``a``'s commit ``pending``, written: the job's progress as its storage has it now."""
     committed = a.job.committed()
-    return commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s)
+    at = "between" if pending.between else ""
+    return commit_event(a, committed, written=pending.written, commit_s=pending.stage_s, write_s=pending.write_s, at=at)
 
 
 def released(a: ActiveJob, events: EventWriter, *, timeout_s: float | None = 0.0) -> bool:

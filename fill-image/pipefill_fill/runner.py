@@ -164,7 +164,7 @@ class Runner(Stoppable):
                 self.events.write(HoldEvent(held=held))
                 log.info("fill %s", "held: taking no bubbles" if held else "released: working in bubbles again")
             if not held:
-                self._measure_between()
+                self._between()
             bubble = None if held else self.link.wait_bubble(0.25 if self.jobs.active else 1.0)
             if bubble is None:
                 if self.link.trainer_alive():
@@ -277,10 +277,12 @@ class Runner(Stoppable):
                     self._next_poll = 0.0  # room for another job
         self.link.publish_floor(self.dispatcher.floor_s())  # the trainer announces no bubble shorter (if unset)
 
-    def _measure_between(self) -> None:
-        """The profile measurements no bubble fits (:meth:`Dispatcher.measure_between`); a profile complete now is
-        taken in (its verdict included), a job whose workload raised fails."""
+    def _between(self) -> None:
+        """What no bubble fits, between them: due commits deferred for too long (:meth:`Dispatcher.commit_between`),
+        the profile measurements (:meth:`Dispatcher.measure_between`); a profile complete now is taken in (its verdict
+        included), a job whose workload raised fails."""
         try:
+            self.dispatcher.commit_between()
             complete = self.dispatcher.measure_between()
         except JobError as exc:
             self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")

@@ -305,11 +305,13 @@ class CommitEvent(Event):
     position: int | None = None
     bytes: int
     commit_s: float
-    """its device part, made inside a bubble (state to the host, outputs and state to bytes)"""
+    """its device part (state to the host, outputs and state to bytes), made inside a bubble, or between bubbles
+    (``at``: ``between``) when it fit none"""
     write_s: float = 0.0
     """its file part (write, fsync, rename), made off the filling thread, which it waits for while a bubble is filled"""
     at: str | None = None
-    """``shutdown`` for the final commit"""
+    """``shutdown`` for the final commit; ``between``: its device part fit no bubble's start for ``DEFER_BUBBLES`` bubbles
+    or ``DEFER_S`` and was made between bubbles"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,15 +11,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from commit_helpers import PARAMS, Bubble, HeldWriter, bubble, cpu_jobs, open_task, run_bubble, stub_dispatcher
+from commit_helpers import (
+    PARAMS,
+    Bubble,
+    HeldWriter,
+    bubble,
+    cpu_jobs,
+    dispatcher,
+    open_task,
+    run_bubble,
+    stub_dispatcher,
+)
 from fill_helpers import subprocess_env, write_job
 from launched import popen
 
 from pipefill import env
 from pipefill.events import CommitEvent, EventWriter, JobEvent, read_events
-from pipefill_fill.inbubble import DEFER_BUBBLES, DEFER_S
+from pipefill_fill.inbubble import DEFER_BUBBLES, DEFER_S, BubbleOutcome, commit_between
+from pipefill_fill.predict import Estimator
 from pipefill_fill.sources import Identity, open_source
 from pipefill_fill.store import ProgressStore, read_outputs, read_pointer
+from pipefill_fill.task import FillTask
 
 
 def test_a_slow_disk_never_holds_a_bubble(jobs_dir: Path) -> None:
@@ -48,15 +60,71 @@ def test_a_slow_disk_never_holds_a_bubble(jobs_dir: Path) -> None:
         writer.close(10)
 
 
-def test_a_commit_that_fits_no_bubble_is_made_after_the_limit(jobs_dir: Path) -> None:
+def _between(task: FillTask) -> tuple[int, int] | None:
+    return commit_between(task, Estimator(default_s=3600.0), cost_clock=time.thread_time_ns)
+
+
+def test_a_commit_that_fits_no_bubble_is_made_between_bubbles_after_the_limit(jobs_dir: Path) -> None:
+    """It was made at the next bubble's start anyway, and overran that bubble by what it did not fit."""
     task = open_task(write_job(jobs_dir, "enc", total=16, parameters=PARAMS))
     out = bubble(task, left_s=60.0, commit_s=3600.0)
     assert task.done() and out.stop == "done" and not out.commits_ns and task.inflight is None
     for i in range(DEFER_BUBBLES):
+        assert _between(task) is None  # not yet: a bubble whose start fits it may come
         assert not bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=1 + i).commits_ns
     assert task.deferred == DEFER_BUBBLES and task.committed == 0
-    assert bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=99).commits_ns  # made at a bubble's start anyway
-    assert task.settle() is not None and task.durable and task.committed == 16 and task.deferred == 0
+    assert not bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=99).commits_ns  # never in a bubble
+    made = _between(task)
+    assert made is not None and made[0] <= made[1] and task.inflight is not None and task.inflight.between
+    assert task.settle(timeout_s=10) is not None and task.durable and task.committed == 16 and task.deferred == 0
+
+
+def test_the_executor_makes_a_commit_no_bubble_fits_between_bubbles(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the executor's jobs and dispatcher: a slice whose commits fit no bubble still completes, its device
+    parts made between bubbles (``at``: between), none in a bubble."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    write_job(jobs_dir, "j", total=64, parameters=PARAMS, output=tmp_path / "out" / "j")
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    log = tmp_path / "fill-events.jsonl"
+    events = EventWriter(log)
+    jobs = cpu_jobs(source, events)
+    try:
+        jobs.refresh()
+        d = dispatcher(tmp_path, jobs)
+
+        def bubble_of(i: int, length_s: float) -> BubbleOutcome:
+            now = time.monotonic_ns()
+            b = Bubble(i, now, now + int(length_s * 1e9))
+            job, _why, out, _batch = d.fill(b, b.expected_end_ns, length_s)
+            if job is not None:
+                jobs.after_bubble(job, out)
+            return out
+
+        i = 0
+        while (a := jobs.active["j"]).profile is None or not a.profile_taken:  # profiled in long bubbles
+            bubble_of(i, 0.2)
+            i += 1
+            assert i < 200, "the profile was never completed"
+        a.commit_estimate = Estimator(default_s=3600.0)  # from now on no commit fits a bubble
+        deadline = time.monotonic() + 60
+        while "j" in jobs.active:
+            d.commit_between()  # as the runner's loop does between bubbles
+            jobs.settle()
+            if "j" in jobs.active:
+                assert not bubble_of(i, 0.005).commits_ns, "a commit made in a bubble"
+                i += 1
+            assert time.monotonic() < deadline, "the job never completed"
+    finally:
+        jobs.shutdown()
+        source.close()
+        events.close()
+    commits = [e for e in read_events(log) if isinstance(e, CommitEvent)]
+    assert commits[-1].end == 64 and commits[-1].at == "between", commits
+    phases = [e.phase for e in read_events(log) if isinstance(e, JobEvent) and e.job == "j"]
+    assert phases[-1] == "Succeeded", phases
 
 
 def test_a_commit_that_fits_no_bubble_waits_at_most_a_second(jobs_dir: Path) -> None:
@@ -67,9 +135,10 @@ def test_a_commit_that_fits_no_bubble_waits_at_most_a_second(jobs_dir: Path) -> 
     assert task.deferred == 3 and task.committed == 0
     first = task.deferred_since_ns
     assert 0 < time.monotonic_ns() - first < DEFER_S * 1e9  # the first deferral's time, kept across the others
+    assert _between(task) is None
     task.deferred_since_ns = first - int(DEFER_S * 1e9)  # as if that first one was a second ago: few bubbles since
-    assert bubble(task, left_s=0.01, commit_s=3600.0, bubble_id=9).commits_ns  # made at a bubble's start anyway
-    assert task.settle() is not None and task.durable and task.committed == 16 and task.deferred == 0
+    assert _between(task) is not None  # made between bubbles
+    assert task.settle(timeout_s=10) is not None and task.durable and task.committed == 16 and task.deferred == 0
 
 
 def test_a_kill_between_the_parts_of_a_deferred_last_commit_loses_nothing_and_repeats_nothing(jobs_dir: Path) -> None:
