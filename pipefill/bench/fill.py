@@ -23,7 +23,8 @@ trainer's wait** = how long after closing a bubble it waited for the fill's last
 random share of each bubble (a wait it mispredicted), and the fill must notice and yield.
 Overruns past the guard come with their causes (``overrun_causes``: step, start-up, commit, transfer, yield), and
 the worst bubbles with what a cause needs (``worst_overruns``: the last step, the time it had, a commit's write
-on the writer thread meanwhile).
+on the writer thread meanwhile, the steal on the fill's core around it). ``steal``: on a virtual machine, the host's
+steal time on the fill's core (:mod:`pipefill.bench.steal`), the bubbles it fell in, and the overruns without them.
 Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped, its entry in ``runs`` says
 so (``timed_out``, ``error``: what it waited for and what the executor did), the other configurations still run, and
 the benchmark prints them all and exits 1. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
@@ -49,6 +50,7 @@ from pipefill import env
 from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
 from pipefill.bench.machine import describe_machine, visible_gpus
 from pipefill.bench.runs import in_root, log_tail
+from pipefill.bench.steal import StealSampler, steal_summary
 from pipefill.events import (
     FILL_EVENTS,
     TRAINER_EVENTS,
@@ -187,6 +189,8 @@ def _run_one(
     others = sorted(os.sched_getaffinity(0) - {a.cpu})
     deadline = time.monotonic() + a.timeout_s
     spinner = _spinner(others[0]) if load == "busy" and others else None
+    # the VM's steal on the fill's core, sampled from another: an overrun while it took the core is the machine's
+    sampler = StealSampler(_fill_core(a), sampler_cpus=set(others[-1:]) or None).start()
     # the executor forked from ``launcher`` where it can (else Popen), its output in <work>/fill/output.log: the stall
     # report quotes its warnings
     fill = LocalProcess(
@@ -223,6 +227,7 @@ def _run_one(
         except subprocess.TimeoutExpired:
             raise BenchTimeout("the fill executor's exit (its trainer ended)") from None
     finally:  # a run that failed or timed out leaves no process behind
+        sampler.stop()
         for proc in (spinner, trainer_proc, fill):  # the spinner first: nothing else then keeps a core busy
             _stop(proc)
     trainer = read_events(work / "trainer" / TRAINER_EVENTS)
@@ -251,7 +256,13 @@ def _run_one(
         "trainer_wait_p99_ms": overruns["trainer_wait_p99_ms"],
         "trainer_wait_max_ms": overruns["trainer_wait_max_ms"],
         # the worst bubbles with what their cause needs (the last step, the time it had, a commit being written)
-        "worst_overruns": worst_overruns(used, (e for e in fill_log if isinstance(e, CommitEvent))),
+        "worst_overruns": worst_overruns(
+            used,
+            (e for e in fill_log if isinstance(e, CommitEvent)),
+            stolen=lambda b: sampler.stolen_ms(b.woke_ns, b.yielded_ns),
+        ),
+        # the bubbles during which the VM took the fill's core, and the overruns of the others
+        "steal": steal_summary(sampler, used),
         # a job's bubbles: its own and those handed to it mid-bubble (a small job may run only in those)
         "per_job": {n: overrun_summary(b for b in used if n in (b.job, b.handoff)) for n in names} if a.life else None,
         "jobs_succeeded": sorted(

@@ -10,7 +10,7 @@ Beside it, ``announced_recovery`` divides the same step time by the announced wa
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pipefill.events import BubbleEvent, CommitEvent, Event, FillEvent, StepEvent
@@ -49,12 +49,19 @@ def overrun_summary(bubbles: Iterable[FillEvent]) -> dict[str, Any]:
     }
 
 
-def worst_overruns(bubbles: Iterable[FillEvent], commits: Iterable[CommitEvent], n: int = 8) -> list[dict[str, Any]]:
+def worst_overruns(
+    bubbles: Iterable[FillEvent],
+    commits: Iterable[CommitEvent],
+    n: int = 8,
+    *,
+    stolen: Callable[[FillEvent], float] | None = None,
+) -> list[dict[str, Any]]:
     """The ``n`` bubbles that overran most, each with what a cause needs: the last step (its kind, batch size and
     length), the time the planner had left for it when it started (``slack_ms``: deadline − its start; a step longer
     than that is what overran), the margin, how far into the run it fell, and whether a commit's file part was being
     written on the writer thread meanwhile (``writing``: it shares the process, and so the GIL, with the steps), and where
-    the last step's time went (``last_host_ms``, ``last_cpu_ms``, ``last_switches``: :func:`_trace`)."""
+    the last step's time went (``last_host_ms``, ``last_cpu_ms``, ``last_switches``: :func:`_trace`); with ``stolen``,
+    the VM's steal on the fill's core during the bubble (``stolen_ms``: :mod:`pipefill.bench.steal`)."""
     worked = sorted((b for b in bubbles if b.steps and b.spans_ns), key=lambda b: -b.overrun_s)[:n]
     first = min((b.open_ns for b in worked), default=0)
     writes = [(c.mono_ns - int(c.write_s * 1e9), c.mono_ns) for c in commits if c.write_s > 0]
@@ -78,6 +85,7 @@ def worst_overruns(bubbles: Iterable[FillEvent], commits: Iterable[CommitEvent],
                 "commits": len(b.commits_ns),
                 "writing": any(w0 < end and start < w1 for w0, w1 in writes),
                 **_trace(b),
+                **({"stolen_ms": round(stolen(b), 1)} if stolen is not None else {}),
             }
         )
     return rows

@@ -42,6 +42,10 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
         assert sum(run["idle_share"].values()) == pytest.approx(1.0, abs=1e-3)
         work = sum(run["idle_share"].get(k, 0.0) for k in WORK)  # whole steps, pieces, carried, continued
         assert work == pytest.approx(run["recovery"], abs=1e-3)
+        steal = run["steal"]  # the VM's steal on the fill's core: the bubbles it fell in, the overruns without them
+        assert steal["available"] and 0 <= steal["bubbles"] <= run["bubbles_used"], steal
+        assert steal["overrun_max_ms_without"] <= run["overrun_max_ms"], steal
+        assert all("stolen_ms" in w for w in run["worst_overruns"]), run["worst_overruns"]
 
 
 @pytest.mark.busy  # untimed (beside other tests it stalled: a slice after one that cut its profile short, fixed)
