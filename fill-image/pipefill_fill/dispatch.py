@@ -122,7 +122,9 @@ class Dispatcher:
         first size, nothing measured yet, fitting none of the last bubbles), at the executor's priority, as the warm-up
         runs; a ``measure`` record each. Returns the jobs whose profile is complete now (the runner takes them in).
         Raises :class:`JobError` where the workload raised."""
-        complete = []
+        complete: list[str] = []
+        if not any(due_between(a.profiler) for a in self.jobs.active.values()):
+            return complete  # the usual case, every loop: no workload key computed
         for name, a in self._measuring(None).items():
             if not due_between(a.profiler):
                 continue

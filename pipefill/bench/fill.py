@@ -27,8 +27,8 @@ on the writer thread meanwhile, the steal on the fill's core around it). ``steal
 steal time on the fill's core (:mod:`pipefill.bench.steal`), the bubbles it fell in, and the overruns without them.
 Every configuration has a deadline (``--timeout-s``): past it, its processes are stopped, its entry in ``runs`` says
 so (``timed_out``, ``error``: what it waited for and what the executor did), the other configurations still run, and
-the benchmark prints them all and exits 1. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``), also when it
-is killed.
+the benchmark prints them all and exits 1. Its processes end with it (``PIPEFILL_PARENT_PID``, ``PR_SET_PDEATHSIG``),
+also when it is killed.
 Prints ``{"runs": [{"bubble_ms", "load", "recovery", "overrun_p99_ms", "overrun_max_ms", ...}, ...]}``.
 """
 
