@@ -1,4 +1,5 @@
-"""Where a fill step's time went, for the bubble's record: the host part, the filling thread's CPU, its switches.
+"""Where a fill step's time went, for the bubble's record: the host part, the filling thread's CPU, its switches and
+page faults.
 
 A step that runs past its prediction overruns the bubble, and its cause ``step`` alone does not say what to do about
 it. Three readings, taken around every step for about a microsecond each, tell the cases apart:
@@ -10,7 +11,11 @@ it. Three readings, taken around every step for about a microsecond each, tell t
   waited for something else;
 * ``switches`` — the filling thread's context switches during the step (``getrusage(RUSAGE_THREAD)``): voluntary (it
   blocked: the GIL held by another thread, a lock, a sleeping synchronization) and involuntary (the kernel took the
-  core for another thread).
+  core for another thread);
+* ``faults`` — the filling thread's page faults during the step (the same call: minor and major): memory the step
+  touched that was not mapped, such as an allocation the allocator had given back to the kernel. The whole-life
+  matrix found single steps whose own CPU time was twice their size's (session 34); faults are CPU time the thread
+  spends in the kernel, and one candidate.
 
 So a late step whose span is host time at full CPU was slow Python or a slow call (an allocation, a kernel chosen
 for a new shape); one with involuntary switches lost its core; one with voluntary switches and little CPU waited for
@@ -31,12 +36,13 @@ class Mark:
     cpu_ns: int
     voluntary: int
     involuntary: int
+    faults: int = 0
 
 
 def mark() -> Mark:
-    """The filling thread's CPU time and context-switch counts now."""
+    """The filling thread's CPU time, context-switch and page-fault counts now."""
     usage = resource.getrusage(resource.RUSAGE_THREAD)
-    return Mark(time.thread_time_ns(), usage.ru_nvcsw, usage.ru_nivcsw)
+    return Mark(time.thread_time_ns(), usage.ru_nvcsw, usage.ru_nivcsw, usage.ru_minflt + usage.ru_majflt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,7 @@ class StepTrace:
     cpu_us: int
     voluntary: int
     involuntary: int
+    faults: int = 0
 
     @classmethod
     def between(cls, before: Mark, after: Mark, *, host_ns: int) -> StepTrace:
@@ -55,8 +62,10 @@ class StepTrace:
             cpu_us=(after.cpu_ns - before.cpu_ns) // 1000,
             voluntary=after.voluntary - before.voluntary,
             involuntary=after.involuntary - before.involuntary,
+            faults=after.faults - before.faults,
         )
 
-    def row(self) -> tuple[int, int, int, int]:
-        """As the ``fill`` record's ``step_trace`` holds it: [host µs, CPU µs, voluntary, involuntary switches]."""
-        return (self.host_us, self.cpu_us, self.voluntary, self.involuntary)
+    def row(self) -> tuple[int, int, int, int, int]:
+        """As the ``fill`` record's ``step_trace`` holds it: [host µs, CPU µs, voluntary, involuntary switches, page
+        faults]."""
+        return (self.host_us, self.cpu_us, self.voluntary, self.involuntary, self.faults)

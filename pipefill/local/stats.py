@@ -92,12 +92,14 @@ def worst_overruns(
 
 
 def _trace(b: FillEvent) -> dict[str, Any]:
-    """Where the last step's time went (the executor's ``step_trace``): its host part, the filling thread's CPU and
-    its voluntary and involuntary context switches; nothing for a record without it."""
+    """Where the last step's time went (the executor's ``step_trace``): its host part, the filling thread's CPU, its
+    voluntary and involuntary context switches and (logs since session 34) its page faults; nothing for a record
+    without it."""
     if len(b.step_trace) != len(b.spans_ns):
         return {}
-    host_us, cpu_us, voluntary, involuntary = b.step_trace[-1]
-    return {"last_host_ms": host_us / 1e3, "last_cpu_ms": cpu_us / 1e3, "last_switches": [voluntary, involuntary]}
+    host_us, cpu_us, voluntary, involuntary, *faults = b.step_trace[-1]
+    row = {"last_host_ms": host_us / 1e3, "last_cpu_ms": cpu_us / 1e3, "last_switches": [voluntary, involuntary]}
+    return {**row, "last_faults": faults[0]} if faults else row
 
 
 def merged(*logs: Iterable[Event]) -> list[Event]:

@@ -45,7 +45,7 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
         steal = run["steal"]  # the VM's steal on the fill's core: the bubbles it fell in, the overruns without them
         assert steal["available"] and 0 <= steal["bubbles"] <= run["bubbles_used"], steal
         assert steal["overrun_max_ms_without"] <= run["overrun_max_ms"], steal
-        assert all("stolen_ms" in w for w in run["worst_overruns"]), run["worst_overruns"]
+        assert all("stolen_ms" in w and "last_faults" in w for w in run["worst_overruns"]), run["worst_overruns"]
 
 
 @pytest.mark.busy  # untimed (beside other tests it stalled: a slice after one that cut its profile short, fixed)

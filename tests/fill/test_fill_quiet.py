@@ -4,6 +4,7 @@ core, which preempted the filling thread's steps; and where each step's time wen
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -108,7 +109,21 @@ def test_a_step_that_blocks_shows_little_cpu_and_a_voluntary_switch() -> None:
     time.sleep(0.02)  # what is measured: a thread that blocks
     trace = StepTrace.between(before, mark(), host_ns=time.monotonic_ns() - t0)
     assert trace.host_us >= 20_000 and trace.cpu_us < 5_000 and trace.voluntary >= 1
-    assert trace.row() == (trace.host_us, trace.cpu_us, trace.voluntary, trace.involuntary)
+    assert trace.row() == (trace.host_us, trace.cpu_us, trace.voluntary, trace.involuntary, trace.faults)
+
+
+def test_a_step_that_touches_fresh_memory_shows_its_page_faults() -> None:
+    """64 MiB mapped and written for the first time: one fault a page at least (4 KiB pages, or fewer huge ones)."""
+    before, t0 = mark(), time.monotonic_ns()
+    fresh = mmap.mmap(-1, 64 << 20)
+    for offset in range(0, len(fresh), 4096):
+        fresh[offset] = 1
+    trace = StepTrace.between(before, mark(), host_ns=time.monotonic_ns() - t0)
+    fresh.close()
+    assert trace.faults >= 32, trace  # 2 MiB huge pages: 32; 4 KiB pages: 16 384
+    quiet, t1 = mark(), time.monotonic_ns()
+    sum(range(10_000))  # touches nothing new
+    assert StepTrace.between(quiet, mark(), host_ns=time.monotonic_ns() - t1).faults < 32
 
 
 _IDLE_STEP = """
@@ -158,7 +173,7 @@ def test_a_step_the_trainer_preempts_on_its_core_shows_involuntary_switches_and_
             proc.stdin.flush()
             assert proc is trainer or proc.stdout.readline().strip() == "stepping"
         assert fill.stdout is not None
-        host_us, cpu_us, _, involuntary = json.loads(fill.stdout.readline())
+        host_us, cpu_us, _, involuntary, _ = json.loads(fill.stdout.readline())
         assert trainer.wait(30) == 0
     finally:
         for proc in procs:
