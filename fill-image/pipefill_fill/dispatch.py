@@ -42,6 +42,11 @@ class JobError(Exception):
         super().__init__(job)
         self.job = job
 
+    @property
+    def reason(self) -> str:
+        """What the workload raised, as the job's failure says it."""
+        return f"{type(self.__cause__).__name__}: {self.__cause__}"
+
 
 @contextlib.contextmanager
 def _guard(name: str) -> Iterator[None]:

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from pipefill_fill.commits import Pending
 from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
@@ -45,8 +46,7 @@ __all__ = [
 
 DEFER_BUBBLES = 64
 """Bubbles in a row a due commit may wait for one whose start fits its device part; then that part is made between
-bubbles (:func:`commit_between`). It was made at the next bubble's start anyway, and overran it by what it did not
-fit (the cause ``commit``)."""
+bubbles (:func:`commit_between`), not at a bubble's start anyway, overrunning it by what it does not fit."""
 DEFER_S = 1.0
 """And at most this long: where bubbles are few (a rank with one or two a step, steps of a second) or their planned
 ends fall at their starts (a loaded machine), 64 of them are a minute, for which a finished slice would hold its
@@ -305,13 +305,10 @@ def commit_between(
     does not inflate), teaches the commit's estimate. Returns its [start, end] (``clock``), or None: nothing due."""
     if not (task.commit_due() and _deferred_enough(task, clock)):
         return None
-    start, cost0 = clock(), cost_clock()
-    pending = task.stage_commit(clock)
-    task.deferred = 0
+    start, end, pending = _stage(task, commit_estimate, clock, cost_clock)
     if pending is not None:
         pending.between = True
-    commit_estimate.record((cost_clock() - cost0) / 1e9)
-    return start, clock()
+    return start, end
 
 
 def _deferred_enough(task: FillTask, clock: Callable[[], int]) -> bool:
@@ -324,17 +321,25 @@ def _fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool
     return clock() + int(1e9 * duration_s) <= deadline_ns
 
 
-def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, clock: Callable[[], int]) -> None:
-    """A commit's device part, timed (its file part is the writer's)."""
-    t = clock()
+def _stage(
+    task: FillTask, commit_estimate: Estimator, clock: Callable[[], int], cost_clock: Callable[[], int]
+) -> tuple[int, int, Pending | None]:
+    """A commit's device part (the file part is the writer's), its cost by ``cost_clock`` taught to the estimate:
+    [start, end] by ``clock``, and the commit in flight (None: nothing new). The deferral count starts over."""
+    start, cost0 = clock(), cost_clock()
     pending = task.stage_commit(clock)
     task.deferred = 0
-    out.committed_bytes += pending.staged.nbytes if pending is not None else 0
     end = clock()
-    dt = end - t
-    out.commits_ns.append((t, end))
-    out.commit_ns += dt
-    commit_estimate.record(dt / 1e9)
+    commit_estimate.record((cost_clock() - cost0) / 1e9)
+    return start, end, pending
+
+
+def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, clock: Callable[[], int]) -> None:
+    """A commit's device part in a bubble, accounted in ``out``."""
+    start, end, pending = _stage(task, commit_estimate, clock, clock)
+    out.committed_bytes += pending.staged.nbytes if pending is not None else 0
+    out.commits_ns.append((start, end))
+    out.commit_ns += end - start
 
 
 def run_profile_steps(

@@ -285,7 +285,7 @@ class Runner(Stoppable):
             self.dispatcher.commit_between()
             complete = self.dispatcher.measure_between()
         except JobError as exc:
-            self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
+            self.jobs.fail(exc.job, exc.reason)
             return
         for name in complete:
             if (a := self.jobs.active.get(name)) is not None:
@@ -298,7 +298,7 @@ class Runner(Stoppable):
         try:
             return self.dispatcher.fill(bubble, deadline_ns, offered_s, exclude=exclude)
         except JobError as exc:  # the workload raised: that job fails, the executor and other jobs go on
-            self.jobs.fail(exc.job, f"{type(exc.__cause__).__name__}: {exc.__cause__}")
+            self.jobs.fail(exc.job, exc.reason)
             return exc.job, "error", BubbleOutcome(stop="error"), None
         except Superseded as exc:  # a commit was refused: the slice moved; stop it, nothing written
             self.jobs.superseded(exc.job, exc)
