@@ -7,6 +7,12 @@ word-stats loaded from the checkout as a FillJob's ``code.path``). Loads: ``idle
 ``busy`` (a process spinning on another core the whole time: shared caches, memory bandwidth, the host's scheduling
 of the second vCPU).
 
+``--trainer``: what the synthetic trainer does at a bubble's end while the fill still works. ``waits`` (the default):
+it waits for the fill to yield before computing, as a stage whose GPU still runs the fill's last kernels — every
+millisecond the fill holds the device past the bubble's end is a millisecond added to the step, the overrun.
+``shares``: it computes at once on the same core at the same priority (GPU time-slicing), so a step past the end
+takes about twice its remaining time to yield and the training loses half of that.
+
 Two modes. *Steady* (the default): one job that never finishes; bubbles spent on the workload's first steps and its
 in-bubble profile are left out, then ``--bubbles`` are measured per configuration, so a p99 is a real percentile,
 not the maximum of a few dozen. *Whole life* (``--life``): ``--jobs`` jobs of ``--total`` units each, run one after
@@ -42,14 +48,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pipefill import env
-from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, write_jobs
+from pipefill.bench.fill_jobs import REPO, WORKLOADS, life_total, stall_report, write_jobs
 from pipefill.bench.machine import describe_machine, visible_gpus
-from pipefill.bench.runs import in_root, log_tail
+from pipefill.bench.runs import in_root
 from pipefill.bench.steal import StealSampler, steal_summary
 from pipefill.events import (
     FILL_EVENTS,
@@ -72,7 +77,6 @@ __all__ = ["main"]
 _WARMUP_BUBBLES = 20  # at least; then on until the fill's profile is complete and its step model has seen some steps
 _SETTLE_S = 1.0
 _TARGET_OVERRUN_P99_MS = 1.0  # at 50 ms bubbles (issue #16)
-_OUTPUT = "output.log"  # the fill executor's output, in its output directory (its LocalProcess's log)
 
 
 class BenchTimeout(Exception):
@@ -115,30 +119,6 @@ def _stop_when_done(work: Path, trainer: subprocess.Popen[bytes], names: list[st
         _left(deadline, f"the jobs to end (ended: {sorted(ended) or 'none'} of {names})")
         time.sleep(0.05)
     (work / "stop").touch()
-
-
-def stall_report(work: Path, *, last: int = 200) -> str:
-    """What the fill executor of a run that timed out did, from its event log and output: the bubbles it took and
-    the steps it ran in them (over all, and over the ``last`` ones), why it stopped in the others, each job's last
-    phase and committed units, and its output's last lines."""
-    events = read_events(work / "fill" / FILL_EVENTS) if (work / "fill" / FILL_EVENTS).exists() else []
-    bubbles = [e for e in events if isinstance(e, FillEvent)]
-    recent = bubbles[-last:]
-    stops = Counter(e.stop or "-" for e in recent if not e.steps)
-    phases = {e.job: e for e in events if isinstance(e, JobEvent) and e.job}
-    committed = {e.job: e.end for e in events if isinstance(e, CommitEvent)}
-    jobs = "; ".join(
-        f"{name} {e.phase}, {committed.get(name, 0)} of {e.total if e.total is not None else '?'} units committed"
-        for name, e in phases.items()
-    )
-    margins = sorted({round(e.margin_s * 1e3, 2) for e in recent if e.margin_s})
-    return (
-        f"the fill executor took {len(bubbles)} bubbles and ran steps in {sum(1 for e in bubbles if e.steps)}; "
-        f"of its last {len(recent)}, {sum(1 for e in recent if e.steps)} with steps, the others stopped by "
-        f"{dict(stops.most_common()) or 'none'}"
-        + (f", planned with learnt margins of {margins} ms" if margins else "")
-        + f". Jobs: {jobs or 'none started'}. Its output's end:\n{log_tail(work / 'fill' / _OUTPUT, chars=2000)}"
-    )
 
 
 _STOP_WAIT_S = 30.0  # how long a killed fill executor is waited for
@@ -203,7 +183,7 @@ def _run_one(
         producer = [
             sys.executable, "-m", "pipefill.bench.synthetic_trainer", "--channel-dir", str(work / "channel"),
             "--bubbles-ms", str(bubble_ms), "--compute-ms", str(a.compute_ms), "--cpu", str(a.cpu),
-            "--close-at", str(a.close_at),
+            "--close-at", str(a.close_at), *(["--wait-fill"] if a.trainer == "waits" else []),
             "--events", str(work / "trainer" / TRAINER_EVENTS),
         ]  # fmt: skip
         if a.life:  # every bubble, until the jobs are done
@@ -299,6 +279,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--split", type=int, default=2, help="life: an inference job's maxParallelRanks (its slices)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="trainer compute between bubbles, ms")
     p.add_argument(
+        "--trainer",
+        default="waits",
+        choices=["waits", "shares"],
+        help="at a bubble's end, the trainer waits for the fill to yield (an exclusive device; default) or computes "
+        "at once beside it (time-slicing)",
+    )
+    p.add_argument(
         "--close-at",
         type=float,
         default=1.0,
@@ -386,6 +373,7 @@ def main(argv: list[str]) -> int:
         ),
         "compute_ms": args.compute_ms,
         "close_at": args.close_at,
+        "trainer": args.trainer,
         "guard_ms": args.guard_ms,
         "cpu": args.cpu,
         "targets": {"overrun_p99_ms_at_50ms": _TARGET_OVERRUN_P99_MS},

@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["REPO", "WORKLOADS", "life_total", "write_jobs"]
+from pipefill.bench.runs import log_tail
+from pipefill.events import FILL_EVENTS, CommitEvent, FillEvent, JobEvent, read_events
+
+__all__ = ["OUTPUT", "REPO", "WORKLOADS", "life_total", "stall_report", "write_jobs"]
+
+OUTPUT = "output.log"
+"""the fill executor's output, in its output directory (its LocalProcess's log)"""
 
 REPO = Path(__file__).resolve().parents[2]
 """the checkout the benchmark runs from: the user code and the demo corpus are its ``examples/``"""
@@ -66,3 +73,27 @@ def _spec(work: Path, workload: str, units: int, encoder: dict[str, Any]) -> dic
         "input": {"path": str(lines)},
         "totalSamples": units,
     }
+
+
+def stall_report(work: Path, *, last: int = 200) -> str:
+    """What the fill executor of a run that timed out did, from its event log and output: the bubbles it took and
+    the steps it ran in them (over all, and over the ``last`` ones), why it stopped in the others, each job's last
+    phase and committed units, and its output's last lines."""
+    events = read_events(work / "fill" / FILL_EVENTS) if (work / "fill" / FILL_EVENTS).exists() else []
+    bubbles = [e for e in events if isinstance(e, FillEvent)]
+    recent = bubbles[-last:]
+    stops = Counter(e.stop or "-" for e in recent if not e.steps)
+    phases = {e.job: e for e in events if isinstance(e, JobEvent) and e.job}
+    committed = {e.job: e.end for e in events if isinstance(e, CommitEvent)}
+    jobs = "; ".join(
+        f"{name} {e.phase}, {committed.get(name, 0)} of {e.total if e.total is not None else '?'} units committed"
+        for name, e in phases.items()
+    )
+    margins = sorted({round(e.margin_s * 1e3, 2) for e in recent if e.margin_s})
+    return (
+        f"the fill executor took {len(bubbles)} bubbles and ran steps in {sum(1 for e in bubbles if e.steps)}; "
+        f"of its last {len(recent)}, {sum(1 for e in recent if e.steps)} with steps, the others stopped by "
+        f"{dict(stops.most_common()) or 'none'}"
+        + (f", planned with learnt margins of {margins} ms" if margins else "")
+        + f". Jobs: {jobs or 'none started'}. Its output's end:\n{log_tail(work / 'fill' / OUTPUT, chars=2000)}"
+    )

@@ -2,7 +2,11 @@
 fixed-length "compute", standing in for a pipeline stage on one core (torch-free: it needs only the channel).
 
 During a bubble it sleeps until the bubble's absolute end (as a stage blocked on its peer's data, which arrives at a
-fixed time whatever the fill does), then closes it; during compute it spins on the CPU (as a stage computing). Every
+fixed time whatever the fill does), then closes it; during compute it spins on the CPU (as a stage computing).
+``--wait-fill``: the device is one the fill holds until it yields, as a GPU running the fill's last kernels does: after
+closing a bubble the trainer sleeps until the fill has yielded it (its answer block; polled every
+``WAIT_POLL_S``), then computes. Without it the trainer computes at once, sharing the core with a fill step still
+running (equal OS priority: GPU time-slicing), so that step's remaining time doubles. Every
 bubble's open/close times go to a JSONL log, CLOCK_MONOTONIC ns, to compare with the fill's event log; ``--events``
 also writes them as the trainer's ``bubble`` records (buffered, flushed every 64 bubbles: off the timed path), so the
 report's idle-time account applies to a synthetic run as to a real one.
@@ -20,11 +24,16 @@ import sys
 import time
 from pathlib import Path
 
-from pipefill.channel import BubbleKind, Producer
+from pipefill.channel import BubbleKind, FillState, Producer
 from pipefill.events import BubbleEvent, EventWriter
 from pipefill.parent import stop_with_parent
 
-__all__ = ["main"]
+__all__ = ["WAIT_POLL_S", "main"]
+
+WAIT_POLL_S = 2e-4
+"""how often a trainer that waits for the fill (``--wait-fill``) reads its answer: each read wakes the trainer on the
+fill's core, so a shorter period slows the step it waits for"""
+_WAIT_LIMIT_S = 10.0  # a fill that holds a closed bubble longer is stuck: the trainer goes on (the overrun says so)
 
 
 def _spin_until(t_ns: int) -> None:
@@ -35,6 +44,20 @@ def _spin_until(t_ns: int) -> None:
 def _sleep_until(t_ns: int) -> None:
     while (left := t_ns - time.monotonic_ns()) > 0:
         time.sleep(left / 1e9)
+
+
+def _wait_for_fill(ch: Producer, bubble_id: int) -> int:
+    """Sleep until the fill is no longer running ``bubble_id`` (it yielded it, took a later one, or never took it);
+    the time it stopped, CLOCK_MONOTONIC ns."""
+    limit_ns = time.monotonic_ns() + int(_WAIT_LIMIT_S * 1e9)
+    while time.monotonic_ns() < limit_ns:
+        answer = ch.fill_answer()  # None: the fill is mid-write of its answer
+        if answer is not None and not (answer.bubble_id == bubble_id and answer.state == FillState.RUNNING):
+            break
+        if not ch.consumer_alive():
+            break
+        time.sleep(WAIT_POLL_S)
+    return time.monotonic_ns()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="close each bubble after a fraction of its announced length drawn uniformly from [CLOSE_AT, 1] (a fixed "
         "seed): below 1, a trainer back early by up to 1 - CLOSE_AT of its predicted wait (default 1: on time)",
+    )
+    p.add_argument(
+        "--wait-fill",
+        action="store_true",
+        help="after closing a bubble, wait for the fill to yield it before computing (an exclusive device)",
     )
     p.add_argument("--job-name", default="synthetic")
     p.add_argument("--events", type=Path, default=None, help="the trainer's event log of the logged bubbles")
@@ -89,17 +117,18 @@ def main(argv: list[str] | None = None) -> int:
             _sleep_until(open_ns + int(length_s * early.uniform(args.close_at, 1.0) * 1e9))  # 1: on time
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
+            resume_ns = _wait_for_fill(ch, bid) if args.wait_fill else close_ns
             if log is not None and i >= warmup:
                 log.write(
                     json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns,
-                                "fill_floor_ns": int(ch.fill_floor_s() * 1e9)}) + "\n"  # what the fill said then
+                                "resume_ns": resume_ns, "fill_floor_ns": int(ch.fill_floor_s() * 1e9)}) + "\n"  # what the fill said then
                 )  # fmt: skip
             if i >= warmup:
                 events.write(BubbleEvent(step=i, idx=0, kind="steady", start_ns=start_ns, end_ns=close_ns,
                                          predicted_s=length_s, announced=True))  # fmt: skip
                 if i % 64 == 0:
                     events.flush()
-            _spin_until(close_ns + compute_ns)
+            _spin_until(resume_ns + compute_ns)
             i += 1
             if args.stop_when is not None and args.stop_when.exists():
                 break

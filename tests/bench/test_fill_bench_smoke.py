@@ -13,7 +13,7 @@ import pytest
 from sharing import own_core
 
 from pipefill.bench import fill
-from pipefill.bench.fill import stall_report
+from pipefill.bench.fill_jobs import stall_report
 from pipefill.events import FILL_EVENTS, CommitEvent, EventWriter, FillEvent, JobEvent
 from pipefill.local.idle import WORK
 from pipefill_fill.metrics import OVERRUN_CAUSES
@@ -33,7 +33,7 @@ def test_bench_fill_measures_each_length_and_load_from_the_event_logs() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert [(r["bubble_ms"], r["load"]) for r in out["runs"]] == [(30, "idle"), (30, "busy")]
-    assert out["machine"]["load_avg_1_5_15_start"] and out["guard_ms"] == 0.5
+    assert out["machine"]["load_avg_1_5_15_start"] and out["guard_ms"] == 0.5 and out["trainer"] == "waits"
     for run in out["runs"]:
         assert run["fill_exit_code"] == 0
         assert run["bubbles"] == 40 and 0 <= run["bubbles_used"] <= run["bubbles"]  # measured after the profile
@@ -56,13 +56,13 @@ def test_bench_fill_measures_whole_lives_of_the_user_code() -> None:
     done = launched.run(  # forked from the tests' launcher: so is its own (pipefill/local/forker.py)
         [sys.executable, "-m", "pipefill", "bench", "fill", "--json", "--workload", "user-code", "--life", "--jobs", "2",
          "--total", "2000", "--bubbles-ms", "20", "--loads", "idle", "--cpu", cpu, "--timeout-s", "100",
-         "--close-at", "0.5"],  # the trainer back early, after 50-100 % of each bubble
+         "--close-at", "0.5", "--trainer", "shares"],  # back early, after 50-100 % of each bubble; no waiting
         capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert out["mode"] == "life" and out["workload"] == {"name": "user-code"} and out["total"] == 2000
-    assert out["close_at"] == 0.5
+    assert out["close_at"] == 0.5 and out["trainer"] == "shares"
     (run,) = out["runs"]
     assert run["fill_exit_code"] == 0 and run["jobs_succeeded"] == ["life-0", "life-1"]  # both lives, to the end
     assert run["jobs_failed"] == {}, run["jobs_failed"]
