@@ -33,6 +33,7 @@ __all__ = [
     "FILL_PROFILE_DIR",
     "FILL_RESERVED_BYTES",
     "FILL_SPIN_US",
+    "FILL_SPLIT_ABOVE_US",
     "FILL_STORAGE_DIR",
     "JOB_NAME",
     "LOCAL_PRELOAD",
@@ -91,6 +92,7 @@ FILL_OFFLOAD = "PIPEFILL_FILL_OFFLOAD"  # "1": keep fill state in pinned host me
 FILL_END_QUANTILE = "PIPEFILL_FILL_END_QUANTILE"  # where a bubble is planned to end (fill.md, the end model)
 FILL_OVERRUN_BUDGET_US = "PIPEFILL_FILL_OVERRUN_BUDGET_US"  # expected overrun a step may have, µs (fill.md); default 50
 FILL_CONTINUE_PIECE_US = "PIPEFILL_FILL_CONTINUE_PIECE_US"  # continuation past a bubble's planned end while it is open: the longest piece it may start, µs; 0 (default): never
+FILL_SPLIT_ABOVE_US = "PIPEFILL_FILL_SPLIT_ABOVE_US"  # a step predicted longer than this runs in pieces where the workload has them, µs; default 2000; 0: never
 FILL_CPU_PRIORITY = "PIPEFILL_FILL_CPU_PRIORITY"  # "idle" or "normal"; default idle when pinned to the trainer's core
 FILL_SPIN_US = "PIPEFILL_FILL_SPIN_US"  # spin window around each predicted bubble, µs; 0 (default): never spin
 FILL_STORAGE_DIR = "PIPEFILL_FILL_STORAGE_DIR"  # mount of the training job's fill storage (spec.fill.storage); FillJob paths on it are relative to it

@@ -21,8 +21,9 @@ from pipefill.events import AssignEvent, EventWriter, MeasureEvent
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
 from pipefill_fill.claim import built_key
-from pipefill_fill.inbubble import BubbleOutcome, commit_between, due_between, run_profile_steps, run_steps
+from pipefill_fill.inbubble import BubbleOutcome, commit_between, run_steps
 from pipefill_fill.inpieces import PieceCosts
+from pipefill_fill.inprofile import due_between, run_profile_steps
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.settings import Settings
@@ -243,6 +244,7 @@ class Dispatcher:
                 cost_clock=self.jobs.step_clock,
                 pieces=pieces,
                 continue_piece_s=self.settings.continue_piece_s,
+                split_above_s=self.settings.split_above_s,
             )
         out.margin_ns = extra_ns
         a.margin.record(out, deadline_ns=deadline_ns - extra_ns, room_ns=bubble.expected_end_ns - deadline_ns)

@@ -28,19 +28,15 @@ from pipefill_fill.commits import Pending
 from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
-from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.steptrace import StepTrace, mark
 from pipefill_fill.task import FillTask
 
 __all__ = [
     "DEFER_BUBBLES",
     "DEFER_S",
-    "PROFILE_MISSES",
     "BubbleOutcome",
     "OpenBubble",
     "commit_between",
-    "due_between",
-    "run_profile_steps",
     "run_steps",
 ]
 
@@ -51,23 +47,6 @@ DEFER_S = 1.0
 """And at most this long: where bubbles are few (a rank with one or two a step, steps of a second) or their planned
 ends fall at their starts (a loaded machine), 64 of them are a minute, for which a finished slice would hold its
 job's completion and, meanwhile, its seat."""
-
-
-PROFILE_MISSES = 8
-"""Bubbles in a row in which a profile's next measurement did not run before its candidate batch size is given up, or
-— the first size, nothing measured yet — before it is measured between bubbles (:func:`due_between`)."""
-
-
-def due_between(profiler: BubbleProfiler) -> bool:
-    """Whether the profile's next measurement is taken between bubbles, not in one: nothing is measured yet, and
-    nothing predicts what the measurement takes, or it fitted none of the last :data:`PROFILE_MISSES` bubbles. The
-    first size is never given up (its slow steps may have been interrupted ones; without it there is no profile), and
-    measured in a bubble whatever its prediction it overran each by what it did not fit (issue #31: 14–42 bubbles of
-    a job too large for 2 ms ones, up to 9.8 ms past their ends, before its verdict). Between bubbles, at the
-    executor's priority, it runs as the warm-up does (:meth:`pipefill_fill.dispatch.Dispatcher.measure_between`)."""
-    if profiler.result is not None or profiler.measured:
-        return False
-    return profiler.misses >= PROFILE_MISSES or profiler.bound_s() is None
 
 
 class OpenBubble(Protocol):
@@ -167,14 +146,15 @@ def run_steps(
     cost_clock: Callable[[], int] | None = None,  # what a step costs, for the model (None: ``clock``)
     pieces: PieceCosts | None = None,  # the job's piece costs: its steps may run in pieces (issue #25)
     continue_piece_s: float = 0.0,  # pieces past the planned end while the bubble is open, none longer (0: never)
+    split_above_s: float = 0.0,  # a whole step predicted longer runs in pieces, each checked against the time left
 ) -> BubbleOutcome:
     """Steps of ``task`` until the next would not finish by ``deadline_ns`` (expected end − guard).
 
     Each step runs the largest batch (≤ ``max_batch``) whose predicted time (:class:`StepModel`, at its high
     quantile for bubbles of ``kind``) fits the time left, so the last steps of a bubble are sized to its tail:
     any size with ``any_size`` (inference), else the profiled sizes only. With ``pieces`` (a workload with partial
-    steps), the batch in flight goes on piece by piece first, and a bubble too short for a whole batch starts one in
-    pieces (:func:`pipefill_fill.inpieces.next_work`).
+    steps), the batch in flight goes on piece by piece first, a bubble too short for a whole batch starts one in
+    pieces, and so does a whole step predicted longer than ``split_above_s`` (:func:`pipefill_fill.inpieces.next_work`).
     """
     out = BubbleOutcome()
     moving = offloader is not None and offloader.enabled
@@ -214,6 +194,7 @@ def run_steps(
             any_size=any_size,
             budget_s=budget_s,
             fresh=not out.steps,
+            split_above_s=split_above_s,
         )
         if nxt is None:
             out.stop = "time"
@@ -340,61 +321,3 @@ def _commit(task: FillTask, out: BubbleOutcome, commit_estimate: Estimator, cloc
     out.committed_bytes += pending.staged.nbytes if pending is not None else 0
     out.commits_ns.append((start, end))
     out.commit_ns += end - start
-
-
-def run_profile_steps(
-    bubble: OpenBubble,
-    *,
-    profiler: BubbleProfiler,
-    is_open: Callable[[int], bool],
-    deadline_ns: int,
-    clock: Callable[[], int] = time.monotonic_ns,
-) -> BubbleOutcome:
-    """Measurement steps of ``profiler`` while they fit. The first size's steps are measured one piece at a time
-    (where the workload runs its steps in pieces) when a whole one does not fit; what fits no bubble of it is measured
-    between bubbles (:func:`due_between`). Nothing unpredicted runs in a bubble.
-
-    A bubble in which the next measurement did not run counts as a miss, whatever the reason (a step predicted to fit
-    a fresh bubble can still never fit after the wake-up); after :data:`PROFILE_MISSES` in a row the candidate is
-    given up (the profile ends with the sizes measured so far), or — the first size, nothing measured yet — measured
-    between bubbles until its measurements predict that it fits. So a profile takes at most (warm-up + measured steps
-    + :data:`PROFILE_MISSES`) bubbles per candidate. ``out.stop`` is "time" when the next measurement did not fit the
-    time left (the rest of the bubble may go to work that fits: :mod:`pipefill_fill.dispatch`)."""
-    out = BubbleOutcome()
-    while profiler.result is None:
-        start = clock()
-        if due_between(profiler):
-            out.stop = "time"
-            break
-        whole = None if profiler.mid_step else profiler.bound_s()  # conservative: a first look at a size's cost
-        # the first size, where its whole step does not fit: one piece at a time where the workload runs steps in
-        # pieces; a larger size must fit whole, else it is given up
-        piecewise = profiler.mid_step or (
-            not profiler.measured and (whole is None or start + int(1e9 * whole) > deadline_ns)
-        )
-        guess = profiler.next_bound_s() if piecewise else whole
-        if guess is None or start + int(1e9 * guess) > deadline_ns:
-            out.stop = "time"
-            break
-        if not is_open(bubble.id):
-            out.stop = "closed"
-            break
-        before_mark = mark()
-        if piecewise:
-            profiler.measure_next()
-        else:
-            profiler.measure_one()
-        profiler.misses = 0
-        end = clock()
-        out.traces.append(StepTrace.between(before_mark, mark(), host_ns=end - start))  # it synchronizes itself
-        out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size
-        out.spans_ns.append((start, end))
-        out.batch_sizes.append(0)  # 0: a profiling step (it does no work)
-        out.kinds.append("m")
-        out.steps += 1
-        out.busy_ns += end - start
-    if not out.steps and out.stop == "time" and profiler.result is None:
-        profiler.misses += 1  # no measurement in this bubble
-        if profiler.misses >= PROFILE_MISSES and profiler.measured:
-            profiler.give_up_candidate()
-    return out

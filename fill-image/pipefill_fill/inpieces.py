@@ -132,9 +132,12 @@ def next_work(
     any_size: bool = True,
     budget_s: float = OVERRUN_BUDGET_S,
     fresh: bool = False,
+    split_above_s: float = 0.0,
 ) -> Next | None:
     """The next step that fits ``left_s`` (None: none); ``class_s``: the usable length of this bubble (its class);
-    ``fresh``: nothing ran in the bubble yet (a piece in flight that does not fit counts as a miss)."""
+    ``fresh``: nothing ran in the bubble yet (a piece in flight that does not fit counts as a miss). A whole step
+    that fits and is predicted longer than ``split_above_s`` (> 0) starts in pieces: each of the next ones runs only
+    while it fits what is left, so a step that runs slow stops at a piece boundary."""
     if fresh and costs:  # what a bubble of this class leaves when work begins (after the wake-up and settling)
         costs.note_class(min(class_s, left_s))
     flight = task.in_flight() if costs else None
@@ -153,6 +156,10 @@ def next_work(
         task.flight_misses = 0
     size = model.largest_fitting(left_s, max_batch, kind, any_size=any_size, budget_s=budget_s)
     if size is not None:
+        if split_above_s > 0 and costs and task.pieces is not None and model.predict_s(size, kind) > split_above_s:
+            pieces = task.pieces.pieces(size)
+            if pieces > 1:
+                return Next(size, piece=True, share=costs.share(size, 0, pieces))
         return Next(size)
     if not costs or task.pieces is None:
         return None

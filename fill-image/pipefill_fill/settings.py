@@ -53,6 +53,12 @@ class Settings:
     channel says the bubble is open, a job with partial steps goes on piece by piece with pieces predicted to take at
     most this long, so the trainer's resume waits at most one of them. Not the overrun budget (the expected overrun
     of a step planned to end by the deadline)"""
+    split_above_s: float = 2e-3
+    """a step predicted longer than this (PIPEFILL_FILL_SPLIT_ABOVE_US; default 2000 µs; 0: never) runs in pieces where
+    the workload has them (partial steps), each started only while it fits what is left, so a step that runs slow is
+    stopped at its next piece and the bubble overruns by at most one piece's excess, not the whole step's (issue #31:
+    a step planned into 8 ms that ran 25 ms of CPU on a VM whose host slowed the core). The batch goes on in the next
+    bubble; a step that runs as predicted runs all its pieces in this one"""
     spin_s: float = 0.0
     """spin window around each predicted bubble open (PIPEFILL_FILL_SPIN_US; default 0: never spin). Only for a fill
     on a core its trainer does not use (docs/channel.md, "Spinning before a predicted bubble")"""
@@ -76,6 +82,12 @@ class Settings:
         end_quantile = env.env_float(env.FILL_END_QUANTILE, 0.25)
         budget_us = env.env_float(env.FILL_OVERRUN_BUDGET_US, 50.0)
         continue_us = env.env_float(env.FILL_CONTINUE_PIECE_US, 0.0)
+        split_us = env.env_float(env.FILL_SPLIT_ABOVE_US, 2000.0)
+        if not 0 <= split_us <= 10**6:
+            raise ValueError(
+                f"{env.FILL_SPLIT_ABOVE_US}={split_us:g}: the longest step run whole must be within 0..1000000 µs "
+                "(0: never split a step that fits whole; a few ms bounds what a slow step overruns by)"
+            )
         if not 0 <= continue_us <= 10_000:
             raise ValueError(
                 f"{env.FILL_CONTINUE_PIECE_US}={continue_us:g}: the longest piece run past a bubble's planned end must "
@@ -122,5 +134,6 @@ class Settings:
             end_quantile=end_quantile,
             overrun_budget_s=budget_us / 1e6,
             continue_piece_s=continue_us / 1e6,
+            split_above_s=split_us / 1e6,
             cpu_idle=priority == "idle",
         )

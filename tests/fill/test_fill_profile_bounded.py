@@ -14,7 +14,7 @@ from commit_helpers import dispatcher
 from fill_helpers import fill_on_one_cpu, write_job
 
 from pipefill.events import CommitEvent, FillEvent, JobEvent, ProfileEvent
-from pipefill_fill.inbubble import PROFILE_MISSES, due_between, run_profile_steps
+from pipefill_fill.inprofile import PROFILE_MISSES, due_between, run_profile_steps
 from pipefill_fill.predict import StepModel
 
 pytestmark = pytest.mark.alone  # times a quiet core (tests/sharing.py)

@@ -13,7 +13,7 @@ import pytest
 from commit_helpers import CPU, PARAMS, Bubble, open_task
 from fill_helpers import write_job
 
-from pipefill_fill.inbubble import run_profile_steps
+from pipefill_fill.inprofile import run_profile_steps
 from pipefill_fill.profiler import PROFILE_BOUND, BubbleProfiler
 from pipefill_fill.task import FillTask
 
