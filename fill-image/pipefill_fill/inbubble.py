@@ -27,7 +27,7 @@ import torch
 from pipefill_fill.commits import Pending
 from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
-from pipefill_fill.predict import OVERRUN_BUDGET_S, Estimator, StepModel
+from pipefill_fill.predict import INTERRUPTED, OVERRUN_BUDGET_S, Estimator, StepModel
 from pipefill_fill.steptrace import StepTrace, mark
 from pipefill_fill.task import FillTask
 
@@ -82,6 +82,9 @@ class BubbleOutcome:
     """[start, end] of offload mode's copies to and from the device"""
     startup_steps: set[int] = field(default_factory=set)
     """indices (in ``spans_ns``) of first calls: profiling steps, a batch size the slice had not run yet"""
+    interrupted: set[int] = field(default_factory=set)
+    """indices (in ``spans_ns``) of steps that cost more than :data:`pipefill_fill.predict.INTERRUPTED` times their
+    base: the machine took the core (a VM's host, another process), nothing the step itself does"""
     kinds: list[str] = field(default_factory=list)
     """what each span was (the ``fill`` record's ``span_kinds``): w a whole step, p a piece, c a piece of a batch an
     earlier bubble left in flight, x a piece past the planned end (continuation), m a profiling measurement"""
@@ -96,6 +99,7 @@ class BubbleOutcome:
     def extend(self, other: BubbleOutcome) -> None:
         """Add ``other`` (the steps of the job the rest of the bubble was handed to) after these."""
         self.startup_steps |= {len(self.spans_ns) + i for i in other.startup_steps}
+        self.interrupted |= {len(self.spans_ns) + i for i in other.interrupted}
         self.steps += other.steps
         self.kinds += other.kinds
         self.pieces += other.pieces
@@ -251,6 +255,7 @@ def _run(
     index = before.done if before is not None else 0  # the piece's index: the flight's count moves on in place
     carried = before is not None and (not out.kinds or out.kinds[-1] == "c")
     cost0 = cost_clock() if cost_clock is not None else start
+    base_s = model.base_s(batch_size) * nxt.share  # before the step: what the model expected of it
     before_mark = mark()
     items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
     launched = clock()
@@ -263,6 +268,8 @@ def _run(
         costs.observe(flight.batch_size, index, flight.pieces, cost_s)
     if task.first_call:
         out.startup_steps.add(len(out.spans_ns))
+    elif cost_s > INTERRUPTED * base_s:
+        out.interrupted.add(len(out.spans_ns))
     out.spans_ns.append((start, end))
     out.batch_sizes.append(batch_size)
     out.steps += 1

@@ -107,6 +107,20 @@ def test_a_margin_that_leaves_no_room_for_a_step_ages_out() -> None:
     assert margin.extra_s() == 0.0 and len(margin) == 3  # the oldest of them went: fewer than warm
 
 
+def test_an_interrupted_last_step_sets_no_margin() -> None:
+    """A step that cost more than INTERRUPTED times its base lost its core (a VM's host took it): it says nothing of
+    the job's steps, as the step model leaves it out of its quantiles. Its bubble is offered, not worked."""
+    margin = Margin(warm=4, window=32)
+    stalled = BubbleOutcome(spans_ns=[(0, MS), (MS, 11 * MS)], interrupted={1})  # 10 ms past the room left
+    on_time = BubbleOutcome(spans_ns=[(0, MS // 2)])
+    for _ in range(8):
+        margin.record(on_time, deadline_ns=0, room_ns=MS)
+    margin.record(stalled, deadline_ns=0, room_ns=MS)
+    assert margin.extra_s() == 0.0 and len(margin) == 8
+    margin.record(BubbleOutcome(spans_ns=stalled.spans_ns, interrupted={0}), deadline_ns=0, room_ns=MS)
+    assert margin.extra_s() > 0.008  # an earlier step interrupted: the last one's own overrun counts
+
+
 def test_a_margin_is_the_smallest_that_keeps_the_expected_overrun_within_the_budget() -> None:
     """Not a high quantile: two steps descheduled for 2 ms in 128 bubbles (a shared core) cost 31 µs a bubble on
     average and leave the bubbles whole; a 99th percentile planned every bubble 2 ms shorter (the co-location

@@ -114,6 +114,9 @@ def test_a_step_longer_than_the_split_runs_in_pieces_and_a_slow_spell_overruns_b
     assert sum(o.items for o, _ in split) >= 0.9 * sum(o.items for o, _ in whole)  # little lost to the pieces
     for i in slow:  # at most one 4×-slow piece's excess past the deadline: 3 × 0.65 ms
         assert _overrun_ms(*split[i]) <= 3 * _piece_s(8) * 1e3 + 0.1, split[i][0].kinds
+    # 4× their base: interrupted (the learnt margin leaves them out); none at normal speed
+    assert all(out.interrupted == set(range(out.steps)) for out, _ in (split[i] for i in slow))
+    assert not any(out.interrupted for out in normal)
     assert max(_overrun_ms(*whole[i]) for i in slow) >= max(_overrun_ms(*split[i]) for i in slow) + 3.0
 
 
