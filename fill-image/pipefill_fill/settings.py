@@ -54,8 +54,9 @@ class Settings:
     most this long, so the trainer's resume waits at most one of them. Not the overrun budget (the expected overrun
     of a step planned to end by the deadline)"""
     split_above_s: float = 2e-3
-    """a step predicted longer than this (PIPEFILL_FILL_SPLIT_ABOVE_US; default 2000 µs; 0: never) runs in pieces where
-    the workload has them (partial steps), each started only while it fits what is left, so a step that runs slow is
+    """a step predicted longer than this (PIPEFILL_FILL_SPLIT_ABOVE_US; default 2000 µs; 0: never) at a bubble's tail
+    (the time left under :data:`pipefill_fill.inpieces.SPLIT_TAIL` times its prediction) runs in pieces where the
+    workload has them (partial steps), each started only while it fits what is left, so a step that runs slow is
     stopped at its next piece and the bubble overruns by at most one piece's excess, not the whole step's (issue #31:
     a step planned into 8 ms that ran 25 ms of CPU on a VM whose host slowed the core). The batch goes on in the next
     bubble; a step that runs as predicted runs all its pieces in this one"""
@@ -85,8 +86,8 @@ class Settings:
         split_us = env.env_float(env.FILL_SPLIT_ABOVE_US, 2000.0)
         if not 0 <= split_us <= 10**6:
             raise ValueError(
-                f"{env.FILL_SPLIT_ABOVE_US}={split_us:g}: the longest step run whole must be within 0..1000000 µs "
-                "(0: never split a step that fits whole; a few ms bounds what a slow step overruns by)"
+                f"{env.FILL_SPLIT_ABOVE_US}={split_us:g}: the longest step run whole at a bubble's tail must be "
+                "within 0..1000000 µs (0: never split a step that fits whole; a few ms bounds what a slow step overruns by)"
             )
         if not 0 <= continue_us <= 10_000:
             raise ValueError(
