@@ -23,8 +23,14 @@ def due_between(profiler: BubbleProfiler) -> bool:
     first size is never given up (its slow steps may have been interrupted ones; without it there is no profile), and
     measured in a bubble whatever its prediction it overran each by what it did not fit (issue #31: 14–42 bubbles of
     a job too large for 2 ms ones, up to 9.8 ms past their ends, before its verdict). Between bubbles, at the
-    executor's priority, it runs as the warm-up does (:meth:`pipefill_fill.dispatch.Dispatcher.measure_between`)."""
-    if profiler.result is not None or profiler.measured:
+    executor's priority, it runs as the warm-up does (:meth:`pipefill_fill.dispatch.Dispatcher.measure_between`).
+    So is a later size's retry after its stretched measurements were dropped (``retry_due``: it may really be as slow
+    as they said, and a bubble planned by its earlier sizes would then overrun by the difference)."""
+    if profiler.result is not None:
+        return False
+    if profiler.retry_due:
+        return True
+    if profiler.measured:
         return False
     return profiler.misses >= PROFILE_MISSES or profiler.bound_s() is None
 

@@ -29,6 +29,10 @@ __all__ = ["PROFILE_BOUND", "BubbleProfiler", "Profile", "device_key", "load_cac
 
 log = logging.getLogger("pipefill_fill")
 
+SPELL = 3.0
+"""A measurement this many times slower than the previous size scaled to this one was stretched by the machine (the
+step model's ``INTERRUPTED``): :meth:`BubbleProfiler.give_up_candidate` drops it once before giving the size up."""
+
 PROFILE_BOUND = 1.5
 """A measurement in a bubble is bounded by this many times its prediction, the slowest step of its size measured so
 far included, plus the measurement's own overhead (restoring the snapshot, memory accounting): a profiling step is a
@@ -117,6 +121,8 @@ class BubbleProfiler:
         self._base = 0  # the memory accounting's start of that step
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
+        self._dropped = False  # the current candidate's slow measurements were dropped once (give_up_candidate)
+        self.retry_due = False  # and its next measurement is taken between bubbles: it may really be that slow
         # why the last candidate was not kept: "memory" (over budget, out of memory), "time" (it fits no bubble),
         # "work" (the slice had no work left to measure it with)
         self.stopped_by = ""
@@ -209,6 +215,7 @@ class BubbleProfiler:
             self._piece_times.append(step)
         self._peak = max(self._peak, _memory_peak(self.device, self._base))
         self._times.append(sum(step))
+        self.retry_due = False
         self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - part_s)
         if len(self._times) >= self.warmup + self.repeats:
             self._next_candidate()
@@ -273,7 +280,22 @@ class BubbleProfiler:
         return True
 
     def give_up_candidate(self) -> None:
-        """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far."""
+        """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far. Once per
+        candidate, its measurements above :data:`SPELL` times what the previous size predicts for it are dropped
+        instead, and it is tried again: its bound is its slowest measurement, and one a slow spell of the machine
+        stretched kept it from ever fitting a bubble, which left every job of the workload at the sizes before it
+        (issue #31: an encoder profile ended at batch size 2 in 2 of 5 runs at 10 ms bubbles). The next measurement is
+        taken between bubbles (``retry_due``): a size that is that slow measures so again, and is given up then."""
+        if not self._dropped and self._points:
+            last = self._points[-1]
+            limit = SPELL * last.step_s * self.batch_size / last.batch_size
+            keep = [i for i, t in enumerate(self._times) if t <= limit]
+            if len(keep) < len(self._times):
+                if len(self._piece_times) == len(self._times):
+                    self._piece_times = [self._piece_times[i] for i in keep]
+                self._times = [self._times[i] for i in keep]
+                self._dropped, self.retry_due, self.misses = True, True, 0
+                return
         self.stopped_by, self.last_step_s = "time", self.predict_s()
         self._finish()
 
@@ -292,7 +314,7 @@ class BubbleProfiler:
             None if self._items == bs else self._items,
             piece_s=piece_s,
         )
-        self._times, self._peak, self._piece_times = [], 0, []
+        self._times, self._peak, self._piece_times, self._dropped = [], 0, [], False
         self.last_step_s, self.last_peak_bytes = point.step_s, point.peak_bytes
         if point.peak_bytes > self.budget:
             self.stopped_by = "memory"

@@ -39,6 +39,7 @@ class _Profiler:
         self.measurements = 0
 
     mid_step = False  # whole steps: a measurement is one step, no pieces
+    retry_due = False  # no dropped measurement to take again between bubbles
 
     def bound_s(self) -> float | None:
         return self.guess_s
@@ -127,6 +128,7 @@ class _MidStep:
     def __init__(self) -> None:
         self.result: object | None = None
         self.misses, self.measured, self.mid_step, self.paused, self.pieces = 0, True, True, 0, 0
+        self.retry_due = False
         self.points: tuple[object, ...] = ()
 
     def next_bound_s(self) -> float:

@@ -13,7 +13,7 @@ import pytest
 from commit_helpers import CPU, PARAMS, Bubble, open_task
 from fill_helpers import write_job
 
-from pipefill_fill.inprofile import run_profile_steps
+from pipefill_fill.inprofile import PROFILE_MISSES, due_between, run_profile_steps
 from pipefill_fill.profiler import PROFILE_BOUND, BubbleProfiler
 from pipefill_fill.task import FillTask
 
@@ -128,3 +128,39 @@ def test_a_step_longer_than_the_bubbles_is_measured_piece_by_piece_within_them(j
     assert profiler.result is not None and measured == 3 * (1 + 3)  # every piece of 4 steps, each in a bubble
     (point,) = profiler.result.points
     assert point.step_s == pytest.approx(0.012) and point.piece_s == pytest.approx((0.004,) * 3)
+
+
+def _until_done(profiler: BubbleProfiler, clock: _Clock, *, left_ms: float, limit: int = 60) -> list[int]:
+    """Bubbles of ``left_ms`` until the profile is complete, each followed by what the runner does between bubbles
+    (a measurement that is due there); the measurements run in each bubble, -1 for one run between them."""
+    runs = []
+    while profiler.result is None and len(runs) < limit:
+        runs.append(_bubble(profiler, clock, left_ms=left_ms))
+        if due_between(profiler):
+            profiler.measure_one()
+            runs.append(-1)
+    return runs
+
+
+def test_a_measurement_a_slow_spell_stretched_does_not_end_the_profile(jobs_dir: Path) -> None:
+    """Size 2 measured at 1 ms a step; size 4's first measurement took 10 ms (a slow spell, 5 times the 2 ms size 2
+    predicts for it). Its bound, 1.5 × its slowest, fits no 5 ms bubble: after PROFILE_MISSES bubbles that measurement
+    is dropped (once) and size 4 is measured at its real 2 ms. A size really that slow is given up as before."""
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [1.0] * 6 + [10.0] + [2.0] * 100)
+    for _ in range(7):
+        profiler.measure_one()  # between bubbles: size 2 (warm-up + 5), then size 4's first: 10 ms
+    assert profiler.batch_size == 4 and (profiler.bound_s() or 0) >= PROFILE_BOUND * 0.010
+    runs = _until_done(profiler, clock, left_ms=5.0)
+    # missed, dropped, taken again between bubbles (2 ms), then measured in the bubbles
+    assert runs[: PROFILE_MISSES + 1] == [0] * PROFILE_MISSES + [-1] and max(runs) > 0, runs
+    assert profiler.result is not None and [p.batch_size for p in profiler.result.points] == [2, 4]
+    assert profiler.result.points[1].step_s == pytest.approx(0.002)
+
+    slow = _Clock()
+    really = _profiler(jobs_dir / "really", slow, [1.0] * 6 + [10.0] * 100)
+    for _ in range(7):
+        really.measure_one()
+    runs = _until_done(really, slow, left_ms=5.0)
+    assert runs == [0] * PROFILE_MISSES + [-1] + [0] * PROFILE_MISSES, runs  # 10 ms again, between bubbles
+    assert really.result is not None and [p.batch_size for p in really.result.points] == [2]
