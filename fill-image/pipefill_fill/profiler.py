@@ -280,22 +280,22 @@ class BubbleProfiler:
         return True
 
     def give_up_candidate(self) -> None:
-        """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far. Once per
-        candidate, its measurements above :data:`SPELL` times what the previous size predicts for it are dropped
-        instead, and it is tried again: its bound is its slowest measurement, and one a slow spell of the machine
-        stretched kept it from ever fitting a bubble, which left every job of the workload at the sizes before it
-        (issue #31: an encoder profile ended at batch size 2 in 2 of 5 runs at 10 ms bubbles). The next measurement is
-        taken between bubbles (``retry_due``): a size that is that slow measures so again, and is given up then."""
+        """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far. But first, once
+        per candidate, it is measured between bubbles (``retry_due``), its measurements above :data:`SPELL` times what
+        the previous size predicts for it dropped: its bound (1.5 × its slowest measurement, or × the previous size
+        scaled linearly before any) may not fit what a bubble leaves although the size does (the encoder's steps grow
+        far slower than linearly: profiles that stopped at batch size 2 or 4 at 10 ms bubbles left every job of the
+        workload at a third of the samples per bubble, issue #31), or a slow spell stretched one measurement. A size
+        that is too slow measures so again, and is given up then, without a bubble running it."""
         if not self._dropped and self._points:
             last = self._points[-1]
             limit = SPELL * last.step_s * self.batch_size / last.batch_size
             keep = [i for i, t in enumerate(self._times) if t <= limit]
-            if len(keep) < len(self._times):
-                if len(self._piece_times) == len(self._times):
-                    self._piece_times = [self._piece_times[i] for i in keep]
-                self._times = [self._times[i] for i in keep]
-                self._dropped, self.retry_due, self.misses = True, True, 0
-                return
+            if len(self._piece_times) == len(self._times):
+                self._piece_times = [self._piece_times[i] for i in keep]
+            self._times = [self._times[i] for i in keep]
+            self._dropped, self.retry_due, self.misses = True, True, 0
+            return
         self.stopped_by, self.last_step_s = "time", self.predict_s()
         self._finish()
 

@@ -164,3 +164,20 @@ def test_a_measurement_a_slow_spell_stretched_does_not_end_the_profile(jobs_dir:
     runs = _until_done(really, slow, left_ms=5.0)
     assert runs == [0] * PROFILE_MISSES + [-1] + [0] * PROFILE_MISSES, runs  # 10 ms again, between bubbles
     assert really.result is not None and [p.batch_size for p in really.result.points] == [2]
+
+
+def test_a_size_whose_linear_prediction_fits_no_bubble_is_measured_between_them_before_it_is_given_up(
+    jobs_dir: Path,
+) -> None:
+    """Size 2 takes 3 ms a step, size 4 only 3.5 ms (steps grow far slower than linearly): predicted by scaling at
+    6 ms, bounded at 9 ms, size 4 fits no 8 ms bubble. Before it is given up it is measured once between bubbles,
+    and then in the bubbles, by what it takes."""
+    clock = _Clock()
+    profiler = _profiler(jobs_dir, clock, [3.0] * 6 + [3.5] * 100)
+    profiler.hints = {}
+    for _ in range(6):
+        profiler.measure_one()  # size 2, between bubbles
+    assert profiler.batch_size == 4 and (profiler.bound_s() or 0) >= PROFILE_BOUND * 0.006
+    runs = _until_done(profiler, clock, left_ms=8.0)
+    assert runs[: PROFILE_MISSES + 1] == [0] * PROFILE_MISSES + [-1] and max(runs) > 0, runs
+    assert profiler.result is not None and [p.batch_size for p in profiler.result.points] == [2, 4]
