@@ -121,7 +121,7 @@ class BubbleProfiler:
         self._base = 0  # the memory accounting's start of that step
         self._snapshot: dict[str, object] | None = None
         self.misses = 0  # consecutive bubbles the next measurement did not fit in
-        self._dropped = False  # the current candidate's slow measurements were dropped once (give_up_candidate)
+        self._retried = False  # the current candidate was measured again between bubbles once (give_up_candidate)
         self.retry_due = False  # and its next measurement is taken between bubbles: it may really be that slow
         # why the last candidate was not kept: "memory" (over budget, out of memory), "time" (it fits no bubble),
         # "work" (the slice had no work left to measure it with)
@@ -287,14 +287,14 @@ class BubbleProfiler:
         far slower than linearly: profiles that stopped at batch size 2 or 4 at 10 ms bubbles left every job of the
         workload at a third of the samples per bubble, issue #31), or a slow spell stretched one measurement. A size
         that is too slow measures so again, and is given up then, without a bubble running it."""
-        if not self._dropped and self._points:
+        if not self._retried and self._points:
             last = self._points[-1]
             limit = SPELL * last.step_s * self.batch_size / last.batch_size
             keep = [i for i, t in enumerate(self._times) if t <= limit]
             if len(self._piece_times) == len(self._times):
                 self._piece_times = [self._piece_times[i] for i in keep]
             self._times = [self._times[i] for i in keep]
-            self._dropped, self.retry_due, self.misses = True, True, 0
+            self._retried, self.retry_due, self.misses = True, True, 0
             return
         self.stopped_by, self.last_step_s = "time", self.predict_s()
         self._finish()
@@ -314,7 +314,7 @@ class BubbleProfiler:
             None if self._items == bs else self._items,
             piece_s=piece_s,
         )
-        self._times, self._peak, self._piece_times, self._dropped = [], 0, [], False
+        self._times, self._peak, self._piece_times, self._retried = [], 0, [], False
         self.last_step_s, self.last_peak_bytes = point.step_s, point.peak_bytes
         if point.peak_bytes > self.budget:
             self.stopped_by = "memory"

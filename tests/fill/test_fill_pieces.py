@@ -10,22 +10,19 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from fill_helpers import start_drive, write_job
+from piece_clock import PieceClock, bubble, model_and_costs
 
-from pipefill.plan import ProfilePoint
 from pipefill.spec import load_file
 from pipefill_fill.builtins.classifier import TrainClassifier
 from pipefill_fill.builtins.encoder import EncoderInference
-from pipefill_fill.inbubble import BubbleOutcome, run_steps
-from pipefill_fill.inpieces import PieceCosts
+from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.pieces import PieceSteps
-from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.workload import WorkloadContext
@@ -240,34 +237,6 @@ def test_the_executor_runs_a_piece_workloads_whole_steps_in_pieces(jobs_dir: Pat
     assert task.pieces is None and task.step(4) == 4 and task.progress == 12
 
 
-def _piece_s(batch_size: int) -> float:
-    return 0.25e-3 + 0.05e-3 * batch_size  # a fake cost: one encoder layer of a batch
-
-
-class _Clock:
-    """A fake CLOCK_MONOTONIC that moves by what each step or piece is said to cost (the workload's work is real)."""
-
-    def __init__(self, task: FillTask) -> None:
-        self.ns = 0
-        step, step_piece = task.step, task.step_piece
-
-        def timed_step(batch_size: int) -> int:
-            flight = task.in_flight()
-            pieces = flight.pieces - flight.done if flight is not None else 6
-            self.ns += int(1e9 * pieces * _piece_s(flight.batch_size if flight is not None else batch_size))
-            return step(batch_size)
-
-        def timed_piece(batch_size: int) -> int:
-            flight = task.in_flight()
-            self.ns += int(1e9 * _piece_s(flight.batch_size if flight is not None else batch_size))
-            return step_piece(batch_size)
-
-        task.step, task.step_piece = timed_step, timed_piece  # type: ignore[method-assign]
-
-    def __call__(self) -> int:
-        return self.ns
-
-
 def test_bubbles_too_short_for_a_whole_batch_advance_the_batch_in_flight(jobs_dir: Path) -> None:
     """Bubbles of 29 and 1.5 ms (usable), on a fake clock; a whole batch of 1 takes 1.8 ms, a piece (a layer) 0.3 ms:
     every short bubble advances the batch a long bubble's tail started, the next long one completes it, and the
@@ -276,26 +245,14 @@ def test_bubbles_too_short_for_a_whole_batch_advance_the_batch_in_flight(jobs_di
     (job,) = load_file(write_job(jobs_dir, "enc", total=300, parameters=params))
     task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
     task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
-    clock = _Clock(task)
-    points = [ProfilePoint(b, 6 * _piece_s(b), 0, piece_s=(_piece_s(b),) * 6) for b in (1, 2, 4, 8)]
-    model, costs = StepModel({p.batch_size: p.step_s for p in points}, clock=clock), PieceCosts(points)
+    clock = PieceClock(task, layers=6)
+    model, costs = model_and_costs(clock, layers=6)
     outcomes: list[tuple[bool, BubbleOutcome]] = []
     while not task.done():
         short = len(outcomes) % 2 == 1
         open_ns = clock.ns = len(outcomes) * 100_000_000
         deadline_ns = open_ns + (1_500_000 if short else 29_000_000)
-        out = run_steps(
-            SimpleNamespace(id=len(outcomes), open_ns=open_ns, expected_end_ns=deadline_ns),
-            task=task,
-            max_batch=8,
-            model=model,
-            commit_estimate=Estimator(default_s=0.0),
-            is_open=lambda _id: True,
-            deadline_ns=deadline_ns,
-            device=torch.device("cpu"),
-            clock=clock,
-            pieces=costs,
-        )
+        out = bubble(task, model, costs, clock, i=len(outcomes), deadline_ns=deadline_ns)
         assert not out.spans_ns or out.spans_ns[-1][1] <= deadline_ns + 50_000  # within the overrun budget
         outcomes.append((short, out))
     task.finish()

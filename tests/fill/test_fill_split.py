@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from fill_helpers import write_job
+from piece_clock import PieceClock, bubble, model_and_costs, piece_s
 
-from pipefill.plan import ProfilePoint
 from pipefill.spec import load_file
-from pipefill_fill.inbubble import BubbleOutcome, run_steps
-from pipefill_fill.inpieces import SPLIT_TAIL, PieceCosts
-from pipefill_fill.predict import Estimator, StepModel
+from pipefill_fill.inbubble import BubbleOutcome
+from pipefill_fill.inpieces import SPLIT_TAIL
 from pipefill_fill.settings import Settings
 from pipefill_fill.task import FillTask, TaskSpec
 
@@ -35,67 +33,21 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _piece_s(batch_size: int) -> float:
-    return 0.25e-3 + 0.05e-3 * batch_size  # one encoder layer of a batch: a batch of 8 is 6 × 0.65 = 3.9 ms
-
-
-class _SlowableClock:
-    """A fake CLOCK_MONOTONIC that moves by what each step or piece costs, times ``slow`` for those that start from
-    ``slow_from_ns`` on (a slow spell of the machine: the host took part of the core)."""
-
-    def __init__(self, task: FillTask) -> None:
-        self.ns, self.slow, self.slow_from_ns = 0, 1.0, 0
-        step, step_piece = task.step, task.step_piece
-
-        def factor() -> float:
-            return self.slow if self.ns >= self.slow_from_ns else 1.0
-
-        def timed_step(batch_size: int) -> int:
-            flight = task.in_flight()
-            left = flight.pieces - flight.done if flight is not None else LAYERS
-            size = flight.batch_size if flight is not None else batch_size
-            self.ns += int(1e9 * factor() * left * _piece_s(size))
-            return step(batch_size)
-
-        def timed_piece(batch_size: int) -> int:
-            flight = task.in_flight()
-            self.ns += int(1e9 * factor() * _piece_s(flight.batch_size if flight is not None else batch_size))
-            return step_piece(batch_size)
-
-        task.step, task.step_piece = timed_step, timed_piece  # type: ignore[method-assign]
-
-    def __call__(self) -> int:
-        return self.ns
-
-
 def _bubbles(jobs_dir: Path, split_above_s: float, slow: dict[int, float]) -> list[tuple[BubbleOutcome, int]]:
     """20 bubbles of the encoder; in bubble ``i`` of ``slow`` the machine runs ``slow[i]`` times slower from
     ``SPELL_MS`` into the bubble on (the steps at its tail). Each bubble's outcome and deadline."""
     (job,) = load_file(write_job(jobs_dir, f"split-{int(split_above_s * 1e6)}", total=10_000, parameters=PARAMS))
     task = FillTask(TaskSpec.from_spec(job))  # type: ignore[arg-type]
     task.open(device=torch.device("cpu"), memory_budget_bytes=1 << 30)
-    clock = _SlowableClock(task)
-    points = [ProfilePoint(b, LAYERS * _piece_s(b), 0, piece_s=(_piece_s(b),) * LAYERS) for b in (1, 2, 4, 8)]
-    model, costs = StepModel({p.batch_size: p.step_s for p in points}, clock=clock), PieceCosts(points)
+    clock = PieceClock(task, layers=LAYERS)
+    model, costs = model_and_costs(clock, layers=LAYERS)
     outcomes = []
     for i in range(20):
         clock.slow = slow.get(i, 1.0)
         open_ns = clock.ns = i * 100_000_000
         clock.slow_from_ns = open_ns + SPELL_MS * 1_000_000
         deadline_ns = open_ns + BUBBLE_NS
-        out = run_steps(
-            SimpleNamespace(id=i, open_ns=open_ns, expected_end_ns=deadline_ns),
-            task=task,
-            max_batch=8,
-            model=model,
-            commit_estimate=Estimator(default_s=0.0),
-            is_open=lambda _id: True,
-            deadline_ns=deadline_ns,
-            device=torch.device("cpu"),
-            clock=clock,
-            pieces=costs,
-            split_above_s=split_above_s,
-        )
+        out = bubble(task, model, costs, clock, i=i, deadline_ns=deadline_ns, split_above_s=split_above_s)
         outcomes.append((out, deadline_ns))
     return outcomes
 
@@ -121,7 +73,7 @@ def test_a_step_longer_than_the_split_runs_in_pieces_and_a_slow_spell_overruns_b
     assert all("w" in out.kinds for i, (out, _) in enumerate(whole) if i not in slow)
     assert sum(o.items for o, _ in split) >= 0.9 * sum(o.items for o, _ in whole)  # little lost to the pieces
     for i, f in slow.items():  # at most one slow piece's excess past the deadline: (f − 1) × 0.65 ms
-        assert _overrun_ms(*split[i]) <= (f - 1) * _piece_s(8) * 1e3 + 0.1, split[i][0].kinds
+        assert _overrun_ms(*split[i]) <= (f - 1) * piece_s(8) * 1e3 + 0.1, split[i][0].kinds
     # 4× their base: interrupted (the learnt margin leaves them out); 2.5× and normal speed: not
     out, _ = split[16]
     assert out.interrupted and out.interrupted == {i for i, (s, _) in enumerate(out.spans_ns) if s % 10**8 >= 3e6}
