@@ -13,7 +13,6 @@ it was committed, and it is redone.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,9 +54,15 @@ class PieceCosts:
 
     def __init__(self, points: Sequence[ProfilePoint]) -> None:
         self.points = sorted((p for p in points if p.piece_s and sum(p.piece_s) > 0), key=lambda p: p.batch_size)
+        self._profiled = {p.batch_size: p.piece_s for p in self.points}
         self._shares = {p.batch_size: tuple(t / sum(p.piece_s) for t in p.piece_s) for p in self.points}
         self._classes: deque[float] = deque(maxlen=64)  # usable lengths of the last bubbles
         self._measured: dict[int, list[deque[float]]] = {}  # per profiled size, per piece: its recent times
+        self._medians: dict[int, dict[int, float]] = {}  # per profiled size, per warm piece: the median of its times
+        self._near: dict[tuple[int, int], int | None] = {}  # (batch size, pieces) → the nearest profiled size
+        self._version = 0  # moves on whenever a share changes
+        self._planned: tuple[object, ...] = ()
+        self._plan_points: list[ProfilePoint] = []
 
     def observe(self, batch_size: int, index: int, pieces: int, cost_s: float) -> None:
         """Piece ``index`` of ``pieces`` of a batch of ``batch_size`` took ``cost_s``. The shares of the nearest
@@ -65,19 +70,30 @@ class PieceCosts:
         median, each other one as its profiled time scaled by the measured ÷ profiled of those (the profile times
         each piece a few times, cold, in one bubble: in steady work a sentence encoder's profiled 7.0 ms piece of
         27.2 took 4 ms, its pieces' ratios to their profiled shares spread from 0.6 to 1.3, and at the step model's
-        high quantile of that spread its last piece fitted no bubble: the batch was dropped and redone for ever)."""
+        high quantile of that spread its last piece fitted no bubble: the batch was dropped and redone for ever).
+        Runs after every piece: only the piece's own median is computed again."""
         near = self._nearest(batch_size, pieces)
         if near is None or not 0 <= index < pieces:
             return
-        times = self._measured.setdefault(near, [deque(maxlen=SHARE_WINDOW) for _ in range(pieces)])
-        times[index].append(cost_s)
-        profiled = next(p.piece_s for p in self.points if p.batch_size == near)
-        known = {i: statistics.median(t) for i, t in enumerate(times) if len(t) >= SHARE_WARM}
-        if not known or (base := sum(profiled[i] for i in known)) <= 0:
+        times = self._measured.get(near)
+        if times is None:
+            times = self._measured[near] = [deque(maxlen=SHARE_WINDOW) for _ in range(pieces)]
+        recent = times[index]
+        recent.append(cost_s)
+        if len(recent) < SHARE_WARM:
+            return
+        known = self._medians.setdefault(near, {})
+        ordered = sorted(recent)
+        half = len(ordered) // 2
+        known[index] = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+        profiled = self._profiled[near]
+        if (base := sum(profiled[i] for i in known)) <= 0:
             return
         scale = sum(known.values()) / base
         estimates = [known.get(i, profiled[i] * scale) for i in range(pieces)]
-        self._shares[near] = tuple(e / sum(estimates) for e in estimates)
+        total = sum(estimates)
+        self._shares[near] = tuple(e / total for e in estimates)
+        self._version += 1
 
     def note_class(self, class_s: float) -> None:
         """A bubble of usable length ``class_s`` began."""
@@ -111,12 +127,19 @@ class PieceCosts:
 
     def _nearest(self, batch_size: int, pieces: int) -> int | None:
         """The profiled size nearest ``batch_size`` whose steps come in ``pieces`` pieces (None: none)."""
-        near = [b for b, s in self._shares.items() if len(s) == pieces]
-        return min(near, key=lambda b: (abs(b - batch_size), b)) if near else None
+        key = (batch_size, pieces)
+        if key not in self._near:  # the profiled sizes and their piece counts never change: looked up once
+            near = [b for b, s in self._shares.items() if len(s) == pieces]
+            self._near[key] = min(near, key=lambda b: (abs(b - batch_size), b)) if near else None
+        return self._near[key]
 
     def plan_points(self, model: StepModel, max_batch: int) -> list[ProfilePoint]:
         """The profiled points up to ``max_batch`` with the model's step times (its base: the profile corrected by
-        the steps run since) and their pieces scaled to them."""
+        the steps run since) and their pieces scaled to them. Computed again only when the model's times, the shares or
+        ``max_batch`` changed: the list is shared between calls, not to be changed."""
+        key = (model, max_batch, self._version, *model.times)
+        if key == self._planned:
+            return self._plan_points
         out = []
         for p in self.points:
             if p.batch_size > max_batch:
@@ -124,6 +147,7 @@ class PieceCosts:
             step_s = model.base_s(p.batch_size)
             pieces = tuple(step_s * s for s in self._shares[p.batch_size])
             out.append(ProfilePoint(p.batch_size, step_s, p.peak_bytes, p.items_per_step, piece_s=pieces))
+        self._planned, self._plan_points = key, out
         return out
 
 

@@ -189,3 +189,24 @@ def test_piece_shares_follow_the_measured_pieces_and_the_last_one_fits_again() -
     nxt = steady(learn=True)
     scaled = PROFILED_MS[-1] * sum(STEADY_MS) / sum(PROFILED_MS[:-1])  # the last piece, scaled as the others
     assert nxt is not None and nxt.piece and nxt.share == pytest.approx(scaled / (sum(STEADY_MS) + scaled))
+
+
+def test_the_planned_points_follow_the_model_the_shares_and_the_batch_limit() -> None:
+    """The points planned with are computed once per state (they are asked for at every piece): a re-anchored step
+    model, a piece's measured times and another batch limit each give new ones."""
+    costs = PieceCosts(POINTS)
+    model = StepModel({p.batch_size: p.step_s for p in POINTS}, cold_ratio=1.0)
+    first = costs.plan_points(model, 64)
+    assert costs.plan_points(model, 64) is first and [p.step_s for p in first] == [p.step_s for p in POINTS]
+    assert [p.batch_size for p in costs.plan_points(model, 4)] == [1, 4]
+    assert costs.plan_points(model, 64)[0].step_s == pytest.approx(0.4 * MS)
+    for _ in range(16):  # batch 1 twice as slow as profiled: its anchor (and the pooled ones above) move
+        model.record(1, 0.8 * MS)
+    slower = costs.plan_points(model, 64)
+    assert slower[0].step_s == pytest.approx(0.8 * MS) and slower[0].piece_s == pytest.approx((0.4 * MS, 0.4 * MS))
+    for _ in range(3):  # batch 1's first piece measured at three times its second
+        costs.observe(1, 0, 2, 0.6 * MS)
+        costs.observe(1, 1, 2, 0.2 * MS)
+    shared = costs.plan_points(model, 64)
+    assert shared[0].piece_s == pytest.approx((0.6 * MS, 0.2 * MS))
+    assert costs.share(1, 0, 2) == pytest.approx(0.75) and costs.share(2, 0, 2) == pytest.approx(0.75)
