@@ -4,6 +4,7 @@ test_fill_kubernetes.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 from fill_helpers import subprocess_env, write_job
 from waiting import wait_for
 
+from pipefill.queue.status import QUEUE_MARKER
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import SliceProgress
 from pipefill_fill.sources import Identity, ProgressReport, open_source
@@ -62,6 +64,39 @@ def test_a_poll_reads_a_status_again_only_once_it_was_replaced(jobs_dir: Path) -
     assert [s.name for s in source.poll()] == ["a"] and source._polled["a"][1] is first  # not read again
     other.report("a", ProgressReport(FillJobPhase.SUCCEEDED, committed=10, total=10))
     assert source.poll() == [] and source._polled["a"][1]["phase"] == "Succeeded"
+
+
+def test_a_queued_poll_evaluates_only_the_jobs_whose_files_changed(jobs_dir: Path) -> None:
+    """Under a queue (``pipefill local``'s), a poll offers the jobs with a slice assigned here. A job whose manifest
+    and status file are the ones of the last poll offers the very task it offered then; a replaced status (another
+    assignment, a final phase) or manifest (another priority) is evaluated again."""
+    (jobs_dir / QUEUE_MARKER).write_text("{}")
+    for name in ("a", "b"):
+        write_job(jobs_dir, name, total=10)
+
+    def status(name: str, rank: int, phase: str = "Running") -> None:
+        assignment = {"trainingJob": "gpt", "rank": rank, "start": 0, "end": 10, "epoch": 1}
+        doc = {"phase": phase, "slices": [{"start": 0, "end": 10, "committed": 0}], "assignments": [assignment]}
+        tmp = jobs_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(jobs_dir / f"{name}.status.json")  # as every writer does: a new file
+
+    status("a", rank=1)
+    status("b", rank=2)
+    source = open_source(f"files:{jobs_dir}", identity=ME)
+    (a,) = source.poll()
+    assert a.name == "a" and source.poll()[0] is a  # nothing changed: not evaluated again
+    status("b", rank=1)  # b assigned here now
+    first, second = source.poll()
+    assert first is a and second.name == "b"
+    status("a", rank=1, phase="Succeeded")
+    assert [s.name for s in source.poll()] == ["b"]
+    manifest = jobs_dir / "b.yaml"
+    doc = yaml.safe_load(manifest.read_text())
+    doc["spec"]["priority"] = 7
+    manifest.write_text(yaml.safe_dump(doc))
+    (b,) = source.poll()
+    assert b.priority == 7 and b is not second
 
 
 def test_files_source_one_owner_at_a_time(jobs_dir: Path) -> None:

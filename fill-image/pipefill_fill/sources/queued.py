@@ -14,9 +14,11 @@ as the tests' harnesses do) :class:`~pipefill_fill.sources.files.FilesSource` sh
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipefill.queue.status import QUEUE_MARKER, executor_patch
+from pipefill.spec import FillJob
 from pipefill_fill.locks import locked
 from pipefill_fill.sources.base import (
     FollowsAssignments,
@@ -32,24 +34,48 @@ __all__ = ["QUEUE_MARKER", "QueuedFilesSource"]
 log = logging.getLogger("pipefill_fill")
 
 
+@dataclass(frozen=True)
+class _Offer:
+    """What one job offered at a poll: its parsed manifest (the object the source keeps while the file is unchanged),
+    the version of its status file then, the task it offered (none, or one) and the slices assigned here."""
+
+    job: FillJob
+    version: tuple[int, ...] | None
+    specs: tuple[TaskSpec, ...]
+    mine: dict[Slice, int]
+
+
 class QueuedFilesSource(FollowsAssignments, FilesSource):
     def __init__(self, directory: Path, *, identity: Identity, base_dir: Path | None = None) -> None:
         FilesSource.__init__(self, directory, identity=identity, base_dir=base_dir)
         FollowsAssignments.__init__(self)
         self._seen_ns = 0  # the directory's mtime at the last poll (every status write replaces a file in it)
         self._cancelled: dict[str, bool] = {}  # every job of the last poll -> its spec.cancel
+        self._offers: dict[str, _Offer] = {}  # every job of the last poll -> what it offered
 
     def poll(self) -> list[TaskSpec]:
+        """The jobs with a slice assigned here. A job whose manifest and status file are the ones of the last poll
+        offers what it offered then, unevaluated: a poll of a queue of 100 jobs, several times a second while the
+        statuses change, evaluates only the jobs whose files changed (the rest costs a stat of each file)."""
         self._seen_ns = self._dir_mtime_ns()
         specs: list[TaskSpec] = []
-        assigned, cancelled = {}, {}
-        for path in sorted([*self.dir.glob("*.yaml"), *self.dir.glob("*.yml")]):
+        assigned, cancelled, offers = {}, {}, {}
+        for path in self._manifests():
             for job in self._load(path):
-                cancelled[job.name] = job.spec.cancel
-                mine = self.offer(job, self._polled_status(job.name), self.identity, into=specs, base_dir=self.base_dir)
-                if mine:
-                    assigned[job.name] = mine
-        self._assigned, self._cancelled = assigned, cancelled
+                name = job.name
+                cancelled[name] = job.spec.cancel
+                version = self._status_version(name)
+                known = self._offers.get(name)
+                if known is None or known.job is not job or known.version != version:
+                    added: list[TaskSpec] = []
+                    status = self._polled_status(name, version)
+                    mine = self.offer(job, status, self.identity, into=added, base_dir=self.base_dir)
+                    known = _Offer(job, version, tuple(added), mine)
+                offers[name] = known
+                specs += known.specs
+                if known.mine:
+                    assigned[name] = known.mine
+        self._assigned, self._cancelled, self._offers = assigned, cancelled, offers
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 
     def changed(self) -> bool:
