@@ -15,8 +15,11 @@ from pipefill import env
 
 __all__ = [
     "cap_memory",
+    "device_sync",
     "idle_priority",
     "memory_in_use",
+    "memory_peak",
+    "memory_reset",
     "parse_cpu_list",
     "pin_cpus",
     "proc_status_kb",
@@ -126,3 +129,34 @@ def proc_status_kb(key: str) -> int:
 
 def _norm_uuid(text: str) -> str:
     return text.lower().removeprefix("gpu-").replace("-", "")
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a step's end is when the device is free again); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_reset(device: torch.device) -> int:
+    """Start measuring a step's peak memory: on CUDA the allocator's peak is reset (0 returned); on the CPU the
+    process's resident high-water mark is reset to its resident set, which is returned (bytes; -1: Linux does not
+    offer it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return 0
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        return proc_status_kb("VmRSS") * 1024
+    except OSError:
+        return -1
+
+
+def memory_peak(device: torch.device, base: int) -> int:
+    """The peak memory (bytes) since :func:`memory_reset` returned ``base``: the allocator's peak on CUDA, the growth
+    of the resident high-water mark on the CPU (0 where it is not offered)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    if base < 0:
+        return 0
+    return max(0, proc_status_kb("VmHWM") * 1024 - base)

@@ -391,6 +391,7 @@ class Jobs:
     def _remove(self, name: str) -> ActiveJob | None:
         a = self.active.pop(name, None)
         if a is not None:
+            a.profiler.store_unfinished()  # sizes measured so far serve the next job of its workload
             self.generation += 1
             self.metrics.retire(name)
         return a

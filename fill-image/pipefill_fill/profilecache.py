@@ -42,7 +42,16 @@ from pipefill.plan import ProfilePoint
 from pipefill_fill.atomic import atomic_write_bytes
 from pipefill_fill.task import FillTask
 
-__all__ = ["Profile", "device_key", "load_cached", "profile_dir", "store_profile", "workload_key"]
+__all__ = [
+    "Profile",
+    "device_key",
+    "load_cached",
+    "partial_points",
+    "profile_dir",
+    "store_profile",
+    "store_unfinished",
+    "workload_key",
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,6 @@ def profile_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"pipefill-profiles-{os.getuid()}"
 
 
-@functools.cache
 @functools.cache  # per class object: changed code is a new class (a new process, or its module loaded again)
 def _code_id(cls: type) -> str:
     """The workload class's module and name, and a digest of its module's source (a changed image or code)."""
@@ -103,6 +111,43 @@ def _units_left(task: FillTask) -> int:
 
 def load_cached(task: FillTask, device: torch.device, *, memory_budget_bytes: int | None = None) -> Profile | None:
     """The cached profile of this (workload, device) usable by ``task``, or None (measure it)."""
+    found = _read(task, device, memory_budget_bytes)
+    if found is None:
+        return None
+    points, complete = found
+    if not complete and task.spec.kind == "inference" and _units_left(task) > max(p.batch_size for p in points):
+        return None  # a smaller job's profile: this one may run larger batches
+    return Profile(task.spec.workload_id, device_key(device), tuple(points), cached=True)
+
+
+def partial_points(
+    task: FillTask, device: torch.device, *, memory_budget_bytes: int | None = None
+) -> list[ProfilePoint]:
+    """The sizes of a cached profile that a smaller job's work cut short (an incomplete inference record, which
+    :func:`load_cached` does not give a larger job): measured already, so the larger job's profile goes on from the
+    next larger candidate instead of measuring them again. Empty where there is none (issue #30: in a queue of jobs
+    of 64-192 samples each job measured batch sizes 1 to 8 again and ran out of work before any profile was complete,
+    so none was ever shared)."""
+    found = _read(task, device, memory_budget_bytes)
+    return found[0] if found is not None and not found[1] and task.spec.kind == "inference" else []
+
+
+def store_unfinished(task: FillTask, device: torch.device, points: Sequence[ProfilePoint], *, budget: int) -> None:
+    """A job let go of (its work done, stopped, failed) before its profile was complete: its full points are recorded
+    as an incomplete profile for the next job of the workload to go on from (:func:`partial_points`). Only for
+    inference (a training profile cut short is never cached: it would be taken for complete), and never over a record
+    that is complete or has as many sizes (another executor's)."""
+    shared = full_points(task, points)
+    if task.spec.kind != "inference" or not shared:
+        return
+    found = _read(task, device, budget)
+    if found is None or (not found[1] and len(found[0]) < len(shared)):
+        store_profile(task, device, list(points), memory_budget_bytes=budget, stopped_by="work")
+
+
+def _read(task: FillTask, device: torch.device, budget: int | None) -> tuple[list[ProfilePoint], bool] | None:
+    """The cached record of this (workload, device): its points that fit ``budget``, and whether it is complete.
+    None: no record, one measured under a smaller budget that stopped at it, or none of its points fits."""
     wkey, dkey = workload_key(task), device_key(device)
     try:
         data: dict[str, Any] = json.loads(_cache_path(wkey, dkey).read_text())
@@ -111,17 +156,11 @@ def load_cached(task: FillTask, device: torch.device, *, memory_budget_bytes: in
     if data.get("workload_key") != wkey or data.get("device_key") != dkey:
         return None  # a digest collision, or a file from before the key
     points = [ProfilePoint(**{**p, "piece_s": tuple(p.get("piece_s") or ())}) for p in data.get("points") or ()]
-    budget = memory_budget_bytes
     if budget is not None:
         if int(data.get("budget_bytes") or 0) < budget and data.get("stopped_by") == "memory":
             return None  # it stopped at a smaller budget than this job's: larger batches may fit here
         points = [p for p in points if p.peak_bytes <= budget]
-    if not points:
-        return None
-    partial = not data.get("complete", True) and task.spec.kind == "inference"
-    if partial and _units_left(task) > max(p.batch_size for p in points):
-        return None  # a smaller job's profile: this one may run larger batches
-    return Profile(task.spec.workload_id, dkey, tuple(points), cached=True)
+    return (points, bool(data.get("complete", True))) if points else None
 
 
 def full_points(task: FillTask, points: Sequence[ProfilePoint]) -> list[ProfilePoint]:

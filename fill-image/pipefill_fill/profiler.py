@@ -15,14 +15,21 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from pipefill.plan import ProfilePoint
-from pipefill_fill.device import proc_status_kb
+from pipefill_fill.device import device_sync, memory_peak, memory_reset
 from pipefill_fill.pieces import piece_steps
-from pipefill_fill.profilecache import Profile, device_key, full_points, load_cached, store_profile
+from pipefill_fill.profilecache import (
+    Profile,
+    device_key,
+    full_points,
+    load_cached,
+    partial_points,
+    store_profile,
+    store_unfinished,
+)
 from pipefill_fill.task import FillTask
 
 __all__ = ["PROFILE_BOUND", "BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
@@ -128,6 +135,8 @@ class BubbleProfiler:
         self.stopped_by = ""
         self.last_step_s: float | None = None  # the last candidate's step time, measured or predicted
         self.last_peak_bytes: int | None = None  # the last candidate's peak device memory, when measured
+        if self.result is None:  # a smaller job's sizes, where one was cut short: not measured again
+            self._go_on_from(partial_points(task, device, memory_budget_bytes=memory_budget_bytes))
 
     @property
     def batch_size(self) -> int:
@@ -187,13 +196,13 @@ class BubbleProfiler:
         bs = self.batch_size
         pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
         if self._partial is None:  # a new step, from the snapshot
-            self._base = _memory_reset(self.device)
+            self._base = memory_reset(self.device)
             self.task.workload.restore(dict(self._snapshot))
             self._partial = []
         try:
             t0 = self.clock()
             self._items = int(self.task.workload.step(bs) if pieces is None else pieces.step_piece(bs))
-            _sync(self.device)
+            device_sync(self.device)
             part_s = (self.clock() - t0) / 1e9
         except torch.OutOfMemoryError:
             log.info("profile %s: batch %d ran out of device memory", self.task.spec.name, bs)
@@ -213,7 +222,7 @@ class BubbleProfiler:
             return part_s
         if pieces is not None:
             self._piece_times.append(step)
-        self._peak = max(self._peak, _memory_peak(self.device, self._base))
+        self._peak = max(self._peak, memory_peak(self.device, self._base))
         self._times.append(sum(step))
         self.retry_due = False
         self._overhead_s = max(self._overhead_s, (self.clock() - entered) / 1e9 - part_s)
@@ -270,14 +279,24 @@ class BubbleProfiler:
         if last.result is not None and last.stopped_by != "work":
             self.result = last.result
             return False
-        full = full_points(self.task, last.points)
-        if full:
-            largest = max(p.batch_size for p in full)
-            self._points = sorted(full, key=lambda p: p.batch_size)
+        self._go_on_from(full_points(self.task, last.points))
+        return True
+
+    def _go_on_from(self, points: list[ProfilePoint]) -> None:
+        """Sizes measured already (by the job's last slice, or by a smaller job of the workload): kept, and the profile
+        goes on with the larger candidates (complete when there is none)."""
+        if points:
+            largest = max(p.batch_size for p in points)
+            self._points = sorted(points, key=lambda p: p.batch_size)
             self._i = next((i for i, b in enumerate(self.candidates) if b > largest), len(self.candidates))
             if self._i >= len(self.candidates):
                 self._finish()
-        return True
+
+    def store_unfinished(self) -> None:
+        """Its job is let go of with the profile not complete: the sizes measured are cached for the next job of the
+        workload to go on from (:func:`pipefill_fill.profilecache.store_unfinished`)."""
+        if self.result is None:
+            store_unfinished(self.task, self.device, self._points, budget=self.budget)
 
     def give_up_candidate(self) -> None:
         """The current candidate does not fit the bubbles offered: keep the batch sizes measured so far. But first, once
@@ -351,13 +370,13 @@ def _measure(
 ) -> ProfilePoint | None:
     times: list[float] = []
     items = 0
-    base = _memory_reset(device)
+    base = memory_reset(device)
     try:
         for i in range(warmup + repeats):
             task.workload.restore(dict(snapshot))  # every step measures the same batch
             t0 = time.perf_counter()
             items = int(task.workload.step(bs))
-            _sync(device)
+            device_sync(device)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     except torch.OutOfMemoryError:
@@ -365,30 +384,5 @@ def _measure(
         return None
     if items <= 0:
         return None
-    peak = _memory_peak(device, base)
+    peak = memory_peak(device, base)
     return ProfilePoint(bs, statistics.median(times), peak, items if items != bs else None)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _memory_reset(device: torch.device) -> int:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return 0
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        return proc_status_kb("VmRSS") * 1024
-    except OSError:
-        return -1
-
-
-def _memory_peak(device: torch.device, base: int) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    if base < 0:
-        return 0
-    return max(0, proc_status_kb("VmHWM") * 1024 - base)

@@ -221,3 +221,54 @@ def test_a_slice_after_one_that_cut_its_profile_short_measures_the_larger_sizes_
     finally:
         jobs.shutdown()
         source.close()
+
+
+def test_a_job_let_go_of_mid_profile_leaves_its_sizes_to_the_next_job_of_the_workload(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch, profile_cache: Path
+) -> None:
+    """A queue of small jobs (issue #30, ``bench fill-queue``'s 100 jobs of 64-192 samples): a job's early steps
+    finished it before its profile was complete, nothing was cached, and the next job of the workload measured batch
+    sizes 1, 2, 4... again, so no profile was ever complete. Now a job let go of mid-profile caches the sizes it
+    measured as an incomplete profile, the next job goes on from the next larger size, and a complete record is never
+    replaced by such a one. A training job's profile cut short is not cached (it would be taken for complete)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    write_job(jobs_dir, "q1", total=64, parameters=PARAMS, output=tmp_path / "out" / "q1")
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = cpu_jobs(source, EventWriter(None))
+    try:
+        jobs.refresh()
+        a = jobs.active["q1"]
+        while not a.profiler.points:
+            a.profiler.measure_one()  # batch 1, in bubbles
+        assert a.profile is None
+        jobs.let_go("q1", "its slice is done (the test)")
+    finally:
+        jobs.shutdown()
+        source.close()
+    (record,) = profile_cache.glob("profile-*.json")
+    data = json.loads(record.read_text())
+    assert not data["complete"] and [p["batch_size"] for p in data["points"]] == [1]
+    following = _task(write_job(jobs_dir, "q2", total=1000, parameters=PARAMS))
+    profiler = BubbleProfiler(following, CPU, memory_budget_bytes=GIB, warmup=0, repeats=1)
+    assert profiler.result is None and [p.batch_size for p in profiler.points] == [1] and profiler.batch_size == 4
+    while profiler.result is None:
+        profiler.measure_one()  # 4 and 16 only
+    assert [p.batch_size for p in profiler.result.points] == [1, 4, 16]
+    profiler.store()
+    assert json.loads(record.read_text())["complete"]
+    late = BubbleProfiler(_task(write_job(jobs_dir, "q3", total=1000, parameters=PARAMS)), CPU, memory_budget_bytes=GIB)
+    assert late.result is not None and late.result.cached  # the complete record: nothing left to measure
+    before = {p.name: p.read_text() for p in profile_cache.glob("profile-*.json")}
+    late._points = list(late.result.points[:1])  # a job of that workload that had measured one size only
+    late.result = None
+    late.store_unfinished()
+    assert {p.name: p.read_text() for p in profile_cache.glob("profile-*.json")} == before  # the complete one stays
+    train = {"features": 8, "hidden": 16, "classes": 3, "batchSize": 8}
+    clf = _task(write_job(jobs_dir, "clf", builtin="train-classifier", kind="training", total=50, parameters=train))
+    trainer = BubbleProfiler(clf, CPU, memory_budget_bytes=GIB, warmup=0, repeats=1)
+    while not trainer.points:
+        trainer.measure_one()
+    trainer.result = None  # let go of before its profile was complete
+    trainer.store_unfinished()
+    assert {p.name: p.read_text() for p in profile_cache.glob("profile-*.json")} == before  # not cached
