@@ -15,7 +15,8 @@ fill (a queue that runs out early is not charged for the bubbles after it):
 
 * ``samples_per_bubble_s``: samples filled ÷ announced bubble seconds, and its ratio to ``one`` of the same
   repetition;
-* ``profile_s``: per job and rank, from its start-up to its profile, split by whether the profile came from the cache;
+* ``profile_s``: per job and rank, from its start-up to its profile (each later slice's from its own start-up),
+  split by whether the profile came from the cache;
 * ``switch_gap_s``: on each rank, from one job's last commit to the next job's first productive fill step;
 * ``slowdown``: the training step's median ÷ ``alone``'s of the same repetition, minus 1.
 
@@ -124,12 +125,12 @@ def analyze(out: Path) -> dict[str, Any]:
         )
         used_s += sum(e["used_s"] for e in fills if e["woke_ns"] <= last)
         items += sum(e["items"] for e in fills if e["woke_ns"] <= last)
-        started: dict[str, int] = {}
+        started: dict[str, int] = {}  # job -> the start-up its next profile is counted from
         for e in fill:
             if e["event"] == "startup":
-                started.setdefault(e["job"], e["start_ns"])
-            elif e["event"] == "profile" and e["job"] in started:
-                profiles["cached" if e["cached"] else "measured"].append((e["mono_ns"] - started[e["job"]]) / 1e9)
+                started.setdefault(e["job"], e["start_ns"])  # a profile measured over several slices: the first's
+            elif e["event"] == "profile" and e["job"] in started:  # a later slice's profile: from its own start-up
+                profiles["cached" if e["cached"] else "measured"].append((e["mono_ns"] - started.pop(e["job"])) / 1e9)
         gaps += _switch_gaps(fill, productive)
     jobs = report.get("fill_jobs") or {}
     return {

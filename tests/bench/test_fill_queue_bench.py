@@ -62,6 +62,8 @@ def test_counts_up_to_the_last_productive_fill_profiles_and_switch_gaps(tmp_path
             {"event": "profile", "job": "b", "cached": True, "mono_ns": 40 * MS},  # 10 ms after b's
             _fill("b", 101, 10, 4),  # b's first productive step: 102 ms, 82 ms after a's last commit
             {"event": "commit", "job": "b", "mono_ns": 110 * MS},
+            {"event": "startup", "job": "b", "start_ns": 150 * MS},  # b's next slice: its profile 20 ms after that
+            {"event": "profile", "job": "b", "cached": True, "mono_ns": 170 * MS},
             {
                 "**": "nothing after b's last productive fill counts",
                 "event": "fill",
@@ -79,7 +81,7 @@ def test_counts_up_to_the_last_productive_fill_profiles_and_switch_gaps(tmp_path
     assert m["bubble_time_used"] == pytest.approx(0.009 / 0.020)
     assert m["samples_committed"] == 40 and m["jobs"] == 2 and m["jobs_succeeded"] == 1
     assert m["profile_s"]["measured"] == {"n": 1, "median": 2.0, "max": 2.0}
-    assert m["profile_s"]["cached"] == {"n": 1, "median": 0.01, "max": 0.01}
+    assert m["profile_s"]["cached"] == {"n": 2, "median": 0.015, "max": 0.02}  # not 0.14 s from b's first start-up
     assert m["switch_gap_s"] == {"n": 1, "median": 0.082, "max": 0.082}
 
 
