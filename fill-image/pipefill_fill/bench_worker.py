@@ -23,11 +23,10 @@ import signal
 import sys
 import time
 
-import torch
-
 from pipefill.events import CommitEvent, JobEvent, ProfileEvent, WorkEvent
 from pipefill.plan import ProfilePoint
 from pipefill.spec import FillJobPhase
+from pipefill_fill.device import device_sync
 from pipefill_fill.profiler import profile_task
 from pipefill_fill.runner import Attached, Stoppable
 from pipefill_fill.sources import ProgressReport
@@ -122,8 +121,7 @@ class NaiveRunner(Stoppable):
         while not self._stop and not task.done():
             items += task.step(batch)
             steps += 1
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # a step ends when the device is free, as in the executor
+            device_sync(self.device)  # a step ends when the device is free, as in the executor
             if task.commit_due():
                 self._commit(task, started)
             now = time.monotonic_ns()

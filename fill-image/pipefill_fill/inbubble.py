@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from pipefill_fill.commits import Pending
+from pipefill_fill.device import device_sync
 from pipefill_fill.inpieces import Next, PieceCosts, continue_work, next_work
 from pipefill_fill.offload import Offloader
 from pipefill_fill.predict import INTERRUPTED, OVERRUN_BUDGET_S, Estimator, StepModel
@@ -124,11 +125,6 @@ class BubbleOutcome:
     @property
     def last_end_ns(self) -> int | None:
         return self.spans_ns[-1][1] if self.spans_ns else None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_steps(
@@ -259,7 +255,7 @@ def _run(
     before_mark = mark()
     items = task.step_piece(batch_size) if nxt.piece else task.step(batch_size)
     launched = clock()
-    _sync(device)
+    device_sync(device)
     end = clock()
     out.traces.append(StepTrace.between(before_mark, mark(), host_ns=launched - start))
     cost_s = ((cost_clock() if cost_clock is not None else end) - cost0) / 1e9

@@ -65,13 +65,13 @@ class Margin:
     """The extra margin (seconds) a job's bubbles are planned with, from how far the last step of its worked bubbles
     among the last ``window`` bubbles it was offered ran past the deadline it was sized for, less the room the plan
     already leaves (guard, planned end): the smallest margin ``m`` ≥ 0 whose expected overrun over them, the mean of
-    ``max(0, past − m)``, is within ``budget_s`` (the executor's overrun budget); 0 while fewer than ``warm`` of them were worked. Start-up steps stay
-    out (they are one-off), and so do interrupted ones (``BubbleOutcome.interrupted``: more than
-    :data:`pipefill_fill.predict.INTERRUPTED` times their base, as the step model leaves them out of its quantiles):
-    one step a VM's host stalled 10 ms past its deadline would set a 3.6 ms margin (10 ms less the 6.4 ms the budget
-    allows over 128 bubbles) on every one of the job's next 128 bubbles. A job whose steps overrun by a steady amount
-    is planned that much earlier; one whose steps overran twice in a hundred bubbles, by whatever amount, costs at most ``budget_s`` a bubble on average and
-    keeps its bubbles.
+    ``max(0, past − m)``, is within ``budget_s`` (the executor's overrun budget); 0 while fewer than ``warm`` of them
+    were worked. Start-up steps stay out (they are one-off), and so do interrupted ones
+    (``BubbleOutcome.interrupted``: more than :data:`pipefill_fill.predict.INTERRUPTED` times their base, as the step
+    model leaves them out of its quantiles): one step a VM's host stalled 10 ms past its deadline would set a 3.6 ms
+    margin (10 ms less the 6.4 ms the budget allows over 128 bubbles) on every one of the job's next 128 bubbles. A
+    job whose steps overrun by a steady amount is planned that much earlier; one whose steps overran twice in a
+    hundred bubbles, by whatever amount, costs at most ``budget_s`` a bubble on average and keeps its bubbles.
 
     The window counts offered bubbles, not worked ones: a margin that leaves no step room in the bubbles would
     otherwise see no new bubble and keep its outlier for ever (a 1.8 ms margin on 3.7 ms bubbles held a job at one

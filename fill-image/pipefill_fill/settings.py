@@ -87,7 +87,8 @@ class Settings:
         if not 0 <= split_us <= 10**6:
             raise ValueError(
                 f"{env.FILL_SPLIT_ABOVE_US}={split_us:g}: the longest step run whole at a bubble's tail must be "
-                "within 0..1000000 µs (0: never split a step that fits whole; a few ms bounds what a slow step overruns by)"
+                "within 0..1000000 µs (0: never split a step that fits whole; a few ms bounds what a slow step "
+                "overruns by)"
             )
         if not 0 <= continue_us <= 10_000:
             raise ValueError(

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from pipefill_fill.commits import CommitWriter, Pending
+from pipefill_fill.device import device_sync
 from pipefill_fill.pieces import Flight, PieceSteps, piece_steps
 from pipefill_fill.slices import JobDir
 from pipefill_fill.store import Committed, ProgressStore, serialized
@@ -310,8 +311,7 @@ class FillTask:
         self.workload.restore(dict(snapshot))
         t0 = time.perf_counter()
         self.workload.step(batch_size)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        device_sync(device)
         return time.perf_counter() - t0
 
     def dry_commit_s(self) -> float:

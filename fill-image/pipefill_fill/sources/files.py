@@ -63,7 +63,7 @@ class FilesSource(WorkSource):
                 labels = self.identity.labels
                 if labels is not None and not job.spec.host_selector.matches(labels):
                     continue
-                if self._polled_status(job.name).get("phase") in FINAL_PHASES:
+                if self._polled_status(job.name, self._status_version(job.name)).get("phase") in FINAL_PHASES:
                     continue
                 spec = TaskSpec.from_spec(job, base_dir=self.base_dir)
                 try:
@@ -173,13 +173,12 @@ class FilesSource(WorkSource):
         except FileNotFoundError:
             return None
 
-    def _polled_status(self, name: str, version: tuple[int, ...] | None = None) -> dict[str, Any]:
-        """:meth:`_status` for a poll (read only): read and parsed again only where the file changed (``version``:
-        its version, when the caller has it). A poll reads every job's status, and a queue of 100 jobs is polled
+    def _polled_status(self, name: str, version: tuple[int, ...] | None) -> dict[str, Any]:
+        """:meth:`_status` for a poll (read only), at ``version`` (:meth:`_status_version`; None: no file): read and
+        parsed again only where the file changed. A poll reads every job's status, and a queue of 100 jobs is polled
         several times a second (every status write wakes it): 1.5 s of an executor's CPU in 20 s beside the
         training. Every write replaces the file (a new inode); a commit's check (:meth:`revoked`) and a report read the
         file itself."""
-        version = version or self._status_version(name)
         if version is None:
             return {}
         known = self._polled.get(name)
