@@ -48,11 +48,34 @@ def pin_cpus(text: str | None) -> set[int] | None:
 def idle_priority() -> bool:
     """Put this process at the kernel's idle scheduling policy (SCHED_IDLE; threads started later inherit it): it
     runs only when nothing of normal priority wants the core, and a waking trainer preempts it at once. False, with
-    a warning, where the kernel refuses (the fill then competes with its trainer for the core)."""
+    a warning, where the kernel refuses (the fill then competes with its trainer for the core).
+
+    The kernel ranks threads by that policy within their scheduling group only: a cgroup, or with autogroup
+    (``kernel.sched_autogroup_enabled``) in the root cgroup a session. An executor that leads a session of its own
+    there is a group of its own, its trainer's equal; its group then takes the lowest weight (:func:`_session_last`)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError) as exc:
         log.warning("cannot take the idle CPU priority (%s): the fill competes with its trainer for the core", exc)
+        return False
+    if _session_last():
+        log.info("leading a session of its own under autogroup: its session's group set to nice 19")
+    return True
+
+
+AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def _session_last() -> bool:
+    """With autogroup on, a process that leads its session (started by ``setsid``, as many launchers do) sets its
+    session's group to nice 19 (``/proc/self/autogroup``): weight 15 against a trainer's 1024, about 1.5 % of a core
+    both want, where its own group would get half. Only as the session's leader, so that it never lowers another
+    process's group (a shell's, a launcher's, its trainer's). Whether it did."""
+    try:
+        if AUTOGROUP_ENABLED.read_text(encoding="ascii").strip() != "1" or os.getsid(0) != os.getpid():
+            return False
+        Path("/proc/self/autogroup").write_text("19", encoding="ascii")
+    except OSError:
         return False
     return True
 

@@ -12,11 +12,12 @@ A fork is the launcher ``Popen`` would start only while this process still is as
 imported, one thread (no lock held by a thread the fork leaves behind), the children's start-up variables (the
 caller compares them: read at interpreter and torch start), and no open descriptor but its standard streams and the
 launcher's socket pair (a pipe's end held on would keep a reader from its EOF). :func:`forkable` checks the rest, and
-``Launcher`` starts an interpreter where one fails. The fork does what ``Popen`` would: a session of its own, stdin
-from /dev/null, output to the log, the children's environment, the launcher's command line in ps; then it runs
-:func:`main`. A child forked from it leaves by ``SystemExit`` or an exception through the frames of the process the
-launcher was forked from: only a caller with no handler and no cleanup above it may fork (``pipefill``'s entry point
-starts its launcher before any), so that the child exits as ``python -m`` would.
+``Launcher`` starts an interpreter where one fails. The fork does what ``Popen`` would: a process group of its own
+in the runner's session (launcher.py says why), stdin from /dev/null, output to the log, the children's environment,
+the launcher's command line in ps; then it runs :func:`main`. A child forked from it leaves by ``SystemExit`` or an
+exception through the frames of the process the launcher was forked from: only a caller with no handler and no cleanup
+above it may fork (``pipefill``'s entry point starts its launcher before any), so that the child exits as
+``python -m`` would.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def fork_launcher(
     if pid:
         return ForkedLauncher(pid)
     try:
-        os.setsid()
+        os.setpgid(0, 0)
         os.close(ours.detach())  # the runner's end; detached, so that nothing closes the number again
         fd = theirs.detach()  # owned by the launcher's socket from here
         for target, out in ((0, os.open(os.devnull, os.O_RDONLY)), (1, os.open(log, _APPEND, 0o644))):
@@ -142,9 +143,9 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 
 def _become(request: dict[str, Any], fds: list[int], launcher_pid: int) -> None:
-    """In a fresh fork: the child ``Popen`` would have started (own session, its streams: the descriptors passed for
-    them, else stdin from /dev/null and output to its log; its working directory and environment)."""
-    os.setsid()
+    """In a fresh fork: the child ``Popen`` would have started (its own process group, its streams: the descriptors
+    passed for them, else stdin from /dev/null and output to its log; its working directory and environment)."""
+    os.setpgid(0, 0)
     given = iter(fds)
     wanted = [next(given) if passed else None for passed in request.get("stdio", [False] * 3)]
     stdin = os.open(os.devnull, os.O_RDONLY) if wanted[0] is None else wanted[0]

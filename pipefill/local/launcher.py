@@ -4,7 +4,8 @@ Every trainer and fill executor of ``pipefill local`` is ``python -m <module>``,
 seconds importing torch (PyPI's CUDA build, measured in docs/benchmarks.md): four such imports start a 2-stage run,
 and each gang restart or executor restart pays again. The runner starts this launcher once: it imports torch (and
 numpy) and waits on a socket; each child is a ``fork()`` of it that becomes ``python -m <module>`` with the child's own
-arguments, environment, working directory and log, in a session of its own, as ``subprocess.Popen`` would start it.
+arguments, environment, working directory and log, in a process group of its own, as ``subprocess.Popen`` would
+start it.
 Its pages of torch are shared with the launcher's until written.
 
 What could differ from a fresh interpreter is what is read at interpreter or torch start-up; a child whose start-up
@@ -17,6 +18,13 @@ The launcher is the children's parent: it reaps them and reports each exit statu
 the runner, which still signals their process groups itself. It ends with the runner (``PIPEFILL_PARENT_PID``), and
 a child whose parent is the launcher is tied to the launcher, so a killed runner still stops every child. The
 launcher's own side, and the launcher forked from a process that has imported its preload already, are forker.py.
+
+Each child (and the launcher) leads a process group of its own, in the runner's session, not a session of its own:
+Linux's autogroup (``kernel.sched_autogroup_enabled``, on by default in many distributions' kernels and on this
+project's machines) gives each session its own scheduling group, and the kernel's idle policy ranks threads within
+their group only. With a session each, a fill executor at ``SCHED_IDLE`` was its trainer's equal on their shared
+core: half of it while both were runnable, and a trainer woken from a wait queued behind it. In one session they share
+one group, where the idle policy means what fill.md says.
 """
 
 from __future__ import annotations
@@ -74,9 +82,9 @@ def child_environment(container: Mapping[str, str] | None = None) -> dict[str, s
 
 
 def signal_group(pid: int, signum: int) -> bool:
-    """Send ``signum`` to the process group of child ``pid`` (its own session's), or to ``pid`` alone while it does
-    not lead one yet: a forked child's pid reaches the runner as soon as the launcher has forked it, before the child
-    calls ``setsid()``, and a group signal sent in between found no group and was lost. False where it is gone (0:
+    """Send ``signum`` to the process group of child ``pid`` (its own), or to ``pid`` alone while it does not lead one
+    yet: a forked child's pid reaches the runner as soon as the launcher has forked it, before the child calls
+    ``setpgid()``, and a group signal sent in between found no group and was lost. False where it is gone (0:
     whether it is there)."""
     try:
         os.killpg(pid, signum)
@@ -158,7 +166,7 @@ class Launcher:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 pass_fds=(theirs.fileno(),),
-                start_new_session=True,
+                process_group=0,
             )
 
     def _messages(self, timeout: float) -> list[dict[str, Any]]:

@@ -66,7 +66,8 @@ class LocalProcess:
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the runner only; it stops the children in order
+            stdin=subprocess.DEVNULL,
+            process_group=0,  # Ctrl-C reaches the runner only (it stops them in order); one session: launcher.py
         )
 
     def poll(self) -> int | None:

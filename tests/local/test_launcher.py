@@ -27,7 +27,7 @@ from pipefill.parent import stop_with_parent
 stop_with_parent()
 record = {
     "name": __name__, "argv": sys.argv, "cwd": os.getcwd(), "probe": os.environ.get("PROBE"), "ppid": os.getppid(),
-    "parent": os.environ.get("PIPEFILL_PARENT_PID"), "sid": os.getsid(0) == os.getpid(),
+    "parent": os.environ.get("PIPEFILL_PARENT_PID"), "sid": os.getsid(0), "group_leader": os.getpgid(0) == os.getpid(),
     "numpy_preloaded": "numpy" in sys.modules,
     "cmdline": open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().strip(),
 }
@@ -78,12 +78,14 @@ def test_a_forked_child_is_the_child_popen_starts_with_numpy_already_imported(
     assert child.wait(timeout=30) == 3
     with open(tmp_path / "popen.log", "wb") as log:
         popen = subprocess.Popen(_argv("--flag", "two words"), env={**environ, "PROBE": "popen"}, stdout=log,
-                                 start_new_session=True)  # fmt: skip
+                                 process_group=0)  # fmt: skip
         assert popen.wait(timeout=30) == 3
     forked, started = _record(tmp_path / "forked.log"), _record(tmp_path / "popen.log")
     assert (forked["probe"], started["probe"]) == ("forked", "popen")
-    for key in ("name", "argv", "cwd", "sid"):
+    for key in ("name", "argv", "cwd", "sid", "group_leader"):
         assert forked[key] == started[key], key
+    # a process group of its own, in this process's session: one autogroup, where SCHED_IDLE ranks below the trainer
+    assert forked["group_leader"] and forked["sid"] == os.getsid(0)
     assert forked["name"] == "__main__" and str(forked["argv"][0]).endswith("probe_child.py")  # type: ignore[index]
     assert forked["argv"][1:] == ["--flag", "two words"]  # type: ignore[index]
     # its parent is the launcher, and it is tied to the launcher (which is tied to this process)
@@ -162,6 +164,9 @@ def test_a_child_with_other_start_up_variables_or_not_python_m_starts_with_popen
     forked.start()
     assert isinstance(forked.child, Forked) and forked.wait(timeout=30) == 0
     assert _record(tmp_path / "f" / "output.log")["numpy_preloaded"] is True
+    for started in ("p", "f"):  # either way its own group in this session (the fill's SCHED_IDLE: launcher.py)
+        record = _record(tmp_path / started / "output.log")
+        assert (record["group_leader"], record["sid"]) == (True, os.getsid(0)), started
 
 
 def test_a_killed_launcher_stops_its_children_and_is_not_used_again(
@@ -192,13 +197,13 @@ def test_a_preload_that_fails_leaves_every_child_to_popen(tmp_path: Path, probe_
 
 
 def test_a_signal_reaches_a_child_that_leads_no_group_yet_and_a_whole_group_otherwise() -> None:
-    """A forked child's pid reaches the runner before the child calls ``setsid()``: a signal to its group then finds
+    """A forked child's pid reaches the runner before the child calls ``setpgid()``: a signal to its group then finds
     none, and went nowhere; it goes to the child alone. A child that leads its group gets it with its own children."""
-    before_setsid = subprocess.Popen(["sleep", "30"])  # in this process's group, as a fork is until its setsid()
-    assert signal_group(before_setsid.pid, signal.SIGTERM)
-    assert before_setsid.wait(10) == -signal.SIGTERM
-    assert not signal_group(before_setsid.pid, signal.SIGTERM)  # gone and reaped: nothing to signal, no error
-    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, start_new_session=True)
+    before_setpgid = subprocess.Popen(["sleep", "30"])  # in this process's group, as a fork is until its setpgid()
+    assert signal_group(before_setpgid.pid, signal.SIGTERM)
+    assert before_setpgid.wait(10) == -signal.SIGTERM
+    assert not signal_group(before_setpgid.pid, signal.SIGTERM)  # gone and reaped: nothing to signal, no error
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, process_group=0)
     assert leader.stdout is not None
     grandchild = int(leader.stdout.readline())
     signal_group(leader.pid, signal.SIGTERM)

@@ -151,8 +151,8 @@ def test_sigkill_of_a_fill_executor_restarts_it_and_of_a_trainer_restarts_the_jo
                 return [e.step for e in read_events(events) if isinstance(e, StepEvent)]
 
             wait_for(lambda: len(steps()) >= 3, "3 steps", timeout_s=90)
-            fill_pid = _child_pid(out, 0, "fill-executor")
-            assert fill_pid is not None
+            # at SCHED_IDLE in the trainer's scheduling group, the executor starts in the time its trainer leaves
+            fill_pid = wait_for(lambda: _child_pid(out, 0, "fill-executor"), "the executor's first record", 90)
             os.kill(fill_pid, signal.SIGKILL)
             wait_for(
                 lambda: _child_pid(out, 0, "fill-executor") not in (None, fill_pid), "a new executor", timeout_s=90
