@@ -103,7 +103,8 @@ def test_the_summary_pairs_each_repetition_with_its_own_single_job_and_training_
 @pytest.mark.busy  # a benchmark's runs: heavy, nothing timed is asserted (tests/sharing.py)
 @pytest.mark.timeout(300)
 def test_a_small_run_end_to_end(tmp_path: Path) -> None:
-    argv = ["--configs", "twenty,alone", "--reps", "1", "--steps", "20", "--unit", "8", "--keep", str(tmp_path)]
+    # 60 steps: the executors start (attach, first poll, claim, first calls) in the time their trainers leave, ~2 s
+    argv = ["--configs", "twenty,alone", "--reps", "1", "--steps", "60", "--unit", "8", "--keep", str(tmp_path)]
     done = subprocess.run(
         [sys.executable, "-m", "pipefill", "bench", "fill-queue", *argv, "--json"],
         capture_output=True,

@@ -30,7 +30,7 @@ pytestmark = [
 ]  # fmt: skip
 
 SCRIPT = REPO / "examples" / "torchtitan" / "torchtitan_cpu.py"
-STEPS = 6
+STEPS = 30
 _LOSS = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)*loss:\s*(-?[0-9.]+)")
 
 
