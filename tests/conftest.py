@@ -7,6 +7,7 @@ or a failed start fails the run (it must never skip there); elsewhere those test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -98,6 +99,8 @@ def pytest_configure(config: pytest.Config) -> None:
     start: by default it lives in the machine's temp directory, so a test passed or failed by what earlier runs or
     the other worker's tests left there (a fresh clone's CI starts with none). In the main process, the directory of
     the lock by which xdist's workers share the machine (tests/sharing.py)."""
+    if hasattr(config, "workerinput"):
+        _own_session()
     given = os.environ.get("PIPEFILL_FILL_PROFILE_DIR")
     if given is None or given == os.environ.get(_PROFILES_MADE):
         _MADE.append(tempfile.mkdtemp(prefix="pipefill-test-profiles-"))
@@ -111,6 +114,15 @@ def pytest_configure(config: pytest.Config) -> None:
         publisher = start_for_workers(config)
         if publisher is not None:
             _publishers.append(publisher)
+
+
+def _own_session() -> None:
+    """An xdist worker leads a session of its own: with Linux's autogroup (on in CI's machines) each worker and the
+    processes its tests start are then one scheduling group, as two CI jobs would be, and share the cores fairly with
+    the other worker's. In one group with the other worker's tests, a ``pipefill local`` run's fill executors, at
+    SCHED_IDLE, got no CPU while those tests computed and did no work (the idle policy ranks within a group)."""
+    with contextlib.suppress(OSError):  # already a group's leader (started so by another runner): keep its session
+        os.setsid()
 
 
 @pytest.hookimpl(trylast=True)
