@@ -24,7 +24,7 @@ SCHEDULES: list[tuple[str, list[str]]] = [
     ("ZBVZeroBubble", []),
     ("DualPipeV", []),
 ]
-STEPS = 8
+STEPS = 16
 # a narrower model than the example's default (its bubbles are for a fill to use; here nothing fills and every
 # predicted bubble is announced, FILL_MIN_BUBBLE_MS 0): 2.9 s a run instead of 4.0
 SMALL = ["--width", "256", "--batch", "64"]
