@@ -5,8 +5,7 @@ seconds importing torch (PyPI's CUDA build, measured in docs/benchmarks.md): fou
 and each gang restart or executor restart pays again. The runner starts this launcher once: it imports torch (and
 numpy) and waits on a socket; each child is a ``fork()`` of it that becomes ``python -m <module>`` with the child's own
 arguments, environment, working directory and log, in a process group of its own, as ``subprocess.Popen`` would
-start it.
-Its pages of torch are shared with the launcher's until written.
+start it. Its pages of torch are shared with the launcher's until written.
 
 What could differ from a fresh interpreter is what is read at interpreter or torch start-up; a child whose start-up
 variables (``PYTHON*``, ``TORCH*``, ``OMP_*``, ``LD_*``, ``PIPEFILL_HOOK``, ... below) differ from the launcher's, or
