@@ -14,6 +14,7 @@ import torch
 from pipefill import env
 
 __all__ = [
+    "autogroup_on",
     "cap_memory",
     "device_sync",
     "idle_priority",
@@ -71,13 +72,21 @@ def _session_last() -> bool:
     session's group to nice 19 (``/proc/self/autogroup``): weight 15 against a trainer's 1024, about 1.5 % of a core
     both want, where its own group would get half. Only as the session's leader, so that it never lowers another
     process's group (a shell's, a launcher's, its trainer's). Whether it did."""
+    if not autogroup_on() or os.getsid(0) != os.getpid():
+        return False
     try:
-        if AUTOGROUP_ENABLED.read_text(encoding="ascii").strip() != "1" or os.getsid(0) != os.getpid():
-            return False
         Path("/proc/self/autogroup").write_text("19", encoding="ascii")
     except OSError:
         return False
     return True
+
+
+def autogroup_on() -> bool:
+    """Whether this kernel groups threads by session (autogroup); False where it cannot tell."""
+    try:
+        return AUTOGROUP_ENABLED.read_text(encoding="ascii").strip() == "1"
+    except OSError:
+        return False
 
 
 def step_clock(device: torch.device, *, idle: bool) -> Callable[[], int]:

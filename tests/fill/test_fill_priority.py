@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipefill_fill.device import AUTOGROUP_ENABLED
+from pipefill_fill.device import autogroup_on
 
 CHILD = """\
 import json, os
@@ -21,13 +21,6 @@ print(json.dumps({"ok": ok, "idle": os.sched_getscheduler(0) == os.SCHED_IDLE,
 """
 
 
-def _autogroup_on() -> bool:
-    try:
-        return AUTOGROUP_ENABLED.read_text().strip() == "1"
-    except OSError:
-        return False
-
-
 def _child(**popen: object) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, check=True, **popen
@@ -35,7 +28,7 @@ def _child(**popen: object) -> dict[str, object]:
     return dict(json.loads(out.stdout.splitlines()[-1]))
 
 
-@pytest.mark.skipif(not _autogroup_on(), reason="this kernel does not group threads by session (autogroup off)")
+@pytest.mark.skipif(not autogroup_on(), reason="this kernel does not group threads by session (autogroup off)")
 def test_an_executor_leading_its_own_session_puts_that_session_last_and_one_in_a_shared_session_leaves_it() -> None:
     """A session leader's group is its own (nice 19 then); in a session it shares (a shell's, ``pipefill local``'s)
     it must not lower the group of the others: this test's own group stays as it was."""
