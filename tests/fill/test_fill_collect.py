@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from typing import Any
 
 from pipefill_fill import collect
@@ -35,6 +36,29 @@ def test_no_collection_starts_by_itself_and_the_due_one_runs_between_bubbles() -
         assert collect.between_bubbles() == -1 and runs == []  # nothing due
     finally:
         gc.callbacks.remove(seen)
+        gc.unfreeze()
+        collect.stop()
+        if not was_enabled:
+            gc.disable()
+
+
+def test_what_was_frozen_before_the_start_stays_frozen_until_a_second_slice_collects_everything() -> None:
+    """A launcher freezes its preload before forking the executor (pipefill/local/forker.py): neither the executor's
+    start nor its first slice walks those objects again; a later slice of another workload collects everything."""
+    was_enabled = gc.isenabled()
+    before = _Cycle()  # garbage frozen with the launcher's objects: a full collection would free it
+    gone = weakref.ref(before)
+    del before
+    gc.freeze()
+    try:
+        collect.start()
+        collect.after_startup(full=True)  # the first slice: nothing of an earlier one is frozen
+        assert gone() is not None
+        collect.after_startup(full=False)  # the same workload again
+        assert gone() is not None
+        collect.after_startup(full=True)  # another workload: the earlier slices' leftovers go, and this with them
+        assert gone() is None
+    finally:
         gc.unfreeze()
         collect.stop()
         if not was_enabled:
