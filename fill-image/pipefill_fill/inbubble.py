@@ -84,8 +84,9 @@ class BubbleOutcome:
     startup_steps: set[int] = field(default_factory=set)
     """indices (in ``spans_ns``) of first calls: profiling steps, a batch size the slice had not run yet"""
     interrupted: set[int] = field(default_factory=set)
-    """indices (in ``spans_ns``) of steps that cost more than :data:`pipefill_fill.predict.INTERRUPTED` times their
-    base: the machine took the core (a VM's host, another process), nothing the step itself does"""
+    """indices (in ``spans_ns``) of steps that cost, or lasted, more than :data:`pipefill_fill.predict.INTERRUPTED`
+    times their base: the machine took the core (a VM's host, another process, the trainer preempting an executor at
+    idle priority), nothing the step itself does"""
     kinds: list[str] = field(default_factory=list)
     """what each span was (the ``fill`` record's ``span_kinds``): w a whole step, p a piece, c a piece of a batch an
     earlier bubble left in flight, x a piece past the planned end (continuation), m a profiling measurement"""
@@ -264,7 +265,10 @@ def _run(
         costs.observe(flight.batch_size, index, flight.pieces, cost_s)
     if task.first_call:
         out.startup_steps.add(len(out.spans_ns))
-    elif cost_s > INTERRUPTED * base_s:
+    elif max(cost_s, (end - start) / 1e9) > INTERRUPTED * base_s:
+        # by the wall clock too: on a CPU at idle priority the cost is the thread's CPU time, and a step the trainer
+        # preempted ends late at its usual cost; it held nothing meanwhile, and its late end must not set the job's
+        # learnt margin (make demo: three such steps 10-20 ms late planned every bubble for 27 steps at half length)
         out.interrupted.add(len(out.spans_ns))
     out.spans_ns.append((start, end))
     out.batch_sizes.append(batch_size)

@@ -26,10 +26,12 @@ class PieceClock:
 
     def __init__(self, task: FillTask, layers: int) -> None:
         self.ns, self.slow, self.slow_from_ns = 0, 1.0, 0
+        self.cpu_ns = 0  # the thread's CPU time: a slow spell (the core taken away) does not add to it
         step, step_piece = task.step, task.step_piece
 
         def cost_ns(pieces: int, batch_size: int) -> int:
             factor = self.slow if self.ns >= self.slow_from_ns else 1.0
+            self.cpu_ns += int(1e9 * pieces * piece_s(batch_size))
             return int(1e9 * factor * pieces * piece_s(batch_size))
 
         def timed_step(batch_size: int) -> int:
@@ -47,6 +49,10 @@ class PieceClock:
 
     def __call__(self) -> int:
         return self.ns
+
+    def cpu(self) -> int:
+        """The step clock of an executor at idle priority on a CPU (pipefill_fill.device.step_clock)."""
+        return self.cpu_ns
 
 
 def model_and_costs(clock: PieceClock, layers: int) -> tuple[StepModel, PieceCosts]:
