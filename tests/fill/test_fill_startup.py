@@ -33,7 +33,9 @@ def test_start_up_never_runs_inside_a_bubble(tmp_path: Path) -> None:
     for s in startups:
         inside = [b.id for b in bubbles if b.woke_ns < s.end_ns and s.start_ns < b.yielded_ns]
         assert not inside, f"slice {s.slice}: its start-up overlapped bubbles {inside}"
-        worked = [b for b in bubbles if b.steps and b.open_ns >= s.start_ns]
+        # the bubbles taken once it began (one may have opened before it, while the executor still ended the last
+        # slice: under load a slice of 64 samples was all done in such a bubble, taken after its start-up)
+        worked = [b for b in bubbles if b.steps and b.woke_ns >= s.start_ns]
         assert worked and worked[0].woke_ns >= s.end_ns  # its first steps come after it
     assert sum(b.items for b in bubbles) >= 256
 
