@@ -349,6 +349,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("missing-output", changed(FJ, spec__output=DELETE), "spec.output", "Required value"),
     ("too-many-ranks", changed(FJ, spec__maxParallelRanks=1025), "spec.maxParallelRanks", "less than or equal to 1024"),
+    ("empty-slices", changed(FJ, spec__minSliceSamples=0), "spec.minSliceSamples", "greater than or equal to 1"),
     ("bad-deadline", changed(FJ, spec__deadline="tomorrow"), "spec.deadline", "RFC 3339"),
     (
         "selector-in-without-values",

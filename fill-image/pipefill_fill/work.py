@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipefill.queue.slices import Slice, check_plan
+from pipefill.queue.slices import MIN_SLICE_UNITS, Slice, check_plan
 from pipefill.spec import FillJob
 from pipefill.spec.common import Location
 
@@ -34,6 +34,7 @@ class TaskSpec:
     priority: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     max_parallel_ranks: int = 1
+    min_slice_units: int = MIN_SLICE_UNITS  # spec.minSliceSamples
     entry_point: str | None = None
     code_path: str | None = None  # spec.workload.code.path: relative to the fill storage
     code_config_map: str | None = None  # spec.workload.code.configMap
@@ -80,6 +81,7 @@ class TaskSpec:
             priority=spec.priority,
             labels=tuple(sorted((str(k), str(v)) for k, v in (job.metadata.get("labels") or {}).items())),
             max_parallel_ranks=spec.max_parallel_ranks,
+            min_slice_units=spec.min_slice_samples,
             entry_point=spec.workload.entry_point,
             code_path=spec.workload.code.path if spec.workload.code is not None else None,
             code_config_map=spec.workload.code.config_map if spec.workload.code is not None else None,

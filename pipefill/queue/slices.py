@@ -18,8 +18,11 @@ __all__ = ["MAX_SLICES", "MIN_SLICE_UNITS", "SLICES_PER_RANK", "Slice", "check_p
 
 SLICES_PER_RANK = 4
 """Slices per allowed rank (spec.maxParallelRanks): several, so a faster rank takes more and the tail is short."""
-MIN_SLICE_UNITS = 64
-"""No slice is smaller than this many samples: every slice costs a workload setup and files of its own."""
+MIN_SLICE_UNITS = 512
+"""No slice is smaller than this many samples unless the FillJob says so (``spec.minSliceSamples``, whose default this
+is): every slice costs its executor a start-up, commits, files of its own and a hand-over to the next through the
+queue. At 64 (issue #30), a queue of 20 jobs of 256–1 024 samples was cut into slices of 64–128, each about one bubble
+of the encoder's work, and a rank spent half of its bubble time between them."""
 
 
 @dataclass(frozen=True, order=True)
@@ -41,15 +44,18 @@ class Slice:
         return f"[{self.start}, {self.end})"
 
 
-def plan_slices(total: int, *, parallel_ranks: int) -> list[Slice]:
-    """Equal slices of ``[0, total)``: ``SLICES_PER_RANK`` per rank, none below ``MIN_SLICE_UNITS``; one slice when
-    only one rank may work on the job."""
-    return [Slice(a, b) for a, b in itertools.pairwise(plan_bounds(total, parallel_ranks=parallel_ranks))]
+def plan_slices(total: int, *, parallel_ranks: int, min_units: int = MIN_SLICE_UNITS) -> list[Slice]:
+    """Equal slices of ``[0, total)``: ``SLICES_PER_RANK`` per rank, none below ``min_units`` (the FillJob's
+    ``spec.minSliceSamples``); one slice when only one rank may work on the job."""
+    bounds = plan_bounds(total, parallel_ranks=parallel_ranks, min_units=min_units)
+    return [Slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
-def plan_bounds(total: int, *, parallel_ranks: int) -> list[int]:
+def plan_bounds(total: int, *, parallel_ranks: int, min_units: int = MIN_SLICE_UNITS) -> list[int]:
     """The bounds ``[0, b1, …, total]`` of :func:`plan_slices` (what ``slices.json`` and the status record)."""
-    count = 1 if parallel_ranks <= 1 else max(1, min(parallel_ranks * SLICES_PER_RANK, total // MIN_SLICE_UNITS))
+    if min_units < 1:
+        raise ValueError(f"min_units {min_units} must be ≥ 1 sample (spec.minSliceSamples)")
+    count = 1 if parallel_ranks <= 1 else max(1, min(parallel_ranks * SLICES_PER_RANK, total // min_units))
     count = min(count, MAX_SLICES)  # the status holds the plan: its size is bounded
     return [total * i // count for i in range(count + 1)]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipefill.plan import BubbleClass, ProfilePoint
-from pipefill.queue.slices import Slice, check_plan
+from pipefill.queue.slices import MIN_SLICE_UNITS, Slice, check_plan
 from pipefill.spec import FillJob, PipelineTrainingJob, PipelineTrainingJobSpec, parse_bytes
 from pipefill.spec.common import LabelSelector, Location
 
@@ -106,6 +106,8 @@ class FillJobView:
     labels: Mapping[str, str] = field(default_factory=dict)
     host_selector: LabelSelector = field(default_factory=LabelSelector)
     max_parallel_ranks: int = 1
+    min_slice_units: int = MIN_SLICE_UNITS
+    """spec.minSliceSamples: the fewest units in one slice of the plan (:func:`pipefill.queue.plan_slices`)"""
     estimate_step_s: float | None = None
     """spec.estimates.stepMilliseconds in seconds: one step at the smallest batch (taken as one unit of work)"""
     estimate_peak_bytes: int | None = None
@@ -183,6 +185,7 @@ class FillJobView:
             # a relative output without a claim lands in the pod's own scratch directory (docs/fill.md, "Fill
             # storage"): split over two pods, neither holds every slice to assemble outputs.npy; one at a time
             max_parallel_ranks=spec.max_parallel_ranks if one_filesystem or _shared(spec.output) else 1,
+            min_slice_units=spec.min_slice_samples,
             storage_claim=spec.output.claim_name,
             estimate_step_s=est.step_milliseconds / 1e3 if est.step_milliseconds is not None else None,
             estimate_peak_bytes=parse_bytes(est.memory, field="spec.estimates.memory")

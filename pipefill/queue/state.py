@@ -138,7 +138,7 @@ class State:
         slices = view.slices
         planned_now = not slices
         if planned_now:
-            planned = plan_bounds(view.total, parallel_ranks=view.parallel_ranks)
+            planned = plan_bounds(view.total, parallel_ranks=view.parallel_ranks, min_units=view.min_slice_units)
             slices = tuple(SliceStatus(a, b, a) for a, b in itertools.pairwise(planned))
         demand, demand_id = self.rates.demand_id_of(view)
         job = Job(

@@ -183,6 +183,14 @@ class FillJobSpec:
         maximum=1024,
         default=1,
     )
+    min_slice_samples: int = field(
+        doc="The fewest samples in one slice of an inference job split across ranks (spec.maxParallelRanks > 1): "
+        "it is cut into four slices per rank, fewer where a slice would hold less than this. Each slice costs "
+        "its executor a start-up, commits and a hand-over, tens of milliseconds of bubble time: as much as the "
+        "work of a few dozen fast samples. Lower it for a workload whose samples each take long.",
+        minimum=1,
+        default=512,
+    )
     suspend: bool = field(
         doc="Pause the job: the operator releases its assignments (executors stop at their next commit) and keeps "
         "its progress; setting it back to false queues the rest again (as spec.suspend of a batch/v1 Job).",
@@ -224,7 +232,7 @@ class FillJobSpec:
             "leave input.claimName out",
             field_path=".input.claimName",
         ),
-        # Update-only (transition) rules: progress, slices and outputs are counted against these three fields.
+        # Update-only (transition) rules: progress, slices and outputs are counted against these four fields.
         Rule(
             rule="has(self.totalSamples) == has(oldSelf.totalSamples) && (!has(self.totalSamples) || self.totalSamples"
             " == oldSelf.totalSamples)",
@@ -236,6 +244,12 @@ class FillJobSpec:
             message="spec.maxParallelRanks is immutable: the slice plan is fixed when the job is first scheduled; "
             "create a new FillJob",
             field_path=".maxParallelRanks",
+        ),
+        Rule(
+            rule="self.minSliceSamples == oldSelf.minSliceSamples",
+            message="spec.minSliceSamples is immutable: the slice plan is fixed when the job is first scheduled; "
+            "create a new FillJob",
+            field_path=".minSliceSamples",
         ),
         Rule(
             rule="self.cancel || !oldSelf.cancel",

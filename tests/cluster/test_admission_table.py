@@ -133,6 +133,7 @@ def test_every_example_is_accepted_by_both(custom: client.CustomObjectsApi, mani
 UPDATES: list[tuple[str, dict[str, Any], set[str]]] = [
     ("total-samples", {"totalSamples": 200}, {"spec.totalSamples"}),
     ("max-parallel-ranks", {"maxParallelRanks": 4}, {"spec.maxParallelRanks"}),
+    ("min-slice-samples", {"minSliceSamples": 64}, {"spec.minSliceSamples"}),
     ("output", {"output": {"path": "/elsewhere"}}, {"spec.output"}),
     ("priority-is-mutable", {"priority": 10}, set()),
 ]

@@ -42,8 +42,11 @@ def write_job(
     output: Path | None = None,
     priority: int = 0,
     max_parallel_ranks: int = 1,
+    min_slice_samples: int = 64,
 ) -> Path:
-    """A FillJob manifest in ``directory`` with tiny defaults; returns its path."""
+    """A FillJob manifest in ``directory`` with tiny defaults; returns its path. A split job (``max_parallel_ranks``
+    over 1) is cut into slices of at least ``min_slice_samples`` (``spec.minSliceSamples``; 64 here, so that small
+    jobs still have several slices for the tests of slicing)."""
     workload: dict[str, Any] = {"kind": kind, "parameters": parameters or {"layers": 1, "hiddenSize": 32, "heads": 2}}
     if builtin:
         workload["builtin"] = builtin
@@ -56,6 +59,7 @@ def write_job(
     }
     if max_parallel_ranks != 1:
         spec["maxParallelRanks"] = max_parallel_ranks
+        spec["minSliceSamples"] = min_slice_samples
     spec["totalSamples" if kind == "inference" else "totalSteps"] = total
     doc = {"apiVersion": "pipefill.io/v1alpha1", "kind": "FillJob", "metadata": {"name": name}, "spec": spec}
     directory.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,8 @@ def _spec(manifest: Path, plan: list[Slice] | None = None) -> TaskSpec:
     """The job with its plan of record: ``plan``, else plan_slices as the operator (or the files source) writes it."""
     (job,) = load_file(manifest)
     spec = TaskSpec.from_spec(job)  # type: ignore[arg-type]
-    return TaskSpec.from_spec(job, plan=plan or plan_slices(spec.total, parallel_ranks=spec.parallel_ranks))  # type: ignore[arg-type]
+    planned = plan_slices(spec.total, parallel_ranks=spec.parallel_ranks, min_units=spec.min_slice_units)
+    return TaskSpec.from_spec(job, plan=plan or planned)  # type: ignore[arg-type]
 
 
 def _open(spec: TaskSpec, s: Slice | None = None) -> FillTask:
@@ -49,11 +50,27 @@ def _run(task: FillTask, batch_size: int, *, commit_every: int = 2) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("total", "ranks", "count"),
-    [(4096, 1, 1), (4096, 2, 8), (4096, 3, 12), (600, 2, 8), (300, 4, 4), (50, 4, 1), (10**9, 16, 64)],
+    ("total", "ranks", "min_units", "count"),
+    [
+        (4096, 1, 64, 1),
+        (4096, 2, 64, 8),
+        (4096, 3, 64, 12),
+        (600, 2, 64, 8),
+        (300, 4, 64, 4),
+        (50, 4, 64, 1),
+        (10**9, 16, 64, 64),
+        # the default (spec.minSliceSamples 512): the queue's small jobs are not cut into slices of a bubble's work
+        (256, 2, None, 1),
+        (1024, 2, None, 2),
+        (4096, 2, None, 8),
+        (12800, 2, None, 8),
+        (1, 4, 1, 1),
+        (8, 4, 1, 8),
+    ],
 )
-def test_plan_tiles_the_job(total: int, ranks: int, count: int) -> None:
-    slices = plan_slices(total, parallel_ranks=ranks)
+def test_plan_tiles_the_job(total: int, ranks: int, min_units: int | None, count: int) -> None:
+    extra = {} if min_units is None else {"min_units": min_units}
+    slices = plan_slices(total, parallel_ranks=ranks, **extra)
     assert len(slices) == count
     assert slices[0].start == 0 and slices[-1].end == total
     assert all(a.end == b.start for a, b in itertools.pairwise(slices))

@@ -31,9 +31,10 @@ def _fill(tmp: Path, name: str, priority: int) -> Path:
         name,
         output=str(tmp / "fill-out" / name),
         parameters={"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16},
-        totalSamples=128,  # two slices of 64 (MIN_SLICE_UNITS): one per rank at once
+        totalSamples=128,  # two slices of 64: one per rank at once
         priority=priority,
         maxParallelRanks=2,
+        minSliceSamples=64,
         hostSelector={"matchLabels": {"pipefill.io/fill-pool": "demo"}},
     )
     path = tmp / f"{name}.yaml"

@@ -65,10 +65,11 @@ def test_slices_planned_once_assigned_with_epochs_and_done_from_the_commit_point
     operator = operators()
     uids = _uids(_host(kube, namespace, "host"))
     fill = Fill(kube, namespace)
-    fill.create(fill_manifest("embed", maxParallelRanks=2))
+    fill.create(fill_manifest("embed", maxParallelRanks=2, minSliceSamples=128))
     obj = fill.wait("embed", assigned(2))
     st = status(obj)
-    plan = [{"start": s.start, "end": s.end, "committed": s.start} for s in plan_slices(1024, parallel_ranks=2)]
+    bounds = plan_slices(1024, parallel_ranks=2, min_units=128)
+    plan = [{"start": s.start, "end": s.end, "committed": s.start} for s in bounds]
     assert st["slices"] == plan and len(plan) == 8
     assert st["output"] == {"path": "/data/out", "files": ["outputs.npy"]}
     first = st["assignments"]
