@@ -139,7 +139,12 @@ class Dispatcher:
                 step_s = a.profiler.measure_one()
             self.events.write(
                 MeasureEvent(
-                    job=name, batch_size=batch_size, start_ns=start, end_ns=time.monotonic_ns(), step_s=round(step_s, 9)
+                    job=name,
+                    batch_size=batch_size,
+                    start_ns=start,
+                    end_ns=time.monotonic_ns(),
+                    step_s=round(step_s, 9),
+                    items=a.profiler.last_items,
                 )
             )
             if a.profile is not None:

@@ -52,9 +52,13 @@ def run_profile_steps(
     given up (the profile ends with the sizes measured so far), or — the first size, nothing measured yet — measured
     between bubbles until its measurements predict that it fits. So a profile takes at most (warm-up + measured steps
     + :data:`PROFILE_MISSES`) bubbles per candidate. ``out.stop`` is "time" when the next measurement did not fit the
-    time left (the rest of the bubble may go to work that fits: :mod:`pipefill_fill.dispatch`)."""
+    time left (the rest of the bubble may go to work that fits: :mod:`pipefill_fill.dispatch`), "done" when an
+    inference job's measured steps did the last of its slice's work (they are its work: ``out.items``)."""
     out = BubbleOutcome()
     while profiler.result is None:
+        if profiler.out_of_work():  # its measured steps did the slice's last work: the rest goes to another job
+            out.stop = "done"
+            break
         start = clock()
         if due_between(profiler):
             out.stop = "time"
@@ -72,7 +76,7 @@ def run_profile_steps(
         if not is_open(bubble.id):
             out.stop = "closed"
             break
-        before_mark = mark()
+        before_mark, batch_size = mark(), profiler.batch_size
         if piecewise:
             profiler.measure_next()
         else:
@@ -82,7 +86,8 @@ def run_profile_steps(
         out.traces.append(StepTrace.between(before_mark, mark(), host_ns=end - start))  # it synchronizes itself
         out.startup_steps.add(len(out.spans_ns))  # profiling is the job's start: first calls of every size
         out.spans_ns.append((start, end))
-        out.batch_sizes.append(0)  # 0: a profiling step (it does no work)
+        out.batch_sizes.append(batch_size if profiler.productive else 0)  # 0: a profiling step that does no work
+        out.items += profiler.last_items  # an inference job's measured steps are its work
         out.kinds.append("m")
         out.steps += 1
         out.busy_ns += end - start

@@ -2,8 +2,10 @@
 
 Measurements are cached per (workload, device) where every job of the workload finds them
 (:mod:`pipefill_fill.profilecache`) and taken again when either changes (the workload's code or parameters, the device
-model, torch version or thread count). The workload's state is
-snapshotted before and restored after, and its outputs are dropped while profiling, so profiling does no real work.
+model, torch version or thread count). An inference job's measured steps are its real work: each processes the next
+batch of its slice, and its outputs are committed as any step's (:attr:`BubbleProfiler.productive`). A training job's
+state is snapshotted before and restored after each measured step, and its outputs are dropped, so measuring does
+not move its optimizer; nor does :func:`profile_task`, the whole profile at once.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` after a reset; on CPU, the growth of the process's resident
 set high-water mark (``VmHWM`` after resetting it through ``/proc/self/clear_refs``), 0 where Linux does not offer it.
@@ -20,7 +22,7 @@ import torch
 
 from pipefill.plan import ProfilePoint
 from pipefill_fill.device import device_sync, memory_peak, memory_reset
-from pipefill_fill.pieces import piece_steps
+from pipefill_fill.pieces import PieceSteps, piece_steps
 from pipefill_fill.profilecache import (
     Profile,
     device_key,
@@ -30,6 +32,7 @@ from pipefill_fill.profilecache import (
     store_profile,
     store_unfinished,
 )
+from pipefill_fill.profileonce import profile_task, stop_after
 from pipefill_fill.task import FillTask
 
 __all__ = ["PROFILE_BOUND", "BubbleProfiler", "Profile", "device_key", "load_cached", "profile_task", "store_profile"]
@@ -45,48 +48,6 @@ PROFILE_BOUND = 1.5
 far included, plus the measurement's own overhead (restoring the snapshot, memory accounting): a profiling step is a
 first look at a size, whose cost is what is being measured, so it is planned with a margin a known step does not need
 (issue #31: profiling steps were the demo's overruns)."""
-
-
-def profile_task(
-    task: FillTask,
-    device: torch.device,
-    *,
-    memory_budget_bytes: int,
-    max_step_s: float = 1.0,
-    warmup: int = 2,
-    repeats: int = 5,
-    use_cache: bool = True,
-) -> Profile:
-    """Measure (or load from the cache) every candidate batch size the workload offers.
-
-    Larger batch sizes are not tried once one exceeds ``max_step_s`` (longer than any bubble) or the memory budget,
-    or runs out of memory.
-    """
-    cached = load_cached(task, device, memory_budget_bytes=memory_budget_bytes) if use_cache else None
-    if cached is not None:
-        return cached
-    snapshot = task.snapshot()
-    task.begin_profiling()
-    points: list[ProfilePoint] = []
-    stopped_by = ""
-    try:
-        for bs in task.batch_sizes():
-            point = _measure(task, device, bs, snapshot, warmup=warmup, repeats=repeats)
-            if point is None or point.peak_bytes > memory_budget_bytes:
-                stopped_by = "memory"
-                break
-            points.append(point)
-            if _stop_after(task, point, max_step_s):
-                break
-    finally:
-        task.end_profiling(snapshot)
-    return store_profile(task, device, points, memory_budget_bytes=memory_budget_bytes, stopped_by=stopped_by)
-
-
-def _stop_after(task: FillTask, point: ProfilePoint, max_step_s: float) -> bool:
-    """Larger batches are pointless after one longer than any bubble, or one the job has fewer samples left for."""
-    fewer_left = point.items_per_step is not None and point.items_per_step < point.batch_size
-    return point.step_s > max_step_s or (fewer_left and task.spec.kind == "inference")
 
 
 class BubbleProfiler:
@@ -121,6 +82,11 @@ class BubbleProfiler:
         self._i = 0
         self._times: list[float] = []
         self._items = 0
+        self.productive = task.spec.kind == "inference"
+        """the measured steps do the job's work (inference: the next batches of the slice, outputs kept) instead of
+        being undone (training: a measured optimizer step would move the weights). In a queue of small inference jobs
+        a job's measured sizes were work thrown away: 7 steps of each size, more than some jobs' samples"""
+        self.last_items = 0  # units of work the last measurement part completed (productive measurements only)
         self._peak = 0
         self._points: list[ProfilePoint] = []
         self._piece_times: list[list[float]] = []  # per measured step of the candidate: its pieces' seconds
@@ -186,22 +152,27 @@ class BubbleProfiler:
     def measure_next(self) -> float:
         """The next part of a measured step of the current candidate: one piece where the workload runs its steps in
         pieces (a step longer than any bubble is measured across bubbles, each piece timed: issue #31, a 30 ms step
-        measured whole in 10 ms bubbles overran each by 20 ms), else the whole step. The workload's state is put back
-        to the snapshot when a step starts, and its pieces in flight stay on the device between bubbles. Returns the
-        part's seconds."""
+        measured whole in 10 ms bubbles overran each by 20 ms), else the whole step. A productive step is the slice's
+        next batch (:attr:`last_items` says what it completed); otherwise the workload's state is put back to the
+        snapshot when a step starts. Pieces in flight stay on the device between bubbles. Returns the part's
+        seconds."""
         entered = self.clock()
-        if self._snapshot is None:
+        self.last_items = 0
+        if self.out_of_work():
+            return 0.0
+        if self._snapshot is None and not self.productive:
             self._snapshot = self.task.snapshot()
             self.task.begin_profiling()
         bs = self.batch_size
         pieces = piece_steps(self.task.workload) if self.task.use_pieces else None
-        if self._partial is None:  # a new step, from the snapshot
+        if self._partial is None:  # a new step: the slice's next batch, or the snapshot again
             self._base = memory_reset(self.device)
-            self.task.workload.restore(dict(self._snapshot))
+            if self._snapshot is not None:
+                self.task.workload.restore(dict(self._snapshot))
             self._partial = []
         try:
             t0 = self.clock()
-            self._items = int(self.task.workload.step(bs) if pieces is None else pieces.step_piece(bs))
+            self._items = self._step(bs, pieces)
             device_sync(self.device)
             part_s = (self.clock() - t0) / 1e9
         except torch.OutOfMemoryError:
@@ -215,10 +186,11 @@ class BubbleProfiler:
             return part_s
         step, self._partial = self._partial, None
         self.task.saw_shape(bs)
-        if self._items <= 0:  # the slice's work ran out (its job worked meanwhile with the sizes measured so far)
-            self._times, self._peak, self._piece_times = [], 0, []
-            self.stopped_by = "work"
-            self._finish()
+        # the slice's work ran out (its job worked meanwhile with the sizes measured so far); a productive step that
+        # did fewer than its batch was the slice's last, clipped: work done, but no measurement of the size
+        if self._items <= 0 or (self.productive and self._items < bs):
+            self._peak = max(self._peak, memory_peak(self.device, self._base))
+            self._work_ran_out((sum(step), self._items) if self._items > 0 else None)
             return part_s
         if pieces is not None:
             self._piece_times.append(step)
@@ -229,6 +201,46 @@ class BubbleProfiler:
         if len(self._times) >= self.warmup + self.repeats:
             self._next_candidate()
         return part_s
+
+    def out_of_work(self) -> bool:
+        """Whether a productive profile has no work left to measure with (its measured steps, or its job's steps with
+        the sizes measured so far, did the slice's last): then it ends with the sizes measured (``stopped_by``
+        "work"), as a measurement that found no work does."""
+        if not self.productive or self._partial is not None or self.result is not None or not self.task.done():
+            return False
+        self._work_ran_out()
+        return True
+
+    def _work_ran_out(self, clipped: tuple[float, int] | None = None) -> None:
+        """The slice's work ran out before the current candidate was measured in full (``clipped``: the seconds and
+        units of its last batch, cut short by the slice's end). A productive profile keeps the candidate where it
+        measured a step of it past the warm-up (each a full batch of the job's work: in a queue of small jobs the
+        larger sizes are measured across the jobs instead of by none); the first size also from its warm-up steps
+        alone, or from its one cut-short batch (a slice smaller than it), as a profile with no size would leave the
+        job unable to commit its work. The profile ends with the sizes measured (``stopped_by`` "work", cached as
+        incomplete), unless that candidate was the last."""
+        keep: tuple[list[float], int] | None = None
+        if self.productive and len(self._times) > self.warmup:
+            keep = self._times[self.warmup :], self.batch_size
+        elif self.productive and not self._points and self._times:
+            keep = self._times, self.batch_size
+        elif self.productive and not self._points and clipped is not None:
+            keep = [clipped[0]], clipped[1]
+        if keep is not None:
+            self._next_candidate(times=keep[0], items=keep[1])
+            if self.result is not None:
+                return
+        self._times, self._peak, self._piece_times = [], 0, []
+        self.stopped_by = "work"
+        self._finish()
+
+    def _step(self, bs: int, pieces: PieceSteps | None) -> int:
+        """One measured step (or piece) of ``bs``: the task's own (productive: progress and outputs kept; the last
+        units clipped to the slice's end), else the workload's from the snapshot. Returns the units it completed."""
+        if self.productive:
+            self.last_items = self.task.step(bs) if pieces is None else self.task.step_piece(bs)
+            return self.last_items
+        return int(self.task.workload.step(bs) if pieces is None else pieces.step_piece(bs))
 
     @property
     def mid_step(self) -> bool:
@@ -318,9 +330,13 @@ class BubbleProfiler:
         self.stopped_by, self.last_step_s = "time", self.predict_s()
         self._finish()
 
-    def _next_candidate(self) -> None:
+    def _next_candidate(self, *, times: list[float] | None = None, items: int | None = None) -> None:
+        """The current candidate is measured: ``times`` its measured steps' seconds (else those past the warm-up),
+        ``items`` the units each did (else the last step's)."""
         bs = self.batch_size
-        measured = self._piece_times[self.warmup :]
+        items = self._items if items is None else items
+        times = self._times[self.warmup :] if times is None else times
+        measured = self._piece_times[-len(times) :] if len(self._piece_times) >= len(times) else []
         piece_s = (
             ()
             if not measured or len({len(m) for m in measured}) != 1
@@ -328,9 +344,9 @@ class BubbleProfiler:
         )
         point = ProfilePoint(
             bs,
-            statistics.median(self._times[self.warmup :]),
+            statistics.median(times),
             self._peak,
-            None if self._items == bs else self._items,
+            None if items == bs else items,
             piece_s=piece_s,
         )
         self._times, self._peak, self._piece_times, self._retried = [], 0, [], False
@@ -341,7 +357,7 @@ class BubbleProfiler:
             return
         self._points.append(point)
         self._i += 1
-        if _stop_after(self.task, point, self.max_step_s) or self._i >= len(self.candidates):
+        if stop_after(self.task, point, self.max_step_s) or self._i >= len(self.candidates):
             self._finish()
 
     def _finish(self) -> None:
@@ -363,26 +379,3 @@ class BubbleProfiler:
             store_profile(
                 self.task, self.device, self._points, memory_budget_bytes=self.budget, stopped_by=self.stopped_by
             )
-
-
-def _measure(
-    task: FillTask, device: torch.device, bs: int, snapshot: dict[str, object], *, warmup: int, repeats: int
-) -> ProfilePoint | None:
-    times: list[float] = []
-    items = 0
-    base = memory_reset(device)
-    try:
-        for i in range(warmup + repeats):
-            task.workload.restore(dict(snapshot))  # every step measures the same batch
-            t0 = time.perf_counter()
-            items = int(task.workload.step(bs))
-            device_sync(device)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-    except torch.OutOfMemoryError:
-        log.info("profile %s: batch %d ran out of device memory", task.spec.name, bs)
-        return None
-    if items <= 0:
-        return None
-    peak = memory_peak(device, base)
-    return ProfilePoint(bs, statistics.median(times), peak, items if items != bs else None)

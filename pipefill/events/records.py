@@ -211,6 +211,8 @@ class MeasureEvent(Event):
     end_ns: int
     step_s: float
     """the measured step's cost (on a CPU at idle priority this thread's CPU time, else wall time)"""
+    items: int = 0
+    """units of work it did: an inference job's measured steps are its work (0: a training job's, undone after)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -266,7 +268,8 @@ class FillEvent(Event):
     step: int | None = None
     """the training step the bubble belongs to (as announced)"""
     batch_sizes: Sequence[int] = ()
-    """the batch size of every step (the last ones sized to the time left); 0: a profiling step (no work)"""
+    """the batch size of every step (the last ones sized to the time left); 0: a profiling step that did no work (a
+    training job's, undone after; an inference job's measured steps are its work)"""
     commits_ns: Sequence[Sequence[int]] = ()
     """[start, end] of every commit made in the bubble"""
     deadline_ns: int | None = None

@@ -49,6 +49,10 @@ def api_as(kubeconfig: Path) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
 
 
+MIN_SLICE = 64
+"""The FillJobs' spec.minSliceSamples here."""
+
+
 def create_filljob(
     api: client.CustomObjectsApi,
     namespace: str,
@@ -73,6 +77,7 @@ def create_filljob(
             "output": {"path": output},
             "totalSamples": total,
             "maxParallelRanks": ranks,
+            "minSliceSamples": MIN_SLICE,  # small jobs, several slices: the slicing is what these tests exercise
             **spec,
         },
     }
@@ -102,7 +107,10 @@ def plan(status: dict[str, Any], total: int, ranks: int) -> None:
     """The operator's plan of record (written once)."""
     status.setdefault(
         "slices",
-        [{"start": s.start, "end": s.end, "committed": s.start} for s in plan_slices(total, parallel_ranks=ranks)],
+        [
+            {"start": s.start, "end": s.end, "committed": s.start}
+            for s in plan_slices(total, parallel_ranks=ranks, min_units=MIN_SLICE)
+        ],
     )
 
 

@@ -40,6 +40,10 @@ class _Profiler:
 
     mid_step = False  # whole steps: a measurement is one step, no pieces
     retry_due = False  # no dropped measurement to take again between bubbles
+    productive, last_items, batch_size = False, 0, 1  # measurements that do no work (a training job's)
+
+    def out_of_work(self) -> bool:
+        return False
 
     def bound_s(self) -> float | None:
         return self.guess_s
@@ -130,6 +134,10 @@ class _MidStep:
         self.misses, self.measured, self.mid_step, self.paused, self.pieces = 0, True, True, 0, 0
         self.retry_due = False
         self.points: tuple[object, ...] = ()
+        self.productive, self.last_items, self.batch_size = False, 0, 1
+
+    def out_of_work(self) -> bool:
+        return False
 
     def next_bound_s(self) -> float:
         return 1.0 if self.pieces else 1e-6

@@ -1,4 +1,5 @@
-"""The profiler: real measurements per batch size, no work done while profiling, cache per (workload, device)."""
+"""The profiler: real measurements per batch size, an inference job's measured steps its work (a training job's and
+the whole profile at once undone), cache per (workload, device)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,49 @@ def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Pa
     assert tail_sizes(cheap) == [4, 16]  # training runs its profiled sizes only
 
 
+@pytest.mark.parametrize(("total", "sizes"), [(40, [1, 4]), (56, [1, 4, 16])])
+def test_an_inference_jobs_measured_steps_are_its_work(
+    jobs_dir: Path, profile_cache: Path, total: int, sizes: list[int]
+) -> None:
+    """Issue #30: in a queue of small jobs each job's measured steps were thrown away (7 steps of each size, more
+    than some jobs' samples). An inference job's measured steps are now its next batches, committed as any step's.
+    Warm-up 1, 3 measured (4 steps a size): sizes 1 and 4 take 20 samples, then batch 16. With 40 samples its warm-up
+    step leaves 4, whose clipped batch is no measurement of 16: the profile ends with [1, 4], cut short by the work.
+    With 56 a step of 16 was measured past the warm-up before the clipped one: 16 is kept and the profile complete."""
+    task = _task(write_job(jobs_dir, "w", total=total, parameters=PARAMS))
+    profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=3)
+    assert profiler.productive and profiler.result is None
+    done = 0
+    while profiler.result is None:
+        profiler.measure_one()
+        done += profiler.last_items
+    assert done == total and task.done()  # all of it, in measured steps
+    assert [p.batch_size for p in profiler.result.points] == sizes
+    assert all(p.items_per_step is None for p in profiler.result.points)  # full batches only
+    assert profiler.stopped_by == ("work" if sizes[-1] < 16 else "")
+    assert task.finish()
+    assert read_outputs(task.spec.output_dir)["sample_id"].tolist() == list(range(total))  # each sample once
+
+
+@pytest.mark.parametrize(("total", "items"), [(64, None), (10, 10)])
+def test_a_slice_no_larger_than_the_first_size_still_gets_a_profile(
+    jobs_dir: Path, profile_cache: Path, total: int, items: int | None
+) -> None:
+    """The only size is 64. A slice of 64 is all done by the first measured step, a warm-up one; a slice of 10 by one
+    batch cut short. Each is the size's only measurement, and it is kept: a profile with no size left the job with no
+    step model, and so no bubble for its last commit, for good (the executor skipped every bubble for "memory")."""
+    params = {**PARAMS, "batchSizes": [64]}
+    task = _task(write_job(jobs_dir, "s", total=total, parameters=params))
+    profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30)
+    profiler.measure_one()
+    assert task.done() and profiler.last_items == total
+    while profiler.result is None:
+        profiler.measure_one()
+    assert [(p.batch_size, p.items_per_step) for p in profiler.result.points] == [(64, items)]
+    assert task.finish()
+    assert read_outputs(task.spec.output_dir)["sample_id"].tolist() == list(range(total))
+
+
 def test_a_measured_step_that_reaches_the_slice_end_leaves_the_slice_undone(jobs_dir: Path) -> None:
     """A measured step moves the workload, not the work: between the measurements of a size that covers the whole
     slice, the slice is not done. (It was: the executor marked it done with nothing committed between two bubbles,
@@ -93,6 +137,7 @@ def test_a_measured_step_that_reaches_the_slice_end_leaves_the_slice_undone(jobs
     samples are all committed is refused, never recorded."""
     task = _task(write_job(jobs_dir, "m", total=16, parameters=PARAMS))  # batch 16 is the whole slice
     profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=0, repeats=2)
+    profiler.productive = False  # measured steps that are undone, as a training job's (an inference job's: below)
     while profiler.batch_size < 16:
         profiler.measure_one()
     profiler.measure_one()
