@@ -214,15 +214,16 @@ class BubbleProfiler:
     def _work_ran_out(self, clipped: tuple[float, int] | None = None) -> None:
         """The slice's work ran out before the current candidate was measured in full (``clipped``: the seconds and
         units of its last batch, cut short by the slice's end). A productive profile keeps the candidate where it
-        measured a step of it past the warm-up (each a full batch of the job's work: in a queue of small jobs the
-        larger sizes are measured across the jobs instead of by none); the first size also from its warm-up steps
-        alone, or from its one cut-short batch (a slice smaller than it), as a profile with no size would leave the
-        job unable to commit its work. The profile ends with the sizes measured (``stopped_by`` "work", cached as
+        measured a full batch of it (past the warm-up where it could, else its warm-up steps, whose first calls were
+        made before the first bubble: in a queue of small jobs the larger sizes are measured across the jobs instead
+        of by none, and a job that runs out while measuring its last size completes the profile for the others); the
+        first size also from its one cut-short batch (a slice smaller than it), as a profile with no size would leave
+        the job unable to commit its work. The profile ends with the sizes measured (``stopped_by`` "work", cached as
         incomplete), unless that candidate was the last."""
         keep: tuple[list[float], int] | None = None
         if self.productive and len(self._times) > self.warmup:
             keep = self._times[self.warmup :], self.batch_size
-        elif self.productive and not self._points and self._times:
+        elif self.productive and self._times:  # its warm-up steps only: the work left no more (warm already)
             keep = self._times, self.batch_size
         elif self.productive and not self._points and clipped is not None:
             keep = [clipped[0]], clipped[1]

@@ -228,8 +228,10 @@ def test_a_profile_measured_to_a_slice_end_marks_no_slice_done_early(tmp_path: P
         pytest.fail(f"the job is {status.get('phase')}: {status.get('message')}")
     _stop([producer], [fill])
     events = _events(tmp_path / "fill-0") + _events(tmp_path / "fill-1")
+    # an inference job's measured steps are its work (issue #30): the first one is a whole slice, committed as any
+    # step's, and the slice is done at its end after its commit, never with nothing committed
     measured = [e for e in events if isinstance(e, FillEvent) and "m" in e.span_kinds]
-    assert len(measured) >= 2, "the profile fit one bubble: the workload never waited at its slice's end"
+    assert measured and any(e.items for e in measured), "no measured step did the job's work"
     ids = read_outputs(out)["sample_id"].tolist()
     assert ids == list(range(total))  # each sample committed once
     assert status["samplesDone"] == len(set(ids)) == total

@@ -87,15 +87,16 @@ def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Pa
     assert tail_sizes(cheap) == [4, 16]  # training runs its profiled sizes only
 
 
-@pytest.mark.parametrize(("total", "sizes"), [(40, [1, 4]), (56, [1, 4, 16])])
+@pytest.mark.parametrize(("total", "sizes"), [(24, [1, 4]), (40, [1, 4, 16]), (56, [1, 4, 16])])
 def test_an_inference_jobs_measured_steps_are_its_work(
     jobs_dir: Path, profile_cache: Path, total: int, sizes: list[int]
 ) -> None:
     """Issue #30: in a queue of small jobs each job's measured steps were thrown away (7 steps of each size, more
     than some jobs' samples). An inference job's measured steps are now its next batches, committed as any step's.
-    Warm-up 1, 3 measured (4 steps a size): sizes 1 and 4 take 20 samples, then batch 16. With 40 samples its warm-up
-    step leaves 4, whose clipped batch is no measurement of 16: the profile ends with [1, 4], cut short by the work.
-    With 56 a step of 16 was measured past the warm-up before the clipped one: 16 is kept and the profile complete."""
+    Warm-up 1, 3 measured (4 steps a size): sizes 1 and 4 take 20 samples, then batch 16. With 24 samples the one
+    batch of 16 is clipped to 4, no measurement of 16: the profile ends with [1, 4], cut short by the work. With 40
+    the warm-up step of 16 ran in full (the clipped batch after it is not counted), with 56 a step past the warm-up
+    too: 16 is kept and the profile complete."""
     task = _task(write_job(jobs_dir, "w", total=total, parameters=PARAMS))
     profiler = BubbleProfiler(task, torch.device("cpu"), memory_budget_bytes=1 << 30, warmup=1, repeats=3)
     assert profiler.productive and profiler.result is None

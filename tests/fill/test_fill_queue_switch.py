@@ -15,7 +15,7 @@ from sharing import own_core
 from waiting import wait_for
 
 from pipefill import env
-from pipefill.events import Event, FillEvent, JobEvent, ProfileEvent, StartupEvent, read_events
+from pipefill.events import Event, FillEvent, JobEvent, MeasureEvent, ProfileEvent, StartupEvent, read_events
 from pipefill_fill.store import read_outputs
 
 pytestmark = [pytest.mark.alone, pytest.mark.slow]  # times a quiet core (tests/sharing.py)
@@ -101,6 +101,9 @@ def test_jobs_of_one_workload_started_together_are_profiled_once_and_hand_bubble
     handed = [b for b in bubbles if b.handoff is not None]
     assert handed and all(b.handoff != b.job for b in handed)
     done: dict[str, int] = {}
+    for m in events:  # a profile's measurement between bubbles: an inference job's measured steps are its work
+        if isinstance(m, MeasureEvent):
+            done[m.job] = done.get(m.job, 0) + m.items
     for b in bubbles:
         if b.job is not None:
             done[b.job] = done.get(b.job, 0) + b.items - b.handoff_items
