@@ -83,8 +83,10 @@ class FilesSource(WorkSource):
             status = self._status(spec.name)
             recorded = plan_of_record(status)
             if not recorded:
-                planned = plan_slices(spec.total, parallel_ranks=spec.parallel_ranks, min_units=spec.min_slice_units)
-                recorded = tuple(_stored_plan(spec) or planned)
+                recorded = tuple(
+                    _stored_plan(spec)
+                    or plan_slices(spec.total, parallel_ranks=spec.parallel_ranks, min_units=spec.min_slice_units)
+                )
                 status["slices"] = [{"start": s.start, "end": s.end, "committed": s.start} for s in recorded]
                 status["output"] = output_report(path=str(spec.output_dir), claim_name=None, kind=spec.kind)
                 self._write_status(spec.name, status)
