@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fill_helpers import write_job
+from fill_helpers import subprocess_env, write_job
 from prometheus_client import CollectorRegistry
 
 from pipefill import env
 from pipefill.events import EventWriter
-from pipefill_fill.device import memory_in_use
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import RETAIN_S, SKIP_REASONS, FillMetrics
 from pipefill_fill.settings import Settings
@@ -42,19 +44,35 @@ def test_bubble_accounting_and_recovery() -> None:
     assert all(n.startswith("pipefill_fill_") for n in names)
 
 
+# run in a process of its own: in a test worker, threads of earlier tests' executors may free memory while it reads
+# (a CI run read 0 growth after 64 MiB were touched, the process having shrunk by as much since the reading began)
+_MEMORY_PROBE = """
+import json, torch
+from prometheus_client import CollectorRegistry
+from pipefill_fill.device import memory_in_use
+from pipefill_fill.metrics import FillMetrics
+registry = CollectorRegistry()
+FillMetrics(registry).watch_memory(memory_in_use(torch.device("cpu")))
+read = lambda: registry.get_sample_value("pipefill_fill_memory_used_bytes")
+before = read()
+work = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+print(json.dumps([before, read()]))
+"""
+
+
 def test_skip_reasons_exist_from_the_start_and_memory_reads_the_process() -> None:
     registry = CollectorRegistry()
     m = FillMetrics(registry)
     for reason in SKIP_REASONS:
         assert registry.get_sample_value("pipefill_fill_bubbles_skipped_total", {"reason": reason}) == 0
     assert math.isnan(registry.get_sample_value("pipefill_fill_memory_used_bytes") or 0.0)
-    m.watch_memory(memory_in_use(torch.device("cpu")))
-    before = registry.get_sample_value("pipefill_fill_memory_used_bytes")
-    assert before is not None and 0 <= before < 16 * 2**20  # growth since the reading began: about none yet
-    work = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
-    grown = registry.get_sample_value("pipefill_fill_memory_used_bytes")
-    assert grown is not None and grown - before >= 60 * 2**20
-    del work
+    probe = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE], env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
+    assert probe.returncode == 0, probe.stderr
+    before, grown = json.loads(probe.stdout)
+    assert 0 <= before < 16 * 2**20  # growth since the reading began: about none yet
+    assert grown - before >= 60 * 2**20
 
     def unreadable() -> int:
         raise OSError("no /proc here")
