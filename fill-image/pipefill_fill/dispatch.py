@@ -126,7 +126,7 @@ class Dispatcher:
     def measure_between(self) -> list[str]:
         """Between bubbles: one measurement of each profile whose next one no bubble takes (:func:`due_between`: the
         first size, nothing measured yet, fitting none of the last bubbles), at the executor's priority, as the warm-up
-        runs; a ``measure`` record each. Returns the jobs whose profile is complete now (the runner takes them in).
+        runs; a ``measure`` record each, the work it did counted. Returns the jobs whose profile is complete now (the runner takes them in).
         Raises :class:`JobError` where the workload raised."""
         complete: list[str] = []
         if not any(due_between(a.profiler) for a in self.jobs.active.values()):
@@ -147,6 +147,10 @@ class Dispatcher:
                     items=a.profiler.last_items,
                 )
             )
+            if (
+                a.profiler.last_items
+            ):  # done work, as a bubble's steps are (an inference job's measurements are its work)
+                self.jobs.metrics.items.labels(name).inc(a.profiler.last_items)
             if a.profile is not None:
                 complete.append(name)
         return complete

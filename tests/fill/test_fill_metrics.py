@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from commit_helpers import dispatcher
 from fill_helpers import subprocess_env, write_job
 from prometheus_client import CollectorRegistry
 
 from pipefill import env
 from pipefill.events import EventWriter
+from pipefill_fill.inprofile import PROFILE_MISSES, due_between
 from pipefill_fill.jobs import Jobs
 from pipefill_fill.metrics import RETAIN_S, SKIP_REASONS, FillMetrics
 from pipefill_fill.settings import Settings
@@ -102,6 +104,12 @@ def test_jobs_report_total_progress_and_failures(tmp_path: Path, monkeypatch: py
     try:
         jobs.refresh()
         assert set(jobs.active) == {"good"} and jobs.failed == {"broken"}
+        # its first measurement, between bubbles (as where it fitted none of the last ones), did work counted as done
+        profiler = jobs.active["good"].profiler
+        profiler.misses = PROFILE_MISSES
+        assert due_between(profiler) and dispatcher(tmp_path, jobs).measure_between() == []
+        measured = profiler.last_items
+        assert measured > 0 and registry.get_sample_value("pipefill_fill_items_total", {"fill_job": "good"}) == measured
     finally:
         jobs.shutdown()
         source.close()
