@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=100, help="bubbles to emit")
     p.add_argument("--free-bytes", type=int, default=2**30)
     p.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
-    p.add_argument("--log", type=Path, default=None, help="JSONL of bubbles (open_ns, close_ns, expected_end_ns)")
+    p.add_argument(
+        "--log", type=Path, default=None, help="JSONL of bubbles (open_ns, closing_ns, close_ns, expected_end_ns)"
+    )
     p.add_argument("--wait-consumer-s", type=float, default=30.0, help="wait this long for the fill to attach")
     p.add_argument("--warmup-bubbles", type=int, default=0, help="bubbles before the logged ones (not logged)")
     p.add_argument("--measure-after", type=Path, default=None, help="and go on warming up until this file exists")
@@ -115,12 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             open_ns = time.monotonic_ns()
             end_ns = open_ns + int(length_s * 1e9)
             _sleep_until(open_ns + int(length_s * early.uniform(args.close_at, 1.0) * 1e9))  # 1: on time
+            closing_ns = time.monotonic_ns()  # the channel's close time lies between this and close_ns
             ch.close_bubble(bid)
             close_ns = time.monotonic_ns()
             resume_ns = _wait_for_fill(ch, bid) if args.wait_fill else close_ns
             if log is not None and i >= warmup:
                 log.write(
-                    json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "close_ns": close_ns,
+                    json.dumps({"id": bid, "open_ns": open_ns, "expected_end_ns": end_ns, "closing_ns": closing_ns, "close_ns": close_ns,
                                 "resume_ns": resume_ns, "fill_floor_ns": int(ch.fill_floor_s() * 1e9)}) + "\n"  # what the fill said then
                 )  # fmt: skip
             if i >= warmup:

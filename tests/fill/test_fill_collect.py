@@ -15,6 +15,11 @@ class _Cycle:
         self.me = self
 
 
+def _frozen(obj: object) -> bool:
+    """Whether ``obj`` is in the permanent generation (``gc.freeze``): the collector lists it in no generation."""
+    return not any(o is obj for o in gc.get_objects())
+
+
 def test_no_collection_starts_by_itself_and_the_due_one_runs_between_bubbles() -> None:
     runs: list[int] = []
 
@@ -76,10 +81,11 @@ def test_a_slice_that_reuses_its_model_freezes_nothing_and_its_leftovers_go_at_t
         slice_data = _Cycle()  # a reused slice's own objects
         gone = weakref.ref(slice_data)
         collect.after_startup(full=False)
-        assert gc.get_freeze_count() == frozen and gone() is not None  # not frozen, still in use
+        # not frozen, still in use (the count may fall: frozen objects freed by reference counting, in any thread)
+        assert not _frozen(slice_data) and gc.get_freeze_count() <= frozen and gone() is not None
         del slice_data  # the slice ended, its objects a cycle
         collect.after_startup(full=False)  # the next slice of the same model
-        assert gone() is None and gc.get_freeze_count() == frozen
+        assert gone() is None and gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
         collect.stop()

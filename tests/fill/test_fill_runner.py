@@ -110,7 +110,8 @@ def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_record
     fill, producer = _start(tmp_path, jobs, bubbles_ms="30", count=60, close_at=0.4, priority="normal")
     assert _finish(producer)[0] == 0
     assert _finish(fill)[0] == 0
-    closes = {r["id"]: r["close_ns"] for r in map(json.loads, (tmp_path / "producer.jsonl").read_text().splitlines())}
+    log = [json.loads(line) for line in (tmp_path / "producer.jsonl").read_text().splitlines()]
+    closes = {r["id"]: (r["closing_ns"], r["close_ns"]) for r in log}  # the channel's close time is between the two
     worked = [
         e
         for e in read_events(tmp_path / "fill" / "fill-events.jsonl")
@@ -121,14 +122,16 @@ def test_a_trainer_back_early_waits_for_the_fill_at_most_a_step_and_it_is_record
     assert sum(b.trainer_wait_s > 0 for b in late) >= 3, late
     for b in worked:
         if b.closed_ns:
-            assert 0 <= closes[b.id] - b.closed_ns < 1e6, (b, closes[b.id])
+            # the channel's close time: the trainer's (on this shared core, waking the fill may preempt the trainer
+            # between the two readings around it: 4.6 ms in a CI run)
+            assert closes[b.id][0] <= b.closed_ns <= closes[b.id][1], (b, closes[b.id])
             # the wait is the rest of the step (or commit) that ran at the close (on this shared core the trainer's spin
             # stretches it 2-4x): nothing started after the close (a due commit waits for the next bubble)
             work = [*b.spans_ns, *b.commits_ns]
             assert all(start < b.closed_ns for start, _ in work), b
             assert b.trainer_wait_s == pytest.approx(max(0, max(e for _, e in work) - b.closed_ns) / 1e9, abs=1e-9)
         else:
-            assert closes[b.id] >= b.yielded_ns and b.trainer_wait_s == 0, (b, closes[b.id])
+            assert closes[b.id][1] >= b.yielded_ns and b.trainer_wait_s == 0, (b, closes[b.id])
 
 
 def test_trainer_death_stops_the_executor_cleanly(tmp_path: Path) -> None:

@@ -63,20 +63,22 @@ class FilesSource(WorkSource):
                 labels = self.identity.labels
                 if labels is not None and not job.spec.host_selector.matches(labels):
                     continue
-                if self._polled_status(job.name, self._status_version(job.name)).get("phase") in FINAL_PHASES:
+                status = self._polled_status(job.name, self._status_version(job.name))
+                if status.get("phase") in FINAL_PHASES:
                     continue
                 spec = TaskSpec.from_spec(job, base_dir=self.base_dir)
                 try:
-                    specs.append(dataclasses.replace(spec, plan=self._plan_of_record(spec)))
+                    specs.append(dataclasses.replace(spec, plan=self._plan_of_record(spec, status)))
                 except ValueError as exc:
                     log.error("work source: %s", exc)
         return sorted(specs, key=lambda s: (-s.priority, s.name))
 
-    def _plan_of_record(self, spec: TaskSpec) -> tuple[Slice, ...]:
+    def _plan_of_record(self, spec: TaskSpec, polled: dict[str, Any]) -> tuple[Slice, ...]:
         """The job's ``status.slices``, written here once when the job is first seen (this source plays the
         operator's part): :func:`pipefill.queue.plan_slices`, or the bounds its output directory already records
-        (a status file removed by hand, a directory from before slices)."""
-        recorded = plan_of_record(self._status(spec.name))
+        (a status file removed by hand, a directory from before slices). ``polled``: the status this poll read (a plan
+        of record never changes once written, so only a status without one is read again, under its lock)."""
+        recorded = plan_of_record(polled)
         if recorded:
             return recorded
         with locked(self._lock_dir(spec.name) / "status.lock"):
