@@ -142,11 +142,11 @@ _WARM_TAILS_S = 1.0
 def tail_sizes(a: ActiveJob) -> list[int]:
     """The batch sizes a profiled job's steps will run: its profiled ones, and — for a job whose steps may run any
     size (the tails of bubbles) — every size up to the largest when their first calls are predicted to take at most
-    :data:`_WARM_TAILS_S` (twice each: ``FillTask.warm_up`` times a second call)."""
+    :data:`_WARM_TAILS_S` (a call each: the profile predicts them, no second call is timed)."""
     points = a.profile.points if a.profile is not None else ()
     profiled = [p.batch_size for p in points]
     if not profiled or not a.any_batch_size:
         return profiled
     model = StepModel({p.batch_size: p.step_s for p in points})
     every = list(range(1, max(profiled) + 1))
-    return every if 2 * sum(model.base_s(b) for b in every) <= _WARM_TAILS_S else profiled
+    return every if sum(model.base_s(b) for b in every) <= _WARM_TAILS_S else profiled

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from pipefill.events import EventWriter, SliceEvent
+from pipefill_fill import collect
 from pipefill_fill.locks import LockBusy
 from pipefill_fill.profilecache import device_key, workload_key
 from pipefill_fill.slices import JobDir
@@ -75,11 +76,14 @@ def claim_slice(
                 lock_timeout_s=lock_timeout_s,
                 previous=previous,
             )
-            if built is not None:
+            if built is None:
+                collect.instance_dropped()  # none is kept: the last slice's went with it
+            else:
                 built.pop(key, None)
                 built[key] = task.workload
                 while len(built) > MAX_BUILT:  # the oldest workload's instance goes (its memory with it)
                     built.pop(next(iter(built)))
+                    collect.instance_dropped()
         except Superseded as exc:  # it moved between the poll and the opening: not this executor's any more
             log.info("%s; given back", exc)
             source.release(spec.name, s)

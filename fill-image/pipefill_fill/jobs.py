@@ -155,8 +155,10 @@ class Jobs:
             return False
         return True
 
-    def _warm(self, a: ActiveJob, sizes: list[int], *, instance: bool) -> tuple[list[int], dict[int, float]]:
-        return warm(self.warm.setdefault(self._key(a), {}), a, sizes, self.device, instance=instance)
+    def _warm(
+        self, a: ActiveJob, sizes: list[int], *, instance: bool, timed: bool
+    ) -> tuple[list[int], dict[int, float]]:
+        return warm(self.warm.setdefault(self._key(a), {}), a, sizes, self.device, instance=instance, timed=timed)
 
     def _key(self, a: ActiveJob) -> str:
         return built_key(a.task, self.device)  # its workload on this device: what its jobs here share
@@ -180,8 +182,8 @@ class Jobs:
         if a.model is not None:
             self.models[self._key(a)] = a.model  # the next job of its workload starts from it
         if a.model is not None and (tail := [b for b in tail_sizes(a) if not a.task.saw(b)]):
-            try:  # between bubbles: the first calls of the sizes its bubbles' tails will run
-                self._warm(a, tail, instance=False)
+            try:  # between bubbles: the first calls of the sizes its bubbles' tails will run (the profile times them)
+                self._warm(a, tail, instance=False, timed=False)
             except Exception as exc:
                 self.fail(a.name, f"warming up batch sizes {tail[0]}..{tail[-1]} failed: {type(exc).__name__}: {exc}")
                 return

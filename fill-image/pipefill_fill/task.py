@@ -281,12 +281,15 @@ class FillTask:
         if callable(finalize):
             finalize()
 
-    def warm_up(self, sizes: list[int], *, device: torch.device, max_step_s: float = 1.0) -> dict[int, float]:
+    def warm_up(
+        self, sizes: list[int], *, device: torch.device, max_step_s: float = 1.0, timed: bool = True
+    ) -> dict[int, float]:
         """The first call of each batch size in ``sizes`` (lazy initialization, first allocations, kernels chosen for
-        a shape), made outside any bubble, then a second call, timed: from the state now, outputs dropped, the state
-        restored after. Stops after a size that runs out of device memory or whose first call takes over
+        a shape), made outside any bubble, then (``timed``) a second call, timed: from the state now, outputs dropped,
+        the state restored after. Stops after a size that runs out of device memory or whose first call takes over
         ``max_step_s`` (larger ones would take longer still). Returns the sizes called → their second call's
-        seconds (what a step of that size costs once warm: a hint for the profile taken in bubbles)."""
+        seconds (what a step of that size costs once warm: a hint for the profile taken in bubbles); without
+        ``timed``, the first call's (a bound: sizes a profile predicts already need no hint)."""
         if self.done():
             return {}
         snapshot = self.snapshot()
@@ -297,7 +300,7 @@ class FillTask:
                 n = max(1, min(bs, self.slice.end - self.progress))
                 try:
                     first_s = self._call(n, snapshot, device)
-                    warmed[n] = self._call(n, snapshot, device) if first_s <= max_step_s else first_s
+                    warmed[n] = self._call(n, snapshot, device) if timed and first_s <= max_step_s else first_s
                 except torch.OutOfMemoryError:
                     break
                 self.saw_shape(n)

@@ -19,15 +19,16 @@ __all__ = ["start_slice", "warm"]
 
 
 def warm(
-    known: dict[int, float], a: ActiveJob, sizes: list[int], device: torch.device, *, instance: bool
+    known: dict[int, float], a: ActiveJob, sizes: list[int], device: torch.device, *, instance: bool, timed: bool = True
 ) -> tuple[list[int], dict[int, float]]:
     """The first calls of ``sizes`` (``FillTask.warm_up``) not in ``known`` (batch size → seconds of a warm step,
-    updated here); with ``instance`` (a new model instance) at least one call of the smallest size. Returns the sizes
-    called now, and every size known warm → its warm step's seconds (the profiler's hints)."""
+    updated here); with ``instance`` (a new model instance) at least one call of the smallest size; without ``timed``
+    (sizes a profile predicts already) no second call. Returns the sizes called now, and every size known warm → its
+    warm step's seconds (the profiler's hints)."""
     todo = [b for b in sizes if b not in known]
     if instance and not todo and sizes:
         todo = [min(sizes)]
-    called = a.task.warm_up(todo, device=device) if todo else {}
+    called = a.task.warm_up(todo, device=device, timed=timed) if todo else {}
     known.update(called)
     for b in sizes:
         if b in known:
@@ -43,7 +44,7 @@ def start_slice(
     out of the cycle collector; a ``startup`` record. Raises what the workload raised."""
     opened_ns = time.monotonic_ns()
     sizes = tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
-    called, warmed = warm(known, a, sizes, device, instance=True)
+    called, warmed = warm(known, a, sizes, device, instance=True, timed=a.profile is None)  # a profile predicts them
     a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
     if not a.commit_estimate:  # measured, not assumed: the first commit is planned into a bubble by it
         a.commit_estimate.record(a.task.dry_commit_s())

@@ -47,9 +47,11 @@ def test_no_collection_starts_by_itself_and_the_due_one_runs_between_bubbles() -
             gc.disable()
 
 
-def test_what_was_frozen_before_the_start_stays_frozen_until_a_second_slice_collects_everything() -> None:
+def test_what_was_frozen_stays_frozen_until_a_new_model_follows_an_instance_let_go_of() -> None:
     """A launcher freezes its preload before forking the executor (pipefill/local/forker.py): neither the executor's
-    start nor its first slice walks those objects again; a later slice of another workload collects everything."""
+    start nor its first slice walks those objects again, nor a second workload's first slice while the executor keeps
+    both instances; a new model after an instance was let go of (its frozen objects may be garbage) collects
+    everything."""
     was_enabled = gc.isenabled()
     before = _Cycle()  # garbage frozen with the launcher's objects: a full collection would free it
     gone = weakref.ref(before)
@@ -61,8 +63,17 @@ def test_what_was_frozen_before_the_start_stays_frozen_until_a_second_slice_coll
         assert gone() is not None
         collect.after_startup(full=False)  # the same workload again
         assert gone() is not None
-        collect.after_startup(full=True)  # another workload: the earlier slices' leftovers go, and this with them
+        collect.after_startup(full=True)  # another workload, both instances kept: no walk of the frozen
+        assert gone() is not None
+        collect.instance_dropped()  # a third workload evicted the first's instance
+        collect.after_startup(full=True)  # the earlier slices' leftovers go, and this with them
         assert gone() is None
+        later = _Cycle()  # frozen garbage of a kept instance's start-up
+        later_gone = weakref.ref(later)
+        del later
+        gc.freeze()
+        collect.after_startup(full=True)  # nothing let go of since: no walk again
+        assert later_gone() is not None
     finally:
         gc.unfreeze()
         collect.stop()

@@ -76,10 +76,21 @@ def test_warm_up_calls_each_size_outside_bubbles_and_its_times_predict_the_profi
     assert profiler.predict_s() == 9.0  # above the linear scaling of size 1: the hint
 
 
+def test_sizes_a_profile_predicts_are_called_once_each_and_only_the_others_twice(jobs_dir: Path) -> None:
+    task = _task(write_job(jobs_dir, "w", total=100, parameters=PARAMS))
+    calls: list[int] = []
+    step = task.workload.step
+    task.workload.step = lambda b: calls.append(b) or step(b)  # type: ignore[method-assign]
+    assert list(task.warm_up([2, 8], device=torch.device("cpu"), timed=False)) == [2, 8] and calls == [2, 8]
+    calls.clear()
+    assert list(task.warm_up([3], device=torch.device("cpu"))) == [3] and calls == [3, 3]  # the second one timed
+    assert task.workload.state() == {"next_sample": 0} and task.progress == 0  # no work
+
+
 def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Path) -> None:
     cheap = SimpleNamespace(profile=SimpleNamespace(points=[ProfilePoint(4, 1e-3, 0), ProfilePoint(16, 4e-3, 0)]))
     cheap.any_batch_size = True
-    assert tail_sizes(cheap) == list(range(1, 17))  # 2 × (0.25 ms × 136 samples) ≪ 1 s
+    assert tail_sizes(cheap) == list(range(1, 17))  # 0.25 ms × 136 samples ≪ 1 s
     dear = SimpleNamespace(profile=SimpleNamespace(points=[ProfilePoint(4, 0.4, 0), ProfilePoint(16, 1.6, 0)]))
     dear.any_batch_size = True
     assert tail_sizes(dear) == [4, 16]  # a second per sample: the profiled sizes only
