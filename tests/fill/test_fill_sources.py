@@ -86,6 +86,7 @@ def test_a_queued_poll_evaluates_only_the_jobs_whose_files_changed(jobs_dir: Pat
     source = open_source(f"files:{jobs_dir}", identity=ME)
     (a,) = source.poll()
     assert a.name == "a" and source.poll()[0] is a  # nothing changed: not evaluated again
+    assert list(source._parsed) == [str(jobs_dir / "a.yaml")]  # b is another executor's: its manifest not parsed
     status("b", rank=1)  # b assigned here now
     first, second = source.poll()
     assert first is a and second.name == "b"
