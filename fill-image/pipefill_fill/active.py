@@ -23,7 +23,10 @@ from pipefill_fill.task import FillTask, TaskSpec
 from pipefill_fill.unfit import STARVED_BUBBLES, STARVED_SHARE, starved_report, unit_s
 from pipefill_fill.work import Slice
 
-__all__ = ["ActiveJob", "tail_sizes"]
+__all__ = ["COMMIT_DEFAULT_S", "ActiveJob", "tail_sizes"]
+
+COMMIT_DEFAULT_S = 0.010
+"""What a commit's device part is assumed to cost before one was measured (a slice's start-up measures one)."""
 
 
 @dataclass
@@ -37,7 +40,10 @@ class ActiveJob:
     profiler: BubbleProfiler
     offloader: Offloader | None
     model: StepModel | None = None
-    commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.010))
+    # shared by the jobs of its workload on the executor (Jobs.commit_estimates): a job commits a few times only, and
+    # the high quantile of so few was its slowest (15.7 ms once, 0.4 ms typical: a job's last commit fitted no 10 ms
+    # bubble for a second in bench fill-queue's 100 jobs)
+    commit_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=COMMIT_DEFAULT_S))
     transfer_estimate: Estimator = field(default_factory=lambda: Estimator(default_s=0.0))
     margin: Margin = field(default_factory=Margin)
     profile_taken: bool = False  # the complete profile was taken in (:meth:`Jobs.profiled`)

@@ -38,6 +38,7 @@ __all__ = [
     "BubbleOutcome",
     "OpenBubble",
     "commit_between",
+    "defer_commit",
     "run_steps",
 ]
 
@@ -172,9 +173,7 @@ def run_steps(
         if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
             _commit(task, out, commit_estimate, clock)
         else:
-            if task.deferred == 0:
-                task.deferred_since_ns = clock()
-            task.deferred += 1
+            defer_commit(task, clock)
     run = functools.partial(
         _run, task, out=out, model=model, kind=kind, device=device, clock=clock, cost_clock=cost_clock, costs=pieces
     )
@@ -297,6 +296,13 @@ def commit_between(
     if pending is not None:
         pending.between = True
     return start, end
+
+
+def defer_commit(task: FillTask, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    """``task``'s due commit fitted no time left at a bubble's start: counted towards :func:`commit_between`."""
+    if task.deferred == 0:
+        task.deferred_since_ns = clock()
+    task.deferred += 1
 
 
 def _deferred_enough(task: FillTask, clock: Callable[[], int]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Unpack
 
@@ -17,7 +18,7 @@ from pipefill.events import EventWriter, JobEvent, ProfileEvent, SliceEvent
 from pipefill.plan import ObservedBubble
 from pipefill.spec import FillJobPhase
 from pipefill.spec.fillstatus import RankBubbles, UnfitReport
-from pipefill_fill.active import ActiveJob, tail_sizes
+from pipefill_fill.active import COMMIT_DEFAULT_S, ActiveJob, tail_sizes
 from pipefill_fill.claim import RECOVERY_LOCK_TIMEOUT_S, built_key, claim_slice
 from pipefill_fill.commits import CommitWriter, Pending
 from pipefill_fill.device import step_clock
@@ -25,7 +26,7 @@ from pipefill_fill.inbubble import BubbleOutcome
 from pipefill_fill.locks import LockBusy
 from pipefill_fill.metrics import FillMetrics
 from pipefill_fill.offload import Offloader
-from pipefill_fill.predict import StepModel
+from pipefill_fill.predict import Estimator, StepModel
 from pipefill_fill.profilecache import load_cached
 from pipefill_fill.profiler import BubbleProfiler
 from pipefill_fill.reporting import ReportFields, commit_event, progress_report, released, written_event
@@ -80,8 +81,10 @@ class Jobs:
         self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
         self.writer = writer or CommitWriter()  # the file part of every commit, off the filling thread
         self.built: dict[str, object] = {}  # workload and device -> its last instance (claim_slice, reuse)
-        self.warm: dict[str, dict[int, float]] = {}  # workload and device -> batch sizes called already -> warm s
+        self.warm: defaultdict[str, dict[int, float]] = defaultdict(dict)  # workload and device -> size called -> s
         self.models: dict[str, StepModel] = {}  # workload and device -> the step model of its last job here
+        # workload and device -> what its commits cost here, shared by its jobs (ActiveJob.commit_estimate)
+        self.commit_estimates: defaultdict[str, Estimator] = defaultdict(lambda: Estimator(default_s=COMMIT_DEFAULT_S))
 
     # -- taking work ----------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -112,11 +115,9 @@ class Jobs:
     def _waiting(self, name: str) -> bool:
         """Whether ``name`` found its slice locked less than ``lock_retry_s`` ago (see :data:`LOCK_RETRY_S`), or is
         offered again before the commit it had in flight here when it was let go of is settled."""
-        until = self.busy_until.get(name)
-        if until is not None and time.monotonic() >= until:
-            del self.busy_until[name]
-            until = None
-        return until is not None or any(a.name == name for a in self.releasing)
+        if (until := self.busy_until.get(name)) is not None and time.monotonic() >= until:
+            del self.busy_until[name]  # the wait is over
+        return name in self.busy_until or any(a.name == name for a in self.releasing)
 
     def _start(self, spec: TaskSpec) -> None:
         job = JobDir(spec)
@@ -135,7 +136,10 @@ class Jobs:
             if job.done():  # completed now, or before with the report lost with its executor
                 self._succeeded(spec, job, started=None)
             return
-        a = ActiveJob(spec, job, task, *self._tools(task), seed=self.models.get(built_key(task, self.device)))
+        key = built_key(task, self.device)
+        a = ActiveJob(
+            spec, job, task, *self._tools(task), seed=self.models.get(key), commit_estimate=self.commit_estimates[key]
+        )
         self.active[spec.name] = a
         self.metrics.job_started(spec.name, total=spec.total, committed=job.committed())
         self.generation += 1
@@ -149,24 +153,18 @@ class Jobs:
     def _warm_up(self, a: ActiveJob, started_ns: int) -> bool:
         """A slice just opened: its first calls between bubbles (:func:`warmup.start_slice`); False: the job failed."""
         try:
-            start_slice(a, started_ns, self.warm.setdefault(self._key(a), {}), self.device, self.events)
+            start_slice(a, started_ns, self.warm[self._key(a)], self.device, self.events)
         except Exception as exc:
             self.fail(a.name, f"starting slice {a.slice} failed: {type(exc).__name__}: {exc}")
             return False
         return True
-
-    def _warm(
-        self, a: ActiveJob, sizes: list[int], *, instance: bool, timed: bool
-    ) -> tuple[list[int], dict[int, float]]:
-        return warm(self.warm.setdefault(self._key(a), {}), a, sizes, self.device, instance=instance, timed=timed)
 
     def _key(self, a: ActiveJob) -> str:
         return built_key(a.task, self.device)  # its workload on this device: what its jobs here share
 
     def _tools(self, task: FillTask) -> tuple[BubbleProfiler, Offloader | None]:
         """The profiler (the profile cached for its workload, when there is one) and offloader of a slice."""
-        modules = list(getattr(task.workload, "modules", lambda: [])())
-        budget = self.settings.reserved_bytes
+        budget, modules = self.settings.reserved_bytes, list(getattr(task.workload, "modules", lambda: [])())
         profiler = BubbleProfiler(task, self.device, memory_budget_bytes=budget, clock=self.step_clock)
         return profiler, Offloader(modules, self.device) if self.settings.offload else None
 
@@ -183,7 +181,7 @@ class Jobs:
             self.models[self._key(a)] = a.model  # the next job of its workload starts from it
         if a.model is not None and (tail := [b for b in tail_sizes(a) if not a.task.saw(b)]):
             try:  # between bubbles: the first calls of the sizes its bubbles' tails will run (the profile times them)
-                self._warm(a, tail, instance=False, timed=False)
+                warm(self.warm[self._key(a)], a, tail, self.device, instance=False, timed=False)
             except Exception as exc:
                 self.fail(a.name, f"warming up batch sizes {tail[0]}..{tail[-1]} failed: {type(exc).__name__}: {exc}")
                 return

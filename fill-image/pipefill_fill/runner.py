@@ -307,10 +307,10 @@ class Runner(Stoppable):
     def _hand_off(self, job: str | None, out: BubbleOutcome, bubble: Any, deadline_ns: int) -> bool:
         """Whether the rest of ``bubble`` goes to another job: ``job``'s slice ran out of work in it (issue #30: a
         queue of small jobs switches mid-bubble instead of leaving the rest of it unused) or ``job`` is being profiled
-        with nothing measured yet and its next measurement does not fit (issue #25), another active job has work, and
-        at least :data:`HANDOFF_MIN_S` is left before the deadline."""
+        with nothing measured yet and its next measurement does not fit (issue #25), another active job has work or a
+        last commit due, and at least :data:`HANDOFF_MIN_S` is left before the deadline."""
         if job is None or out.stop not in ("done", "profiling") or not self.link.is_open(bubble.id):
             return False
         if deadline_ns - time.monotonic_ns() < HANDOFF_MIN_S * 1e9:
             return False
-        return any(n != job and not a.task.done() for n, a in self.jobs.active.items())
+        return any(n != job and (not a.task.done() or a.task.commit_due()) for n, a in self.jobs.active.items())

@@ -194,6 +194,49 @@ def test_a_slice_waiting_for_its_last_commit_gets_the_next_bubble(jobs_dir: Path
     # then the bubbles go to the class's job again
 
 
+def test_a_last_commit_that_fits_no_bubble_holds_up_neither_other_last_commits_nor_work(
+    jobs_dir: Path, tmp_path: Path
+) -> None:
+    """A done slice whose last commit is predicted longer than the bubble waits (the wait counted towards its commit
+    between bubbles); the bubble goes to another done slice's last commit that fits, else to a job with work. In
+    bench fill-queue the first finished job's commit, predicted at 15.7 ms after one slow commit, took 19 bubbles of
+    10 ms in a row and did nothing in them while two finished jobs behind it waited for theirs."""
+    slow, quick = (open_task(write_job(jobs_dir, n, total=8, parameters=PARAMS)) for n in ("slow", "quick"))
+    for task in (slow, quick):
+        bubble(task, left_s=60.0, commit_s=3600.0)  # all its work, its last commit deferred
+    other = open_task(write_job(jobs_dir, "other", total=10**4, parameters=PARAMS))
+    dispatcher = stub_dispatcher(tmp_path, {"slow": slow, "quick": quick, "other": other})
+    dispatcher.jobs.active["slow"].commit_estimate = Estimator(default_s=1.0)  # longer than any bubble here
+    deferred = slow.deferred
+    for i, expect in ((1, "quick"), (2, "other")):
+        now = time.monotonic_ns()
+        name, _, out, _ = dispatcher.fill(Bubble(i, now, now + 50 * 10**6), now + 50 * 10**6, 0.05)
+        assert name == expect, (name, out)
+        assert (out.commits_ns and not out.steps) if expect == "quick" else out.steps  # its last commit; work
+    assert slow.commit_due() and slow.deferred == deferred + 2  # towards its commit between bubbles
+    assert not quick.commit_due()
+
+
+def test_the_jobs_of_one_workload_share_their_commit_estimate(
+    tmp_path: Path, jobs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each job commits a few times: its own estimate's high quantile was its slowest commit. The jobs of a workload
+    on the executor share one, measured once before the first (a dry commit); another workload has its own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(env.WORK_SOURCE, f"files:{jobs_dir}")
+    for name, params in (("a", PARAMS), ("b", PARAMS), ("wide", {**PARAMS, "hiddenSize": 64})):
+        write_job(jobs_dir, name, total=64, parameters=params, output=tmp_path / "out" / name)
+    source = open_source(f"files:{jobs_dir}", identity=Identity("train", 0))
+    jobs = cpu_jobs(source, EventWriter(None), max_active=3)
+    try:
+        jobs.refresh()
+        a, b, wide = (jobs.active[n].commit_estimate for n in ("a", "b", "wide"))
+        assert a is b and a is not wide and len(a) == 1 and len(wide) == 1  # one dry commit each
+    finally:
+        jobs.shutdown()
+        source.close()
+
+
 def test_a_bubble_the_trainer_closed_makes_no_commit_after_its_last_step(jobs_dir: Path) -> None:
     """The trainer came back before the expected end (on a GPU it would wait for the commit's device part): the last
     commit waits for the next bubble, which an open bubble's would not."""
