@@ -81,7 +81,7 @@ class Jobs:
         self.step_clock = step_clock(device, idle=settings.cpu_idle)  # what a fill step costs (profile, model)
         self.writer = writer or CommitWriter()  # the file part of every commit, off the filling thread
         self.built: dict[str, object] = {}  # workload and device -> its last instance (claim_slice, reuse)
-        self.warm: defaultdict[str, dict[int, float]] = defaultdict(dict)  # workload and device -> size called -> s
+        self.warm: defaultdict[str, dict[int, float | None]] = defaultdict(dict)  # workload, device -> size called -> s
         self.models: dict[str, StepModel] = {}  # workload and device -> the step model of its last job here
         # workload and device -> what its commits cost here, shared by its jobs (ActiveJob.commit_estimate)
         self.commit_estimates: defaultdict[str, Estimator] = defaultdict(lambda: Estimator(default_s=COMMIT_DEFAULT_S))

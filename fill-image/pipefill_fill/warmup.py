@@ -19,31 +19,40 @@ __all__ = ["start_slice", "warm"]
 
 
 def warm(
-    known: dict[int, float], a: ActiveJob, sizes: list[int], device: torch.device, *, instance: bool, timed: bool = True
+    known: dict[int, float | None],
+    a: ActiveJob,
+    sizes: list[int],
+    device: torch.device,
+    *,
+    instance: bool,
+    timed: bool = True,
 ) -> tuple[list[int], dict[int, float]]:
-    """The first calls of ``sizes`` (``FillTask.warm_up``) not in ``known`` (batch size → seconds of a warm step,
-    updated here); with ``instance`` (a new model instance) at least one call of the smallest size; without ``timed``
-    (sizes a profile predicts already) no second call. Returns the sizes called now, and every size known warm → its
-    warm step's seconds (the profiler's hints)."""
+    """The first calls of ``sizes`` (``FillTask.warm_up``) not in ``known`` (batch size → seconds of a warm step, or
+    None where no step was timed; updated here); with ``instance`` (a new model instance) at least one call of the
+    smallest size; without ``timed`` (sizes a profile predicts already) no second call, and no time learnt (a first
+    call's is no warm step's). Returns the sizes called now, and every size timed warm → its warm step's seconds (the
+    profiler's hints)."""
     todo = [b for b in sizes if b not in known]
     if instance and not todo and sizes:
         todo = [min(sizes)]
     called = a.task.warm_up(todo, device=device, timed=timed) if todo else {}
-    known.update(called)
+    for b, seconds in called.items():
+        known[b] = seconds if timed else known.get(b)
     for b in sizes:
         if b in known:
             a.task.saw_shape(b)
-    return list(called), {**{b: known[b] for b in sizes if b in known}, **called}
+    return list(called), {b: s for b in sizes if (s := known.get(b)) is not None}
 
 
 def start_slice(
-    a: ActiveJob, started_ns: int, known: dict[int, float], device: torch.device, events: EventWriter
+    a: ActiveJob, started_ns: int, known: dict[int, float | None], device: torch.device, events: EventWriter
 ) -> None:
     """A slice just opened (since ``started_ns``: claim, recovery, setup): the first call of each batch size it will
     run — its profile's, or the profiler's candidates —, its first commit's cost measured, the slice's objects frozen
     out of the cycle collector; a ``startup`` record. Raises what the workload raised."""
     opened_ns = time.monotonic_ns()
     sizes = tail_sizes(a) if a.profile is not None else a.task.batch_sizes()
+    before = [b for b in sizes if b in known]
     called, warmed = warm(known, a, sizes, device, instance=True, timed=a.profile is None)  # a profile predicts them
     a.profiler.hints = warmed  # what each size costs once warm: the profile's first predictions
     if not a.commit_estimate:  # measured, not assumed: the first commit is planned into a bubble by it
@@ -60,7 +69,7 @@ def start_slice(
             open_s=round((opened_ns - started_ns) / 1e9, 6),
             warm_s=round((end_ns - opened_ns) / 1e9, 6),
             batch_sizes=called,
-            warm_before=[b for b in warmed if b not in called],
+            warm_before=[b for b in before if b not in called],
             reused=a.task.reused,
         )
     )

@@ -16,6 +16,7 @@ from pipefill_fill.active import tail_sizes
 from pipefill_fill.profiler import BubbleProfiler, profile_task
 from pipefill_fill.store import read_outputs
 from pipefill_fill.task import FillTask, TaskSpec
+from pipefill_fill.warmup import warm
 
 PARAMS = {"layers": 1, "hiddenSize": 32, "heads": 2, "seqLen": 16, "batchSizes": [1, 4, 16]}
 
@@ -85,6 +86,15 @@ def test_sizes_a_profile_predicts_are_called_once_each_and_only_the_others_twice
     calls.clear()
     assert list(task.warm_up([3], device=torch.device("cpu"))) == [3] and calls == [3, 3]  # the second one timed
     assert task.workload.state() == {"next_sample": 0} and task.progress == 0  # no work
+    # through the executor's record of the sizes called: an untimed call is known called, but its first call's time
+    # is no warm step's and never a hint
+    known: dict[int, float | None] = {}
+    job = SimpleNamespace(task=task)
+    calls.clear()
+    assert warm(known, job, [2, 8], torch.device("cpu"), instance=False, timed=False) == ([2, 8], {})  # type: ignore[arg-type]
+    assert known == {2: None, 8: None} and calls == [2, 8]
+    called, hints = warm(known, job, [1, 2], torch.device("cpu"), instance=False)  # type: ignore[arg-type]
+    assert called == [1] and list(hints) == [1] and calls == [2, 8, 1, 1]  # 2 is not called again
 
 
 def test_every_size_up_to_the_largest_profiled_is_warmed_when_cheap(jobs_dir: Path) -> None:
