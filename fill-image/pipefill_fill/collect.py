@@ -50,9 +50,9 @@ def after_startup(*, full: bool = True) -> None:
     """A slice was opened (between bubbles). ``full`` (a new instance of its workload: a model built, modules
     imported): collect what is not frozen and freeze the survivors, which live on (the model); where an instance
     frozen before was let go of since (:func:`instance_dropped`; never at the first slice since the start), unfreeze
-    and collect everything first, its cycles included. ``full=False`` (the slice reused the model of the one before, which stays frozen): collect what is not frozen
-    (an earlier slice's leftovers, this slice's own objects) and freeze nothing, so nothing of a slice piles up among
-    the frozen. It used to freeze them too, and every 16th such start-up unfroze and collected everything to free
+    and collect everything first, its cycles included. ``full=False`` (the slice reused the model of the one before,
+    which stays frozen): collect what is not frozen (an earlier slice's leftovers, this slice's own objects) and
+    freeze nothing, so nothing of a slice piles up among the frozen. It used to freeze them too, and every 16th such start-up unfroze and collected everything to free
     the leftovers: a walk of torch's objects that took 1.1–1.8 s of wall time at idle priority, a stall with no bubble
     filled (``pipefill bench fill-queue``, 20 jobs of one workload: twice per executor in 300 steps)."""
     global _opened, _dropped

@@ -135,8 +135,8 @@ class Dispatcher:
     def measure_between(self) -> list[str]:
         """Between bubbles: one measurement of each profile whose next one no bubble takes (:func:`due_between`: the
         first size, nothing measured yet, fitting none of the last bubbles), at the executor's priority, as the warm-up
-        runs; a ``measure`` record each, the work it did counted. Returns the jobs whose profile is complete now (the runner takes them in).
-        Raises :class:`JobError` where the workload raised."""
+        runs; a ``measure`` record each, the work it did counted. Returns the jobs whose profile is complete now (the
+        runner takes them in). Raises :class:`JobError` where the workload raised."""
         complete: list[str] = []
         if not any(due_between(a.profiler) for a in self.jobs.active.values()):
             return complete  # the usual case, every loop: no workload key computed
@@ -156,9 +156,8 @@ class Dispatcher:
                     items=a.profiler.last_items,
                 )
             )
-            if (
-                a.profiler.last_items
-            ):  # done work, as a bubble's steps are (an inference job's measurements are its work)
+            # done work, as a bubble's steps are (an inference job's measurements are its work)
+            if a.profiler.last_items:
                 self.jobs.metrics.items.labels(name).inc(a.profiler.last_items)
             if a.profile is not None:
                 complete.append(name)
