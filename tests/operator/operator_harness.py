@@ -219,15 +219,21 @@ class Kube:
         check: Callable[[list[dict[str, Any]]], Any],
         timeout_s: float,
         what: str,
+        since: dict[str, Any] | None = None,
         **selectors: str,
     ) -> Any:
         """List, check; then watch from that list's resourceVersion, checking after every event. ``check`` must
         depend on the objects alone: one that turns true between events (a file, a process) would wait for the
-        watch's end, its whole timeout, so that fails here, naming it."""
+        watch's end, its whole timeout, so that fails here, naming it. ``since``: an object read earlier, instead of
+        the list: the watch starts from its resourceVersion, so every change made since is checked in order, those
+        over before this call included (a list shows only where they ended)."""
         deadline = time.monotonic() + timeout_s
-        listed = json.loads(api_call(*args, _preload_content=False, **selectors).data)
-        items = {i["metadata"]["name"]: i for i in listed["items"]}
-        version = listed["metadata"]["resourceVersion"]
+        if since is None:
+            listed = json.loads(api_call(*args, _preload_content=False, **selectors).data)
+            items = {i["metadata"]["name"]: i for i in listed["items"]}
+            version = listed["metadata"]["resourceVersion"]
+        else:
+            items, version = {since["metadata"]["name"]: since}, since["metadata"]["resourceVersion"]
         watched = False
         while True:
             found = check(list(items.values()))
@@ -254,14 +260,22 @@ class Kube:
                     break
 
     def wait_job(
-        self, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 60
+        self,
+        namespace: str,
+        name: str,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout_s: float = 60,
+        *,
+        since: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Until the job satisfies ``predicate``; ``since``: the job as read earlier (see :meth:`_watch`)."""
+
         def check(items: list[dict[str, Any]]) -> dict[str, Any] | None:
             return next((i for i in items if predicate(i)), None)
 
         found: dict[str, Any] = self._watch(
             self.custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL), check, timeout_s,
-            f"job {name}", field_selector=f"metadata.name={name}",
+            f"job {name}", since, field_selector=f"metadata.name={name}",
         )  # fmt: skip
         return found
 
