@@ -21,7 +21,7 @@ from pipefill.events import AssignEvent, EventWriter, MeasureEvent
 from pipefill.plan import JobProfile, ObservedBubble, assign_jobs, classes_from_bubbles
 from pipefill_fill.active import ActiveJob
 from pipefill_fill.claim import built_key
-from pipefill_fill.inbubble import BubbleOutcome, commit_between, defer_commit, run_steps
+from pipefill_fill.inbubble import BubbleOutcome, commit_between, defer_commit, fits, run_steps
 from pipefill_fill.inpieces import PieceCosts
 from pipefill_fill.inprofile import due_between, run_profile_steps
 from pipefill_fill.jobs import Jobs
@@ -110,7 +110,7 @@ class Dispatcher:
         finishing = []
         for n, a in active.items():
             if a.profile and a.task.done() and a.task.commit_due():
-                if time.monotonic_ns() + a.commit_estimate.predict_s() * 1e9 <= deadline_ns:
+                if fits(time.monotonic_ns, a.commit_estimate.predict_s(), deadline_ns):
                     finishing.append(n)
                 elif exclude is None:
                     defer_commit(a.task)
@@ -120,6 +120,8 @@ class Dispatcher:
         a = active[chosen]
         if a.model is None:
             return chosen, "memory", BubbleOutcome(), None
+        if chosen not in finishing and a.task.done():  # no job has work: nothing to run (its commit deferred above)
+            return chosen, "", BubbleOutcome(stop="done"), None
         why, out, batch = self._steps(
             chosen, a, bubble, deadline_ns, offered_s, a.model, any_size=a.any_batch_size, pieces=a.piece_costs()
         )

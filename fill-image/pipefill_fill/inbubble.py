@@ -39,6 +39,7 @@ __all__ = [
     "OpenBubble",
     "commit_between",
     "defer_commit",
+    "fits",
     "run_steps",
 ]
 
@@ -170,7 +171,7 @@ def run_steps(
         out.transfers_ns.append((t, clock()))
         out.transfer_ns += out.transfers_ns[-1][1] - t
     if task.commit_due() and is_open(bubble.id):  # what earlier bubbles did, before steps fill this one to its end
-        if _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
+        if fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns):
             _commit(task, out, commit_estimate, clock)
         else:
             defer_commit(task, clock)
@@ -217,7 +218,7 @@ def run_steps(
             out.stop = "done"
     # the last one of a slice too (else the next bubble's start), but only while the bubble is open: a trainer back
     # before the expected end would wait for the commit's device part (a session-29 test found 8 ms waits)
-    if task.commit_due() and _fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) and is_open(bubble.id):
+    if task.commit_due() and fits(clock, commit_estimate.predict_s() + transfer_s, deadline_ns) and is_open(bubble.id):
         _commit(task, out, commit_estimate, clock)
     if moving:
         t = clock()
@@ -311,7 +312,8 @@ def _deferred_enough(task: FillTask, clock: Callable[[], int]) -> bool:
     return task.deferred >= DEFER_BUBBLES or (task.deferred > 0 and clock() - task.deferred_since_ns >= DEFER_S * 1e9)
 
 
-def _fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool:
+def fits(clock: Callable[[], int], duration_s: float, deadline_ns: int) -> bool:
+    """Whether work of ``duration_s`` started now (``clock``) ends by ``deadline_ns``."""
     return clock() + int(1e9 * duration_s) <= deadline_ns
 
 

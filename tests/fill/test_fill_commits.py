@@ -215,6 +215,12 @@ def test_a_last_commit_that_fits_no_bubble_holds_up_neither_other_last_commits_n
         assert (out.commits_ns and not out.steps) if expect == "quick" else out.steps  # its last commit; work
     assert slow.commit_due() and slow.deferred == deferred + 2  # towards its commit between bubbles
     assert not quick.commit_due()
+    for done in ("quick", "other"):  # nothing left but the commit that fits no bubble: the bubble runs nothing
+        dispatcher.jobs.active.pop(done)
+    now = time.monotonic_ns()
+    name, _, out, _ = dispatcher.fill(Bubble(3, now, now + 50 * 10**6), now + 50 * 10**6, 0.05)
+    assert (name, out.steps, out.commits_ns, out.stop) == ("slow", 0, [], "done")
+    assert slow.deferred == deferred + 3  # one bubble, counted once
 
 
 def test_the_jobs_of_one_workload_share_their_commit_estimate(
